@@ -1,0 +1,24 @@
+"""muon_compile: a torch.compile backend (``backend="muon"``) that turns a plain
+per-parameter Muon step into a bucketed, fully Inductor-compiled one.
+
+    opt = muon_compile.MuonAdamW(muon_compile.muon_param_groups(model))
+    step = torch.compile(opt.step, backend="muon")
+"""
+
+from . import config
+from .coefficients import PRESETS
+from .ns_op import newton_schulz
+from .optimizers import Muon, MuonAdamW
+from .param_groups import muon_param_groups
+from .stats import counters
+
+__all__ = [
+    "PRESETS",
+    "Muon",
+    "MuonAdamW",
+    "config",
+    "counters",
+    "muon_param_groups",
+    "newton_schulz",
+]
+__version__ = "0.1.0"

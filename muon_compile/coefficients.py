@@ -1,0 +1,118 @@
+"""Newton–Schulz coefficient presets: one named table, resolved to plain tuples.
+
+A quintic Newton–Schulz iteration applies ``X <- a X + b (X X^T) X + c (X X^T)^2 X``.
+A coefficient *schedule* is a tuple of ``(a, b, c)`` triples; iteration ``i`` uses
+triple ``min(i, len - 1)``, so the last triple repeats when there are more steps than
+triples. The input is first divided by ``||X||_F * norm_scale + eps``.
+
+Presets:
+
+* ``"keller"`` — Keller Jordan's quintic ``(3.4445, -4.7750, 2.0315)`` repeated,
+  ``norm_scale = 1``.
+* ``"polar_express"`` — the per-iteration minimax polynomials of Polar Express
+  (Amsel, Persson, Musco, Gower, arXiv:2505.16932, Algorithm 1): each triple but the
+  last divided by the safety factor ``(1.01, 1.01**3, 1.01**5)`` and the Frobenius norm
+  multiplied by ``1.01``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+
+Triple = tuple[float, float, float]
+
+
+@dataclasses.dataclass(frozen=True)
+class Preset:
+    """A named coefficient schedule with its normalisation."""
+
+    name: str
+    coefficients: tuple[Triple, ...]
+    norm_scale: float = 1.0
+    eps: float = 1e-7
+
+
+def _with_safety(raw: Sequence[Triple], safety: float) -> tuple[Triple, ...]:
+    """Divide every triple but the last by ``(s, s**3, s**5)`` (Polar Express §4.4)."""
+    damped = tuple((a / safety, b / safety**3, c / safety**5) for a, b, c in raw[:-1])
+    return damped + (tuple(raw[-1]),)
+
+
+_POLAR_EXPRESS_RAW: tuple[Triple, ...] = (
+    (8.28721201814563, -23.595886519098837, 17.300387312530933),
+    (4.107059111542203, -2.9478499167379106, 0.5448431082926601),
+    (3.9486908534822946, -2.908902115962949, 0.5518191394370137),
+    (3.3184196573706015, -2.488488024314874, 0.51004894012372),
+    (2.300652019954817, -1.6689039845747493, 0.4188073119525673),
+    (1.891301407787398, -1.2679958271945868, 0.37680408948524835),
+    (1.8750014808534479, -1.2500016453999487, 0.3750001645474248),
+    (1.875, -1.25, 0.375),
+)
+_POLAR_EXPRESS_SAFETY = 1.01
+
+PRESETS: dict[str, Preset] = {
+    p.name: p
+    for p in (
+        Preset("keller", ((3.4445, -4.7750, 2.0315),)),
+        Preset(
+            "polar_express",
+            _with_safety(_POLAR_EXPRESS_RAW, _POLAR_EXPRESS_SAFETY),
+            norm_scale=_POLAR_EXPRESS_SAFETY,
+        ),
+    )
+}
+
+CoefficientSpec = str | Sequence[float] | Sequence[Sequence[float]]
+
+
+def _triple(value: object, where: str) -> Triple:
+    if not isinstance(value, Sequence) or isinstance(value, str) or len(value) != 3:
+        raise ValueError(f"{where}: expected a triple (a, b, c), got {value!r}")
+    out = []
+    for v in value:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise ValueError(f"{where}: coefficients must be finite numbers, got {value!r}")
+        out.append(float(v))
+    return (out[0], out[1], out[2])
+
+
+def resolve(spec: CoefficientSpec) -> Preset:
+    """Turn a preset name, one ``(a, b, c)`` triple, or a list of triples into a :class:`Preset`.
+
+    Raises ``ValueError`` naming the offending value for an unknown name or a malformed
+    triple. A user triple or list gets ``norm_scale=1`` and ``eps=1e-7``.
+    """
+    if isinstance(spec, str):
+        try:
+            return PRESETS[spec]
+        except KeyError:
+            raise ValueError(
+                f"unknown Newton-Schulz coefficient preset {spec!r}; known: {sorted(PRESETS)}"
+            ) from None
+    if not isinstance(spec, Sequence) or len(spec) == 0:
+        raise ValueError(f"ns_coefficients must be a preset name, a triple or a list of triples, got {spec!r}")
+    if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in spec):
+        return Preset("custom", (_triple(spec, "ns_coefficients"),))
+    triples = tuple(_triple(t, f"ns_coefficients[{i}]") for i, t in enumerate(spec))
+    return Preset("custom", triples)
+
+
+def flatten(coefficients: Sequence[Triple]) -> list[float]:
+    """``((a, b, c), ...)`` -> ``[a, b, c, ...]``, the op's argument form."""
+    return [float(v) for t in coefficients for v in t]
+
+
+def unflatten(flat: Sequence[float]) -> tuple[Triple, ...]:
+    """Inverse of :func:`flatten`; raises ``ValueError`` unless the length is a positive multiple of 3."""
+    if len(flat) == 0 or len(flat) % 3:
+        raise ValueError(
+            f"newton_schulz coefficients must hold 3*k values (k >= 1), got {len(flat)}: {list(flat)!r}"
+        )
+    return tuple((float(flat[i]), float(flat[i + 1]), float(flat[i + 2])) for i in range(0, len(flat), 3))
+
+
+def schedule(coefficients: Sequence[Triple], steps: int) -> tuple[Triple, ...]:
+    """The triple used at each of ``steps`` iterations (the last triple repeats)."""
+    return tuple(coefficients[min(i, len(coefficients) - 1)] for i in range(steps))

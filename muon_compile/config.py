@@ -1,0 +1,122 @@
+"""Tuning variables of the ``muon`` backend, read once from the environment.
+
+Every knob is a ``MUON_COMPILE_*`` environment variable, parsed here and nowhere else.
+Pass bodies never read the environment: the pipeline hands them plain keyword
+arguments taken from :func:`current`. Tests and tools change settings with
+:func:`override`, a context manager, instead of mutating ``os.environ``.
+
+=========================  ===========  ==============================================
+variable                   default      meaning
+=========================  ===========  ==============================================
+MUON_COMPILE_BUCKET_MB     64           size cap of one bucket's stacked input, MiB
+MUON_COMPILE_PAD_WASTE     0            largest fraction of a padded bucket's NS FLOPs
+                                        that may be zero padding (0 disables merging)
+MUON_COMPILE_PASSES        (all)        comma list: ``a,b`` runs only those passes,
+                                        ``-a`` disables pass ``a``
+MUON_COMPILE_DUMP_DIR      (unset)      directory for each pass's before/after graph
+=========================  ===========  ==============================================
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+from collections.abc import Iterator, Mapping
+
+# The passes a user may switch on or off, in pipeline order.
+PASS_NAMES = ("bucket", "lower")
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """One immutable set of tuning values; see the module docstring for each field."""
+
+    bucket_mb: float = 64.0
+    pad_waste: float = 0.0
+    passes: tuple[str, ...] = PASS_NAMES
+    dump_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.bucket_mb > 0:
+            raise ValueError(f"MUON_COMPILE_BUCKET_MB must be > 0, got {self.bucket_mb!r}")
+        if not 0.0 <= self.pad_waste < 1.0:
+            raise ValueError(f"MUON_COMPILE_PAD_WASTE must be in [0, 1), got {self.pad_waste!r}")
+        unknown = [p for p in self.passes if p not in PASS_NAMES]
+        if unknown:
+            raise ValueError(f"unknown pass name(s) {unknown}; known passes: {PASS_NAMES}")
+
+    def enabled(self, pass_name: str) -> bool:
+        """Whether the pass called ``pass_name`` runs."""
+        if pass_name not in PASS_NAMES:
+            raise ValueError(f"unknown pass name {pass_name!r}; known passes: {PASS_NAMES}")
+        return pass_name in self.passes
+
+    def cache_key(self) -> tuple:
+        """The fields that change what the passes produce (the dump directory does not)."""
+        return (self.bucket_mb, self.pad_waste, self.passes)
+
+
+def parse_passes(spec: str) -> tuple[str, ...]:
+    """``"a,b"`` keeps only a and b; ``"-a"`` keeps all but a; empty keeps all."""
+    names = [s.strip() for s in spec.split(",") if s.strip()]
+    removed = {n[1:] for n in names if n.startswith("-")}
+    kept = [n for n in names if not n.startswith("-")]
+    if kept and removed:
+        raise ValueError(
+            f"MUON_COMPILE_PASSES={spec!r} mixes kept and removed ('-') names; use one form"
+        )
+    unknown = sorted((removed | set(kept)) - set(PASS_NAMES))
+    if unknown:
+        raise ValueError(
+            f"MUON_COMPILE_PASSES={spec!r} names unknown pass(es) {unknown}; known: {PASS_NAMES}"
+        )
+    if kept:
+        return tuple(p for p in PASS_NAMES if p in kept)
+    return tuple(p for p in PASS_NAMES if p not in removed)
+
+
+def _number(env: Mapping[str, str], name: str, kind: type, default: float | int) -> float | int:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        return kind(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not a valid {kind.__name__}") from None
+
+
+def from_env(env: Mapping[str, str] | None = None) -> Config:
+    """Parse a :class:`Config` from ``env`` (default ``os.environ``)."""
+    env = os.environ if env is None else env
+    return Config(
+        bucket_mb=_number(env, "MUON_COMPILE_BUCKET_MB", float, Config.bucket_mb),
+        pad_waste=_number(env, "MUON_COMPILE_PAD_WASTE", float, Config.pad_waste),
+        passes=parse_passes(env.get("MUON_COMPILE_PASSES", "")),
+        dump_dir=env.get("MUON_COMPILE_DUMP_DIR") or None,
+    )
+
+
+_current: Config | None = None
+
+
+def current() -> Config:
+    """The active configuration: the environment, read on first use, or an override."""
+    global _current
+    if _current is None:
+        _current = from_env()
+    return _current
+
+
+@contextlib.contextmanager
+def override(**changes: object) -> Iterator[Config]:
+    """Temporarily replace fields of the active configuration, e.g. ``override(pad_waste=0.2)``."""
+    global _current
+    previous = current()
+    if isinstance(changes.get("passes"), str):
+        changes["passes"] = parse_passes(changes["passes"])  # type: ignore[arg-type]
+    _current = dataclasses.replace(previous, **changes)  # type: ignore[arg-type]
+    try:
+        yield _current
+    finally:
+        _current = previous

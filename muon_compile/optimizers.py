@@ -1,0 +1,277 @@
+"""``MuonAdamW`` (param groups of kind ``"muon"`` or ``"adamw"``) and ``Muon`` (all muon).
+
+Both are plain per-parameter optimizers: eager they run one Newton–Schulz per matrix;
+``torch.compile(opt.step, backend="muon")`` buckets, lowers and fuses them.
+
+Hyper-parameters (``lr``, ``momentum``, ``weight_decay``, AdamW's ``betas`` and ``eps``)
+are stored in the param groups as 0-D float64 tensors, so a compiled step reads them as
+inputs: change them with ``group["lr"].fill_(v)`` or any ``torch.optim.lr_scheduler``
+(which fills tensor values in place) and nothing recompiles. Optimizer state is created
+at construction, so every rank holds the same state keys from step 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from . import coefficients as coeffs
+from .updates import ADJUST_LR_MODES, adamw_update, lr_ratio, muon_update
+
+KINDS = ("muon", "adamw")
+_MUON_SCALARS = ("lr", "momentum", "weight_decay")
+_ADAMW_SCALARS = ("lr", "eps", "weight_decay")
+
+
+def _scalar(value: Any, key: str) -> Tensor:
+    """A hyper-parameter as a 0-D float64 tensor, as exact as a Python float (a given 0-D
+    tensor is kept, not copied). As a 0-D tensor it never changes a parameter's dtype."""
+    if isinstance(value, Tensor):
+        if value.numel() != 1 or not value.dtype.is_floating_point:
+            raise ValueError(f"hyper-parameter {key!r} must be a float or a 1-element float tensor, got {value!r}")
+        return value if value.dim() == 0 else value.reshape(())
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"hyper-parameter {key!r} must be a number, got {value!r}")
+    return torch.tensor(float(value), dtype=torch.float64)
+
+
+def _value(x: Any) -> float:
+    return float(x.item()) if isinstance(x, Tensor) else float(x)
+
+
+def _param_name(group: dict, index: int) -> str:
+    names = group.get("param_names")
+    if names is not None:
+        return repr(names[index])
+    return f"#{index} (shape {tuple(group['params'][index].shape)})"
+
+
+class MuonAdamW(torch.optim.Optimizer):
+    """Muon for hidden matrices and AdamW for everything else, in one optimizer.
+
+    Args:
+        params: param groups, each a dict with ``"params"`` and ``"kind"`` (``"muon"`` or
+            ``"adamw"``) and optionally any per-group override of the settings below
+            (AdamW groups use ``lr``, ``betas``, ``eps``, ``weight_decay``). Parameters may
+            be given as ``(name, tensor)`` pairs; errors then name them.
+            :func:`muon_compile.muon_param_groups` builds the usual split from a model.
+        lr: Muon learning rate.
+        momentum: Muon momentum coefficient, in [0, 1).
+        nesterov: use the Nesterov form ``lerp(grad, buf, momentum)`` of the momentum.
+        weight_decay: decoupled weight decay ``p *= 1 - lr * wd`` (Muon groups).
+        ns_coefficients: ``"keller"``, ``"polar_express"``, an ``(a, b, c)`` triple or a
+            list of per-iteration triples.
+        ns_steps: Newton–Schulz iterations.
+        ns_dtype: dtype of the Newton–Schulz matmuls (``torch.bfloat16`` or ``torch.float32``).
+        ns_eps: added to the Frobenius norm before normalising (default: the preset's).
+        adjust_lr: shape scaling of the Muon step: ``"original"`` sqrt(max(1, rows/cols)),
+            ``"match_rms_adamw"`` 0.2 sqrt(max(rows, cols)), ``"spectral"`` sqrt(max(rows,
+            cols)) or ``"none"``. Rows and cols are the last two dimensions.
+        extra_scale_factor: a further constant multiplier of the Muon step.
+        adamw_lr, adamw_betas, adamw_eps, adamw_weight_decay: AdamW group defaults.
+
+    Muon parameters must be real 2-D matrices or 3-D stacks of matrices (the leading
+    dimension is a batch, e.g. experts); anything else raises ``ValueError`` naming it.
+    """
+
+    def __init__(
+        self,
+        params: Iterable[dict],
+        *,
+        lr: float = 0.02,
+        momentum: float = 0.95,
+        nesterov: bool = True,
+        weight_decay: float = 0.0,
+        ns_coefficients: coeffs.CoefficientSpec = "keller",
+        ns_steps: int = 5,
+        ns_dtype: torch.dtype = torch.bfloat16,
+        ns_eps: float | None = None,
+        adjust_lr: str = "original",
+        extra_scale_factor: float = 1.0,
+        adamw_lr: float = 3e-4,
+        adamw_betas: tuple[float, float] = (0.9, 0.95),
+        adamw_eps: float = 1e-8,
+        adamw_weight_decay: float = 0.0,
+    ) -> None:
+        self._kind_defaults = {
+            "muon": dict(
+                lr=lr,
+                momentum=momentum,
+                nesterov=nesterov,
+                weight_decay=weight_decay,
+                ns_coefficients=ns_coefficients,
+                ns_steps=ns_steps,
+                ns_dtype=ns_dtype,
+                ns_eps=ns_eps,
+                adjust_lr=adjust_lr,
+                extra_scale_factor=extra_scale_factor,
+            ),
+            "adamw": dict(lr=adamw_lr, betas=adamw_betas, eps=adamw_eps, weight_decay=adamw_weight_decay),
+        }
+        super().__init__(params, defaults={})
+
+    # ----------------------------------------------------------------- param groups
+    def add_param_group(self, param_group: dict) -> None:
+        """Validate a group, fill its kind's defaults, store scalars as 0-D tensors, create state."""
+        kind = param_group.get("kind")
+        if kind not in KINDS:
+            raise ValueError(f"param group 'kind' must be one of {KINDS}, got {kind!r}")
+        for key, value in self._kind_defaults[kind].items():
+            param_group.setdefault(key, value)
+        super().add_param_group(param_group)
+        group = self.param_groups[-1]
+        if kind == "muon":
+            self._prepare_muon_group(group)
+        else:
+            self._prepare_adamw_group(group)
+
+    def _prepare_muon_group(self, group: dict) -> None:
+        coeffs.resolve(group["ns_coefficients"])
+        if not isinstance(group["ns_steps"], int) or group["ns_steps"] < 1:
+            raise ValueError(f"ns_steps must be a positive int, got {group['ns_steps']!r}")
+        if group["ns_dtype"] not in (torch.bfloat16, torch.float16, torch.float32, torch.float64):
+            raise ValueError(f"ns_dtype must be a floating dtype, got {group['ns_dtype']!r}")
+        if group["adjust_lr"] not in ADJUST_LR_MODES:
+            raise ValueError(f"unknown adjust_lr mode {group['adjust_lr']!r}; known: {ADJUST_LR_MODES}")
+        if group["ns_eps"] is not None and not group["ns_eps"] >= 0:
+            raise ValueError(f"ns_eps must be >= 0, got {group['ns_eps']!r}")
+        for key in _MUON_SCALARS:
+            group[key] = _scalar(group[key], key)
+        self._check_ranges(group, momentum_key="momentum")
+        for i, p in enumerate(group["params"]):
+            if p.dim() not in (2, 3):
+                raise ValueError(
+                    f"Muon parameter {_param_name(group, i)} has {p.dim()} dimension(s); Muon takes "
+                    "2-D matrices or 3-D stacks of matrices: put it in an 'adamw' group"
+                )
+            self._check_real(group, i)
+            self.state[p].setdefault("momentum_buffer", torch.zeros_like(p, memory_format=torch.preserve_format))
+
+    def _prepare_adamw_group(self, group: dict) -> None:
+        for key in _ADAMW_SCALARS:
+            group[key] = _scalar(group[key], key)
+        betas = group["betas"]
+        if not isinstance(betas, (tuple, list)) or len(betas) != 2:
+            raise ValueError(f"betas must be a pair, got {betas!r}")
+        group["betas"] = (_scalar(betas[0], "betas[0]"), _scalar(betas[1], "betas[1]"))
+        self._check_ranges(group, momentum_key=None)
+        for i, p in enumerate(group["params"]):
+            self._check_real(group, i)
+            state = self.state[p]
+            state.setdefault("step", torch.tensor(0.0, dtype=torch.float32))
+            state.setdefault("exp_avg", torch.zeros_like(p, memory_format=torch.preserve_format))
+            state.setdefault("exp_avg_sq", torch.zeros_like(p, memory_format=torch.preserve_format))
+
+    @staticmethod
+    def _check_ranges(group: dict, momentum_key: str | None) -> None:
+        if _value(group["lr"]) < 0:
+            raise ValueError(f"lr must be >= 0, got {_value(group['lr'])}")
+        if _value(group["weight_decay"]) < 0:
+            raise ValueError(f"weight_decay must be >= 0, got {_value(group['weight_decay'])}")
+        if momentum_key is not None and not 0 <= _value(group[momentum_key]) < 1:
+            raise ValueError(f"momentum must be in [0, 1), got {_value(group[momentum_key])}")
+        if "betas" in group and not all(0 <= _value(b) < 1 for b in group["betas"]):
+            raise ValueError(f"betas must be in [0, 1), got {[_value(b) for b in group['betas']]}")
+
+    @staticmethod
+    def _check_real(group: dict, index: int) -> None:
+        p = group["params"][index]
+        if torch.is_complex(p) or not p.dtype.is_floating_point:
+            raise ValueError(f"parameter {_param_name(group, index)} has dtype {p.dtype}; only real floating point is supported")
+
+    @staticmethod
+    def _check_grad(group: dict, index: int, grad: Tensor) -> None:
+        if grad.is_sparse:
+            raise ValueError(f"parameter {_param_name(group, index)} has a sparse gradient; it is not supported")
+        if torch.is_complex(grad):
+            raise ValueError(f"parameter {_param_name(group, index)} has a complex gradient; it is not supported")
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Load like ``torch.optim.Optimizer``, then restore 0-D tensor hyper-parameters."""
+        super().load_state_dict(state_dict)
+        for group in self.param_groups:
+            keys = _MUON_SCALARS if group["kind"] == "muon" else _ADAMW_SCALARS
+            for key in keys:
+                group[key] = _scalar(group[key], key)
+            if group["kind"] == "adamw":
+                group["betas"] = tuple(_scalar(b, "betas") for b in group["betas"])
+
+    # ------------------------------------------------------------------------ step
+    @torch.no_grad()
+    def step(self, closure=None):
+        """Perform one optimisation step; ``closure`` re-evaluates the loss, as in ``torch.optim``."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            if group["kind"] == "muon":
+                self._muon_step(group)
+            else:
+                self._adamw_step(group)
+        return loss
+
+    def _muon_step(self, group: dict) -> None:
+        preset = coeffs.resolve(group["ns_coefficients"])
+        eps = preset.eps if group["ns_eps"] is None else float(group["ns_eps"])
+        ns_args = (coeffs.flatten(preset.coefficients), group["ns_steps"], eps, preset.norm_scale, False, group["ns_dtype"])
+        decay = 1 - group["lr"] * group["weight_decay"]
+        for i, p in enumerate(group["params"]):
+            if p.grad is None:
+                continue
+            self._check_grad(group, i, p.grad)
+            muon_update(
+                p,
+                p.grad,
+                self.state[p]["momentum_buffer"],
+                beta=group["momentum"],
+                decay=decay,
+                lr=group["lr"],
+                nesterov=group["nesterov"],
+                ns_args=ns_args,
+                lr_scale=lr_ratio(p.shape[-2], p.shape[-1], group["adjust_lr"]) * group["extra_scale_factor"],
+            )
+
+    def _adamw_step(self, group: dict) -> None:
+        beta1, beta2 = group["betas"]
+        for i, p in enumerate(group["params"]):
+            if p.grad is None:
+                continue
+            self._check_grad(group, i, p.grad)
+            state = self.state[p]
+            adamw_update(
+                p,
+                p.grad,
+                state["exp_avg"],
+                state["exp_avg_sq"],
+                state["step"],
+                lr=group["lr"],
+                beta1=beta1,
+                beta2=beta2,
+                eps=group["eps"],
+                weight_decay=group["weight_decay"],
+            )
+
+
+class Muon(MuonAdamW):
+    """Muon (MomentUm Orthogonalized by Newton–Schulz) for 2-D / 3-D parameters.
+
+    ``Muon(params, lr=0.02, momentum=0.95, nesterov=True, weight_decay=0.0,
+    ns_coefficients="keller", ns_steps=5, ns_dtype=torch.bfloat16, adjust_lr="original")``;
+    ``params`` is an iterable of tensors, of ``(name, tensor)`` pairs, or of param-group
+    dicts. See :class:`MuonAdamW` for every argument.
+    """
+
+    def __init__(self, params: Iterable, **kwargs: Any) -> None:
+        params = list(params)
+        if params and not isinstance(params[0], dict):
+            params = [{"params": params}]
+        groups = []
+        for group in params:
+            if group.get("kind", "muon") != "muon":
+                raise ValueError(f"Muon takes only muon param groups, got kind {group['kind']!r}; use MuonAdamW")
+            groups.append({**group, "kind": "muon"})
+        super().__init__(groups, **kwargs)

@@ -1,0 +1,83 @@
+"""Per-parameter update rules of Muon and AdamW, written as plain tensor code.
+
+Hyper-parameters arrive as 0-D tensors so a compiled step reads them as graph inputs
+and never recompiles when they change.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from .ns_op import newton_schulz_op
+
+ADJUST_LR_MODES = ("original", "match_rms_adamw", "spectral", "none")
+
+
+def lr_ratio(rows: int, cols: int, mode: str) -> float:
+    """Shape-dependent learning-rate multiplier of a rows x cols update.
+
+    ``original``: sqrt(max(1, rows/cols)) (Keller Jordan); ``match_rms_adamw``:
+    0.2 * sqrt(max(rows, cols)) (Moonshot); ``spectral``: sqrt(max(rows, cols))
+    (Megatron's ``scale_mode="spectral"``); ``none``: 1.
+    """
+    if mode == "original":
+        return math.sqrt(max(1.0, rows / cols))
+    if mode == "match_rms_adamw":
+        return 0.2 * math.sqrt(max(rows, cols))
+    if mode == "spectral":
+        return math.sqrt(max(rows, cols))
+    if mode == "none":
+        return 1.0
+    raise ValueError(f"unknown adjust_lr mode {mode!r}; known: {ADJUST_LR_MODES}")
+
+
+def muon_update(
+    param: Tensor,
+    grad: Tensor,
+    momentum_buffer: Tensor,
+    *,
+    beta: Tensor,
+    decay: Tensor,
+    lr: Tensor,
+    nesterov: bool,
+    ns_args: tuple,
+    lr_scale: float,
+) -> None:
+    """One Muon step on ``param``: momentum, Newton–Schulz, decoupled weight decay, update.
+
+    ``beta`` is the momentum, ``decay`` the weight-decay factor ``1 - lr * wd`` (both 0-D
+    tensors computed once per group); ``ns_args`` are the op's arguments after ``x``.
+    """
+    beta = beta.to(grad.dtype)
+    momentum_buffer.mul_(beta).add_(grad * (1 - beta))
+    update = grad * (1 - beta) + momentum_buffer * beta if nesterov else momentum_buffer
+    ortho = newton_schulz_op(update, *ns_args)
+    param.mul_(decay)
+    param.add_(ortho * (lr * -lr_scale))
+
+
+def adamw_update(
+    param: Tensor,
+    grad: Tensor,
+    exp_avg: Tensor,
+    exp_avg_sq: Tensor,
+    step: Tensor,
+    *,
+    lr: Tensor,
+    beta1: Tensor,
+    beta2: Tensor,
+    eps: Tensor,
+    weight_decay: Tensor,
+) -> None:
+    """One AdamW step (decoupled weight decay, bias correction) on ``param``."""
+    step.add_(1)
+    param.mul_(1 - lr * weight_decay)
+    exp_avg.lerp_(grad, (1 - beta1).to(grad.dtype))
+    exp_avg_sq.lerp_(grad * grad, (1 - beta2).to(grad.dtype))
+    bias1 = 1 - beta1**step
+    bias2 = 1 - beta2**step
+    denom = (exp_avg_sq / bias2).sqrt() + eps
+    param.sub_(exp_avg / denom * (lr / bias1))

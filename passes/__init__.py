@@ -1,0 +1,9 @@
+"""The FX passes of the ``muon`` backend, one module per pass; :mod:`.pipeline` runs them.
+
+Importable as ``muon_compile.passes``; in the repository they live in the top-level
+``passes/`` directory.
+"""
+
+from .pipeline import MuonGraphPass, run_passes
+
+__all__ = ["MuonGraphPass", "run_passes"]

@@ -1,0 +1,100 @@
+"""find: describe every Newton–Schulz op node of a post-grad graph as plain data.
+
+Algorithm:
+  1. Collect the ``muon_compile::newton_schulz`` nodes in graph order.
+  2. For each, read the input's fake value (batch, rows, cols, dtype, device) and the
+     op's scalar arguments into an :class:`NSSite`.
+  3. Record each site's level: the most NS ops on any path into its input. Sites of one
+     level never depend on each other, so they may share a bucket.
+  4. Mark a site as not bucketable, with its reason, when its shape is symbolic or its
+     result escapes as a graph output (stacking would make outputs alias each other).
+
+Before / after: the graph is unchanged; ``[ns(x0, ...), ns(x1, ...)]`` becomes
+``[NSSite(0, 1, 48, 16, ...), NSSite(1, 1, 16, 16, ...)]``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.fx as fx
+
+from muon_compile.coefficients import unflatten
+from muon_compile.ns_op import NEWTON_SCHULZ
+
+from .graph_utils import escapes_to_output, ns_nodes
+
+
+@dataclasses.dataclass(frozen=True)
+class NSArgs:
+    """The op's non-tensor arguments; sites with equal ``NSArgs`` compute the same function."""
+
+    coefficients: tuple[float, ...]
+    steps: int
+    eps: float
+    norm_scale: float
+    clamp_eps: bool
+    compute_dtype: torch.dtype
+
+    def op_args(self) -> tuple:
+        """The arguments after ``x``, in the op's order."""
+        return (list(self.coefficients), self.steps, self.eps, self.norm_scale, self.clamp_eps, self.compute_dtype)
+
+
+@dataclasses.dataclass(frozen=True)
+class NSSite:
+    """One NS op call: ``batch`` matrices of ``rows x cols`` (batch is 1 for a 2-D input)."""
+
+    index: int
+    batch: int
+    rows: int
+    cols: int
+    dims: int
+    dtype: torch.dtype
+    device: str
+    args: NSArgs
+    level: int = 0
+    skip_reason: str | None = None
+
+
+def _levels(graph: fx.Graph) -> dict[fx.Node, int]:
+    """Per node, the most NS ops on a path ending at it (the node itself included)."""
+    level: dict[fx.Node, int] = {}
+    for node in graph.nodes:
+        inherited = max((level[n] for n in node.all_input_nodes), default=0)
+        level[node] = inherited + (node.target is NEWTON_SCHULZ)
+    return level
+
+
+def _site(index: int, node: fx.Node, level: int) -> NSSite:
+    x = node.args[0].meta["val"]
+    coefficients, steps, eps, norm_scale, clamp_eps, compute_dtype = node.args[1:7]
+    unflatten(coefficients)
+    args = NSArgs(tuple(float(c) for c in coefficients), int(steps), float(eps), float(norm_scale), bool(clamp_eps), compute_dtype)
+    shape = tuple(x.shape)
+    reason = None
+    if not all(isinstance(d, int) for d in shape):
+        reason = f"symbolic shape {shape}"
+    elif escapes_to_output(node):
+        reason = "result is a graph output"
+    batch = shape[0] if len(shape) == 3 else 1
+    return NSSite(
+        index=index,
+        batch=batch if isinstance(batch, int) else -1,
+        rows=shape[-2] if isinstance(shape[-2], int) else -1,
+        cols=shape[-1] if isinstance(shape[-1], int) else -1,
+        dims=len(shape),
+        dtype=x.dtype,
+        device=str(x.device),
+        args=args,
+        level=level,
+        skip_reason=reason,
+    )
+
+
+def find_ns_sites(graph: fx.Graph) -> tuple[list[fx.Node], list[NSSite]]:
+    """The NS nodes in graph order and their descriptions (``sites[i].index == i``)."""
+    nodes = ns_nodes(graph)
+    levels = _levels(graph) if nodes else {}
+    return nodes, [_site(i, n, levels[n.args[0]]) for i, n in enumerate(nodes)]

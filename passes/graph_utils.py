@@ -1,0 +1,111 @@
+"""Graph helpers shared by the passes: trace-and-splice, ordering, the graph contract."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.fx as fx
+from torch._dispatch.python import enable_python_dispatcher
+from torch._guards import detect_fake_mode
+from torch._inductor.decomposition import select_decomp_table
+from torch._inductor.pattern_matcher import stable_topological_sort
+from torch._subclasses.fake_tensor import FakeTensor
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from muon_compile.ns_op import NEWTON_SCHULZ
+
+__all__ = [
+    "GraphContractError",
+    "check_contract",
+    "escapes_to_output",
+    "ns_nodes",
+    "splice_trace",
+    "stable_topological_sort",
+]
+
+
+class GraphContractError(RuntimeError):
+    """A pass left the graph in a state the pipeline promises never to produce."""
+
+
+def ns_nodes(graph: fx.Graph) -> list[fx.Node]:
+    """The ``muon_compile::newton_schulz`` call nodes, in graph order."""
+    return list(graph.find_nodes(op="call_function", target=NEWTON_SCHULZ, sort=True))
+
+
+def splice_trace(
+    graph: fx.Graph,
+    fn: Callable[..., Sequence[torch.Tensor]],
+    inputs: Sequence[fx.Node],
+    insert_before: fx.Node,
+) -> list[fx.Node]:
+    """Trace ``fn`` on ``inputs``' fake values with Inductor's decompositions and copy its
+    nodes into ``graph`` before ``insert_before``; return the nodes of ``fn``'s outputs."""
+    examples = [n.meta["val"] for n in inputs]
+    fake_mode = detect_fake_mode(examples)
+    if fake_mode is None:
+        raise GraphContractError("splice_trace needs FakeTensor meta['val'] on every input node")
+    with fake_mode, enable_python_dispatcher():
+        traced = make_fx(fn, decomposition_table=select_decomp_table())(*examples)
+    traced.graph.eliminate_dead_code()  # decompositions that bail out leave dead casts
+    env: dict[fx.Node, fx.Node] = {}
+    placeholders = [n for n in traced.graph.nodes if n.op == "placeholder"]
+    env.update(zip(placeholders, inputs))
+    outputs: list[fx.Node] = []
+    with graph.inserting_before(insert_before):
+        for node in traced.graph.nodes:
+            if node.op == "placeholder":
+                continue
+            if node.op == "output":
+                outputs = [env[o] for o in node.args[0]]
+                continue
+            if node.target is torch.ops.aten.detach.default:
+                env[node] = env[node.args[0]]
+                continue
+            env[node] = graph.node_copy(node, lambda n: env[n])
+    return outputs
+
+
+def escapes_to_output(node: fx.Node) -> bool:
+    """Whether ``node``'s value, directly or through views, is a graph output."""
+    frontier = [node]
+    seen: set[fx.Node] = set()
+    while frontier:
+        n = frontier.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        for user in n.users:
+            if user.op == "output":
+                return True
+            if isinstance(user.target, torch._ops.OpOverload) and user.target.is_view:
+                frontier.append(user)
+    return False
+
+
+def _outputs(graph: fx.Graph) -> tuple:
+    return tuple(graph.output_node().args[0]) if graph.output_node() is not None else ()
+
+
+def check_contract(graph: fx.Graph, pass_name: str, outputs_before: tuple) -> None:
+    """Lint the graph; every computed node has a FakeTensor ``meta['val']``; outputs unchanged."""
+    try:
+        graph.lint()
+    except Exception as e:  # lint raises several exception types; re-raise as ours, chained
+        raise GraphContractError(f"pass {pass_name!r} left an invalid graph: {e}") from e
+    for node in graph.nodes:
+        if node.op != "call_function":
+            continue
+        val = node.meta.get("val")
+        if val is None and node.users:
+            raise GraphContractError(f"pass {pass_name!r} left node {node.name} without meta['val']")
+        if isinstance(val, torch.Tensor) and not isinstance(val, FakeTensor):
+            raise GraphContractError(f"pass {pass_name!r} left a real tensor in {node.name}.meta['val']")
+    if _outputs(graph) != outputs_before:
+        raise GraphContractError(f"pass {pass_name!r} changed the graph outputs")
+
+
+def graph_outputs(graph: fx.Graph) -> tuple:
+    """The output node's arguments, for :func:`check_contract`."""
+    return _outputs(graph)

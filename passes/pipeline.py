@@ -1,0 +1,95 @@
+"""The post-grad pipeline, top to bottom: find -> plan -> bucket -> lower.
+
+Each pass is named; with ``MUON_COMPILE_DUMP_DIR`` set, the graph before and after each
+pass is written there in the normalised text of :mod:`graph_text`; after each pass the
+graph contract is checked (lint, fake ``meta['val']`` everywhere, outputs unchanged).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch.fx as fx
+from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
+
+from muon_compile import config as config_mod
+from muon_compile.stats import counters
+
+from .bucket import apply_buckets
+from .find import find_ns_sites
+from .graph_text import graph_text
+from .graph_utils import check_contract, graph_outputs
+from .lower import lower_ns_ops
+from .plan import plan_buckets
+
+log = logging.getLogger(__name__)
+_graph_ids = itertools.count()
+
+
+class _Dumper:
+    """Writes ``<dump_dir>/graph_<k>/<nn>_<pass>_{before,after}.txt`` when a dump dir is set."""
+
+    def __init__(self, dump_dir: str | None) -> None:
+        self.dir = None
+        if dump_dir:
+            self.dir = Path(dump_dir) / f"graph_{os.getpid()}_{next(_graph_ids)}"
+            self.dir.mkdir(parents=True, exist_ok=True)
+        self.seq = itertools.count()
+
+    def write(self, pass_name: str, stage: str, graph: fx.Graph) -> None:
+        if self.dir is not None:
+            (self.dir / f"{next(self.seq):02d}_{pass_name}_{stage}.txt").write_text(graph_text(graph))
+
+
+def _run_pass(name: str, graph: fx.Graph, dumper: _Dumper, fn: Callable[[], None]) -> None:
+    dumper.write(name, "before", graph)
+    outputs = graph_outputs(graph)
+    start = time.perf_counter()
+    fn()
+    check_contract(graph, name, outputs)
+    log.debug("pass %s took %.3f s", name, time.perf_counter() - start)
+    dumper.write(name, "after", graph)
+
+
+def run_passes(graph: fx.Graph, cfg: config_mod.Config) -> None:
+    """Run the enabled passes of ``cfg`` on a post-grad ``graph``, in place."""
+    nodes, sites = find_ns_sites(graph)
+    if not nodes:
+        return
+    counters["find.ns_ops"] += len(nodes)
+    dumper = _Dumper(cfg.dump_dir)
+    if cfg.enabled("bucket"):
+        plan = plan_buckets(sites, bucket_mb=cfg.bucket_mb, pad_waste=cfg.pad_waste)
+        log.debug("bucket plan for %d NS ops:\n%s", len(nodes), plan.describe())
+        _run_pass("bucket", graph, dumper, lambda: apply_buckets(graph, nodes, plan))
+    if cfg.enabled("lower"):
+        _run_pass("lower", graph, dumper, lambda: lower_ns_ops(graph))
+
+
+_SOURCES = tuple(
+    str(p)
+    for p in sorted(Path(__file__).parent.glob("*.py"))
+    + [Path(config_mod.__file__).parent / f for f in ("ns_kernel.py", "ns_op.py", "coefficients.py", "config.py")]
+)
+
+
+class MuonGraphPass(CustomGraphPass):
+    """The pipeline as Inductor's ``post_grad_custom_post_pass``.
+
+    ``uuid()`` hashes the pass sources and the configuration that changes the output,
+    so the FX graph cache stays valid and hits when nothing changed.
+    """
+
+    def __init__(self, cfg: config_mod.Config) -> None:
+        self.cfg = cfg
+
+    def __call__(self, graph: fx.Graph) -> None:
+        run_passes(graph, self.cfg)
+
+    def uuid(self) -> bytes:
+        return get_hash_for_files(_SOURCES) + repr(self.cfg.cache_key()).encode()

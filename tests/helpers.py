@@ -1,0 +1,55 @@
+"""Shared builders for tests that compile an optimizer step and compare it with eager."""
+
+import torch
+from torch import nn
+
+import muon_compile
+
+from numerics import BF16_PARAM_RTOL, assert_rel_close
+
+# GPT-like per-layer shapes at d=8 (qkv, attention out, MLP up, MLP down), two layers,
+# plus an odd-shaped matrix and a 3-D stack of matrices.
+MIXED_SHAPES = [(24, 8), (8, 8), (32, 8), (8, 32)] * 2 + [(5, 7), (2, 8, 16)]
+
+
+def make_params(shapes, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [nn.Parameter(torch.randn(tuple(s), generator=g).to(dtype)) for s in shapes]
+
+
+def set_grads(params, seed):
+    g = torch.Generator().manual_seed(seed)
+    for p in params:
+        p.grad = torch.randn(tuple(p.shape), generator=g).to(p.dtype)
+
+
+def compare_steps(make_opt, shapes, *, rtol, steps=2, dtype=torch.float32, backend="muon", **compile_kw):
+    """Run ``steps`` optimizer steps eager and compiled from the same start; check every
+    update against eager within ``rtol``. Returns the compiled optimizer's params."""
+    eager_params, comp_params = make_params(shapes, dtype), make_params(shapes, dtype)
+    eager, comp = make_opt(eager_params), make_opt(comp_params)
+    compiled_step = torch.compile(comp.step, backend=backend, **compile_kw)
+    for step in range(steps):
+        set_grads(eager_params, 100 + step)
+        set_grads(comp_params, 100 + step)
+        before = [p.detach().clone() for p in eager_params]
+        eager.step()
+        compiled_step()
+        for i, (e, c, b) in enumerate(zip(eager_params, comp_params, before)):
+            what = f"step {step} param {i} {tuple(e.shape)}"
+            if dtype == torch.bfloat16:
+                atol = rtol * (e.detach().float() - b.float()).abs().max().item()
+                torch.testing.assert_close(c.detach(), e.detach(), rtol=BF16_PARAM_RTOL, atol=atol, msg=what)
+            else:
+                assert_rel_close(c.detach() - b, e.detach() - b, rtol, what)
+        # continue both from the eager state so errors do not compound across steps
+        with torch.no_grad():
+            for e, c in zip(eager_params, comp_params):
+                c.copy_(e)
+                for key, value in eager.state[e].items():
+                    comp.state[c][key].copy_(value)
+    return comp_params
+
+
+def muon(**kw):
+    return lambda params: muon_compile.Muon(params, **kw)

@@ -1,0 +1,137 @@
+"""backend="muon" end to end: numerics against eager, no recompiles, the FX graph cache,
+the entry point, Inductor options and pass switches."""
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from torch._dynamo.utils import counters as dynamo_counters
+from torch._inductor.utils import fresh_cache
+
+import muon_compile
+from muon_compile import config
+
+from helpers import MIXED_SHAPES, compare_steps, make_params, muon, set_grads
+from numerics import NS_RTOL
+
+
+@pytest.mark.parametrize("ns_dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("preset", ["keller", "polar_express"])
+@pytest.mark.parametrize("nesterov", [True, False], ids=["nesterov", "plain"])
+def test_compiled_matches_eager(ns_dtype, preset, nesterov):
+    compare_steps(
+        muon(lr=0.05, weight_decay=0.1, ns_dtype=ns_dtype, ns_coefficients=preset, nesterov=nesterov),
+        MIXED_SHAPES,
+        rtol=NS_RTOL[ns_dtype],
+    )
+    assert muon_compile.counters["bucket.buckets"] in (0, 5)  # 0 on an FX-cache hit
+
+
+def test_bf16_params_and_adamw_groups_compile():
+    def make(params):
+        return muon_compile.MuonAdamW(
+            [{"params": params[:-2], "kind": "muon"}, {"params": params[-2:], "kind": "adamw"}], weight_decay=0.01
+        )
+
+    compare_steps(make, MIXED_SHAPES[:4] + [(8,), ()], rtol=NS_RTOL[torch.bfloat16], dtype=torch.bfloat16)
+
+
+def test_hyperparameter_changes_do_not_recompile_and_take_effect():
+    shapes = MIXED_SHAPES[:4]
+    eager_params, comp_params = make_params(shapes), make_params(shapes)
+    eager, comp = muon_compile.Muon(eager_params, lr=0.02), muon_compile.Muon(comp_params, lr=0.02)
+    scheds = [torch.optim.lr_scheduler.StepLR(o, step_size=1, gamma=0.5) for o in (eager, comp)]
+    step = torch.compile(comp.step, backend="muon")
+    changes = [("momentum", 0.8), ("weight_decay", 0.3), ("lr", 0.07), None]
+    for i, change in enumerate(changes):
+        set_grads(eager_params, i)
+        set_grads(comp_params, i)
+        eager.step()
+        # the first call compiles; any later recompile raises RecompileError
+        with torch._dynamo.config.patch(error_on_recompile=i > 0):
+            step()
+        for e, c in zip(eager_params, comp_params):
+            torch.testing.assert_close(c, e, rtol=NS_RTOL[torch.bfloat16], atol=1e-3)
+        for s in scheds:
+            s.step()
+        if change is not None:
+            key, value = change
+            for o in (eager, comp):
+                o.param_groups[0][key].fill_(value)
+    assert comp.param_groups[0]["lr"].item() == pytest.approx(0.035)
+    # the check above can fail: replacing the tensor by a Python float does recompile
+    comp.param_groups[0]["lr"] = 0.01
+    with pytest.raises(torch._dynamo.exc.RecompileError), torch._dynamo.config.patch(error_on_recompile=True):
+        step()
+
+
+def test_fx_graph_cache_hits_on_second_compile():
+    with fresh_cache():
+        shapes = MIXED_SHAPES[:4]
+        for attempt in range(2):
+            torch._dynamo.reset()
+            dynamo_counters.clear()
+            muon_compile.counters.clear()
+            compare_steps(muon(), shapes, rtol=NS_RTOL[torch.bfloat16], steps=1)
+            if attempt == 0:
+                assert dynamo_counters["inductor"]["fxgraph_cache_miss"] >= 1
+                assert muon_compile.counters["bucket.buckets"] == 3  # 8x24, 8x8, and 8x32 shared by a tall and a wide
+            else:
+                assert dynamo_counters["inductor"]["fxgraph_cache_hit"] >= 1
+                assert dynamo_counters["inductor"]["fxgraph_cache_miss"] == 0
+                assert muon_compile.counters["bucket.buckets"] == 0  # passes skipped: the cache served it
+
+
+def test_config_change_misses_the_fx_graph_cache():
+    with fresh_cache():
+        compare_steps(muon(), MIXED_SHAPES[:4], rtol=NS_RTOL[torch.bfloat16], steps=1)
+        torch._dynamo.reset()
+        dynamo_counters.clear()
+        with config.override(bucket_mb=0.001):
+            compare_steps(muon(), MIXED_SHAPES[:4], rtol=NS_RTOL[torch.bfloat16], steps=1)
+        assert dynamo_counters["inductor"]["fxgraph_cache_miss"] >= 1
+
+
+def test_entry_point_in_a_fresh_interpreter():
+    code = textwrap.dedent(
+        """
+        import sys, torch
+        assert "muon_compile" not in sys.modules
+        f = torch.compile(lambda x: torch.sin(x) * 2, backend="muon")
+        x = torch.randn(8)
+        torch.testing.assert_close(f(x), torch.sin(x) * 2)
+        assert "muon" in torch._dynamo.list_backends()
+        print("ok")
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().endswith("ok")
+
+
+def test_inductor_options_pass_through_and_ours_are_protected():
+    from muon_compile.backend import muon_backend
+
+    gm = torch.fx.symbolic_trace(lambda x: x + 1)
+    with pytest.raises(ValueError, match="owns post_grad_custom_post_pass"):
+        muon_backend(gm, [torch.randn(2)], options={"post_grad_custom_post_pass": None})
+    compare_steps(
+        muon(), MIXED_SHAPES[:4], rtol=NS_RTOL[torch.bfloat16], steps=1,
+        options={"max_fusion_buffer_group_pairwise_attempts": 4},
+    )
+
+
+@pytest.mark.parametrize("passes", ["-bucket", "bucket", ""])
+def test_passes_switch(passes):
+    with fresh_cache(), config.override(passes=passes):
+        compare_steps(muon(), MIXED_SHAPES, rtol=NS_RTOL[torch.bfloat16], steps=1)
+    enabled = config.parse_passes(passes)
+    assert (muon_compile.counters["bucket.buckets"] > 0) == ("bucket" in enabled)
+    assert (muon_compile.counters["lower.ns_ops"] > 0) == ("lower" in enabled)
+
+
+def test_unknown_pass_name_is_rejected():
+    with pytest.raises(ValueError, match="unknown pass"):
+        config.parse_passes("-bucketing")

@@ -1,0 +1,180 @@
+"""The Newton–Schulz op: semantics against an independent fp64 reference, the NS
+property, batching, orientation, presets, opcheck and bad input."""
+
+import math
+
+import pytest
+import torch
+
+import muon_compile
+from muon_compile import coefficients as coeffs
+from muon_compile.ns_op import NEWTON_SCHULZ, newton_schulz_op
+
+from numerics import NS_RTOL, assert_rel_close
+
+KELLER = coeffs.PRESETS["keller"]
+POLAR = coeffs.PRESETS["polar_express"]
+
+
+def textbook_ns(g, triples, steps, eps, norm_scale):
+    """Newton–Schulz written out in float64, independent of the package's kernel."""
+    x = g.double()
+    tall = x.shape[0] > x.shape[1]
+    if tall:
+        x = x.T
+    x = x / (x.norm() * norm_scale + eps)
+    for i in range(steps):
+        a, b, c = triples[min(i, len(triples) - 1)]
+        gram = x @ x.T
+        x = a * x + (b * gram + c * gram @ gram) @ x
+    return x.T if tall else x
+
+
+def scalar_composition(sigma, triples, steps):
+    """The quintic applied to singular values: NS(U S V^T) = U p(S) V^T."""
+    for i in range(steps):
+        a, b, c = triples[min(i, len(triples) - 1)]
+        sigma = a * sigma + b * sigma**3 + c * sigma**5
+    return sigma
+
+
+def call(x, preset, steps, dtype, eps=None, clamp=False):
+    return newton_schulz_op(
+        x, coeffs.flatten(preset.coefficients), steps, preset.eps if eps is None else eps,
+        preset.norm_scale, clamp, dtype,
+    )
+
+
+SHAPES = [(16, 48), (48, 16), (24, 24), (1, 9), (9, 1)]
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("preset", [KELLER, POLAR], ids=["keller", "polar_express"])
+@pytest.mark.parametrize("steps", [1, 5, 10])
+def test_matches_textbook_fp64(shape, preset, steps):
+    g = torch.randn(*shape, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    got = call(g, preset, steps, torch.float64)
+    want = textbook_ns(g, preset.coefficients, steps, preset.eps, preset.norm_scale)
+    assert got.shape == g.shape and got.dtype == g.dtype and got.is_contiguous()
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("preset", [KELLER, POLAR], ids=["keller", "polar_express"])
+def test_singular_values_follow_the_polynomial(preset):
+    """NS acts on singular values one by one: svd(NS(G)) = p∘...∘p(svd(G) / scaled norm)."""
+    g = torch.randn(20, 36, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    sigma = torch.linalg.svdvals(g) / (g.norm() * preset.norm_scale + preset.eps)
+    want = torch.sort(scalar_composition(sigma, preset.coefficients, 5).abs()).values
+    got = torch.sort(torch.linalg.svdvals(call(g, preset, 5, torch.float64))).values
+    torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("preset", [KELLER, POLAR], ids=["keller", "polar_express"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_ns_property_band(preset, dtype):
+    """Output singular values lie in the band the scalar polynomial predicts (fp64),
+    widened by the stated tolerance of the compute dtype."""
+    g = torch.randn(4, 32, 96, generator=torch.Generator().manual_seed(2))
+    out = call(g, preset, 5, dtype).double()
+    for gi, oi in zip(g.double(), out):
+        sigma = torch.linalg.svdvals(gi) / (gi.norm() * preset.norm_scale + preset.eps)
+        predicted = scalar_composition(sigma, preset.coefficients, 5)
+        lo, hi = predicted.min().item(), predicted.max().item()
+        got = torch.linalg.svdvals(oi)
+        slack = 2 * NS_RTOL[dtype]
+        assert lo - slack <= got.min().item() and got.max().item() <= hi + slack, (lo, hi, got)
+        assert 0.5 < lo and hi < 1.5  # the orthogonalisation really happened
+
+
+def test_batched_equals_per_matrix():
+    g = torch.randn(5, 12, 20, generator=torch.Generator().manual_seed(3))
+    batched = call(g, KELLER, 5, torch.float32)
+    for i in range(5):
+        assert_rel_close(batched[i], call(g[i], KELLER, 5, torch.float32), 1e-6, f"matrix {i}")
+
+
+def test_tall_is_transpose_of_wide():
+    g = torch.randn(40, 12, generator=torch.Generator().manual_seed(4))
+    assert_rel_close(call(g, KELLER, 5, torch.float32), call(g.T.contiguous(), KELLER, 5, torch.float32).T, 1e-6)
+
+
+def test_output_dtype_follows_input_compute_dtype_is_used():
+    g = torch.randn(8, 16, generator=torch.Generator().manual_seed(5))
+    out = call(g, KELLER, 5, torch.bfloat16)
+    assert out.dtype == torch.float32
+    # the values are bf16-representable: the iteration ran in bf16
+    assert torch.equal(out, out.bfloat16().float())
+
+
+def test_zero_matrix_gives_zero_not_nan():
+    for clamp in (False, True):
+        out = call(torch.zeros(4, 6), KELLER, 5, torch.float32, clamp=clamp)
+        assert torch.equal(out, torch.zeros(4, 6))
+
+
+def test_clamp_eps_divides_by_max():
+    g = torch.full((2, 2), 1e-9, dtype=torch.float64)
+    # norm = 2e-9 < eps: clamp divides by eps, add divides by norm + eps
+    out_clamp = call(g, KELLER, 1, torch.float64, eps=1e-3, clamp=True)
+    out_add = call(g, KELLER, 1, torch.float64, eps=1e-3, clamp=False)
+    torch.testing.assert_close(out_clamp, _one_step(g / 1e-3))
+    torch.testing.assert_close(out_add, _one_step(g / (2e-9 + 1e-3)))
+
+
+def _one_step(x):
+    a, b, c = KELLER.coefficients[0]
+    gram = x @ x.T
+    return a * x + (b * gram + c * gram @ gram) @ x
+
+
+def test_presets_table():
+    assert KELLER.coefficients == ((3.4445, -4.7750, 2.0315),) and KELLER.norm_scale == 1.0
+    a, b, c = POLAR.coefficients[0]
+    assert math.isclose(a, 8.28721201814563 / 1.01) and math.isclose(b, -23.595886519098837 / 1.01**3)
+    assert math.isclose(c, 17.300387312530933 / 1.01**5)
+    assert POLAR.coefficients[-1] == (1.875, -1.25, 0.375) and POLAR.norm_scale == 1.01
+    assert len(POLAR.coefficients) == 8
+    assert coeffs.schedule(POLAR.coefficients, 10)[9] == (1.875, -1.25, 0.375)
+
+
+def test_public_function_resolves_presets_and_custom():
+    g = torch.randn(8, 12, generator=torch.Generator().manual_seed(6))
+    custom = muon_compile.newton_schulz(g, [(3.0, -3.2, 1.2), (2.0, -1.5, 0.5)], 3, compute_dtype=torch.float32)
+    want = textbook_ns(g, ((3.0, -3.2, 1.2), (2.0, -1.5, 0.5)), 3, 1e-7, 1.0)
+    assert_rel_close(custom, want, 1e-5)
+    triple = muon_compile.newton_schulz(g, (3.4445, -4.7750, 2.0315), 5, compute_dtype=torch.float32)
+    assert torch.equal(triple, muon_compile.newton_schulz(g, "keller", 5, compute_dtype=torch.float32))
+
+
+@pytest.mark.parametrize(
+    "x",
+    [torch.randn(6, 10), torch.randn(10, 6), torch.randn(3, 6, 10), torch.randn(4, 4, dtype=torch.bfloat16)],
+    ids=["wide", "tall", "batched", "bf16"],
+)
+def test_opcheck(x):
+    torch.library.opcheck(NEWTON_SCHULZ, (x, coeffs.flatten(POLAR.coefficients), 5, 1e-7, 1.01, False, torch.float32))
+
+
+@pytest.mark.parametrize(
+    "x, kwargs, match",
+    [
+        (torch.randn(5), {}, "2-D matrix or a 3-D batch"),
+        (torch.randn(2, 3, 4, 5), {}, "2-D matrix or a 3-D batch"),
+        (torch.randn(3, 3, dtype=torch.complex64), {}, "real floating-point"),
+        (torch.ones(3, 3, dtype=torch.int64), {}, "real floating-point"),
+        (torch.randn(3, 3), {"coefficients": "nope"}, "unknown Newton-Schulz coefficient preset 'nope'"),
+        (torch.randn(3, 3), {"coefficients": (1.0, 2.0)}, r"expected a triple"),
+        (torch.randn(3, 3), {"coefficients": [(1.0, 2.0, float("nan"))]}, "finite"),
+        (torch.randn(3, 3), {"steps": 0}, "steps must be >= 1"),
+        (torch.randn(3, 3), {"compute_dtype": torch.int32}, "compute_dtype"),
+        (torch.randn(3, 3), {"eps": -1.0}, "eps must be >= 0"),
+    ],
+)
+def test_bad_input_raises_value_error(x, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        muon_compile.newton_schulz(x, **kwargs)
+
+
+def test_flat_coefficients_must_be_triples():
+    with pytest.raises(ValueError, match="3\\*k values"):
+        newton_schulz_op(torch.randn(3, 3), [1.0, 2.0, 3.0, 4.0], 5, 1e-7, 1.0, False, torch.float32)
