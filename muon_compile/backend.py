@@ -20,7 +20,12 @@ from .passes import MuonGraphPass
 # hyper-parameter tensors, so the default window (64) makes that search quadratic-ish:
 # on 96 matrices it took 26 of 54 s of cold compile. A window of 8 compiled in 34 s with
 # the same step time (scripts/bench_single_device.py); ``options`` may override it.
-_INDUCTOR_DEFAULTS = {"max_fusion_buffer_group_pairwise_attempts": 8}
+#
+# emulate_precision_casts keeps a bf16 round trip (``x.bfloat16().float()``) rounding inside
+# fused kernels, as eager does; without it a matrix whose cast to the compute dtype fuses
+# into its normalisation skips that rounding, and compiled and eager Newton–Schulz differ
+# by up to 10% on ill-conditioned matrices instead of agreeing bit for bit.
+_INDUCTOR_DEFAULTS = {"max_fusion_buffer_group_pairwise_attempts": 8, "emulate_precision_casts": True}
 
 
 def muon_backend(

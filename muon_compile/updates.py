@@ -52,8 +52,9 @@ def muon_update(
     tensors computed once per group); ``ns_args`` are the op's arguments after ``x``.
     """
     beta = beta.to(grad.dtype)
-    momentum_buffer.mul_(beta).add_(grad * (1 - beta))
-    update = grad * (1 - beta) + momentum_buffer * beta if nesterov else momentum_buffer
+    fresh = grad * (1 - beta)
+    momentum_buffer.mul_(beta).add_(fresh)
+    update = fresh + momentum_buffer * beta if nesterov else momentum_buffer
     ortho = newton_schulz_op(update, *ns_args)
     param.mul_(decay)
     param.add_(ortho * (lr * -lr_scale))

@@ -2,9 +2,10 @@
 
 Algorithm:
   1. For each bucket that changes the graph (several members, or padding), trace
-     ``stack -> newton_schulz(3-D) -> unstack`` over its members' inputs: a tall member
-     enters transposed, a smaller one zero-padded; each output is a view of the batch
-     result (slice, transpose back), left for Inductor to fuse with the momentum that
+     ``stack -> newton_schulz(3-D) -> unstack`` over its members' inputs: each member is
+     cast to the compute dtype (the op's own first step), a tall one enters transposed,
+     a smaller one zero-padded; each output is a slice of the batch result, transposed
+     back and cast to its input's dtype, left for Inductor to fuse with the momentum that
      produces the inputs and the update that consumes the outputs.
   2. Splice the trace in after the last member input, point every member's users at
      its new output, erase the old NS nodes.
@@ -38,10 +39,11 @@ log = logging.getLogger(__name__)
 
 
 def stack_members(xs: Sequence[torch.Tensor], bucket: Bucket) -> torch.Tensor:
-    """Members' matrices as one ``[matrices, rows, cols]`` batch (transposed, zero-padded)."""
+    """Members' matrices as one ``[matrices, rows, cols]`` batch in the compute dtype
+    (transposed, zero-padded): the op casts first, so this is exact."""
     blocks = []
     for x, m in zip(xs, bucket.members):
-        block = x if x.dim() == 3 else x.unsqueeze(0)
+        block = (x if x.dim() == 3 else x.unsqueeze(0)).to(bucket.args.compute_dtype)
         if m.transpose:
             block = block.mT
         if (m.rows, m.cols) != (bucket.rows, bucket.cols):
@@ -50,28 +52,27 @@ def stack_members(xs: Sequence[torch.Tensor], bucket: Bucket) -> torch.Tensor:
     return torch.cat(blocks)
 
 
-def unstack_members(y: torch.Tensor, bucket: Bucket, dims: Sequence[int]) -> list[torch.Tensor]:
-    """Inverse of :func:`stack_members`: each member's result as a view of ``y``."""
+def unstack_members(y: torch.Tensor, bucket: Bucket, like: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Inverse of :func:`stack_members`: each member's result, shaped and typed like its input."""
     outs = []
     offset = 0
-    for m, ndim in zip(bucket.members, dims):
+    for m, x in zip(bucket.members, like):
         block = y[offset : offset + m.batch, : m.rows, : m.cols]
         offset += m.batch
         if m.transpose:
             block = block.mT
-        outs.append(block if ndim == 3 else block.squeeze(0))
+        outs.append((block if x.dim() == 3 else block.squeeze(0)).to(x.dtype))
     return outs
 
 
 def _rewrite(graph: fx.Graph, nodes: list[fx.Node], bucket: Bucket) -> None:
     members = [nodes[m.site] for m in bucket.members]
     inputs = [n.args[0] for n in members]
-    dims = [n.args[0].meta["val"].dim() for n in members]
     op_args = bucket.args.op_args()
 
     def batched(*xs: torch.Tensor) -> list[torch.Tensor]:
         y = newton_schulz_op(stack_members(xs, bucket), *op_args)
-        return unstack_members(y, bucket, dims)
+        return unstack_members(y, bucket, xs)
 
     order = {n: i for i, n in enumerate(graph.nodes)}
     last_input = max(inputs, key=order.__getitem__)

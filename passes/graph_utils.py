@@ -18,6 +18,7 @@ from muon_compile.ns_op import NEWTON_SCHULZ
 __all__ = [
     "GraphContractError",
     "check_contract",
+    "alias_pattern",
     "escapes_to_output",
     "ns_nodes",
     "splice_trace",
@@ -84,12 +85,34 @@ def escapes_to_output(node: fx.Node) -> bool:
     return False
 
 
-def _outputs(graph: fx.Graph) -> tuple:
-    return tuple(graph.output_node().args[0]) if graph.output_node() is not None else ()
+def _view_root(node: object) -> object:
+    while isinstance(node, fx.Node) and isinstance(node.target, torch._ops.OpOverload) and node.target.is_view:
+        node = node.args[0]
+    return node
 
 
-def check_contract(graph: fx.Graph, pass_name: str, outputs_before: tuple) -> None:
-    """Lint the graph; every computed node has a FakeTensor ``meta['val']``; outputs unchanged."""
+def alias_pattern(graph: fx.Graph) -> tuple:
+    """How the graph outputs alias: per output, the input it is a view of (by name), or
+    the index of the first output sharing its computed base; ``None`` for non-nodes."""
+    output = graph.output_node()
+    if output is None:
+        return ()
+    pattern: list = []
+    first_seen: dict[fx.Node, int] = {}
+    for i, out in enumerate(output.args[0]):
+        root = _view_root(out)
+        if not isinstance(root, fx.Node):
+            pattern.append(None)
+        elif root.op == "placeholder":
+            pattern.append(("input", root.target))
+        else:
+            pattern.append(("computed", first_seen.setdefault(root, i)))
+    return tuple(pattern)
+
+
+def check_contract(graph: fx.Graph, pass_name: str, aliasing_before: tuple) -> None:
+    """Lint the graph; every computed node has a FakeTensor ``meta['val']``; the outputs
+    alias inputs and each other exactly as before (``aliasing_before`` from :func:`alias_pattern`)."""
     try:
         graph.lint()
     except Exception as e:  # lint raises several exception types; re-raise as ours, chained
@@ -102,10 +125,5 @@ def check_contract(graph: fx.Graph, pass_name: str, outputs_before: tuple) -> No
             raise GraphContractError(f"pass {pass_name!r} left node {node.name} without meta['val']")
         if isinstance(val, torch.Tensor) and not isinstance(val, FakeTensor):
             raise GraphContractError(f"pass {pass_name!r} left a real tensor in {node.name}.meta['val']")
-    if _outputs(graph) != outputs_before:
-        raise GraphContractError(f"pass {pass_name!r} changed the graph outputs")
-
-
-def graph_outputs(graph: fx.Graph) -> tuple:
-    """The output node's arguments, for :func:`check_contract`."""
-    return _outputs(graph)
+    if alias_pattern(graph) != aliasing_before:
+        raise GraphContractError(f"pass {pass_name!r} changed how the graph outputs alias inputs or each other")

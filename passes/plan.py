@@ -10,8 +10,8 @@ Algorithm:
      (both dims >=) with the least zero-padding waste, if that waste is at most
      ``pad_waste`` (a fraction of the padded matrix's NS FLOPs); otherwise they open a new
      bucket shape. Zero rows / columns commute with the iteration and keep the norm.
-  5. Members in graph order fill buckets up to ``bucket_mb`` MiB of stacked input; a
-     larger single site gets a bucket of its own.
+  5. Members in graph order fill buckets up to ``bucket_mb`` MiB of stacked input (in
+     the compute dtype); a larger single site gets a bucket of its own.
   6. Buckets are ordered by their first member's position in the graph.
 
 Before / after: sites ``[48x16, 16x16, 16x48, 16x16]`` (no padding) become buckets
@@ -140,13 +140,13 @@ def plan_buckets(sites: list[NSSite], *, bucket_mb: float, pad_waste: float) -> 
         if s.skip_reason is None:
             by_key[(s.dtype, s.device, s.args, s.level)].append(s)
     buckets = []
-    for (dtype, _device, args, _level), group in by_key.items():
+    for (_dtype, _device, args, _level), group in by_key.items():
         members = [_canonical(s) for s in group]
         shape_of = _assign_shapes([(m.rows, m.cols) for m in members], args.steps, pad_waste)
         by_target: dict[tuple[int, int], list[Member]] = defaultdict(list)
         for m in members:
             by_target[shape_of[(m.rows, m.cols)]].append(m)
-        itemsize = dtype.itemsize
+        itemsize = args.compute_dtype.itemsize  # the stack is built in the compute dtype
         for (rows, cols), ms in by_target.items():
             for run in _chunks(ms, rows, cols, itemsize, bucket_mb * 2**20):
                 buckets.append(Bucket(rows, cols, tuple(run), args, itemsize))

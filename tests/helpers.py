@@ -53,3 +53,30 @@ def compare_steps(make_opt, shapes, *, rtol, steps=2, dtype=torch.float32, backe
 
 def muon(**kw):
     return lambda params: muon_compile.Muon(params, **kw)
+
+
+def dumped_graphs(dump_dir):
+    """``{"bucket_before": text, ...}`` from the single graph a pipeline run dumped."""
+    from pathlib import Path
+
+    (graph_dir,) = [d for d in Path(dump_dir).iterdir() if d.is_dir()]
+    return {f.stem.split("_", 1)[1]: f.read_text() for f in sorted(graph_dir.glob("*.txt"))}
+
+
+def compile_with_dump(make_opt, shapes, tmp_path, dtype=torch.float32, **config_changes):
+    """Compile one step of ``make_opt(params)`` with an empty Inductor cache and the dump
+    directory set; return the dumped graph texts and the compiled optimizer's params."""
+    from torch._inductor.utils import fresh_cache
+
+    from muon_compile import config
+
+    params = make_params(shapes, dtype)
+    opt = make_opt(params)
+    set_grads(params, 0)
+    with fresh_cache(), config.override(dump_dir=str(tmp_path), **config_changes):
+        torch.compile(opt.step, backend="muon")()
+    return dumped_graphs(tmp_path), params
+
+
+def count_ns_calls(graph_text):
+    return graph_text.count("= muon_compile.newton_schulz(")
