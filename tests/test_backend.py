@@ -44,6 +44,7 @@ def test_hyperparameter_changes_do_not_recompile_and_take_effect():
     eager, comp = muon_compile.Muon(eager_params, lr=0.02), muon_compile.Muon(comp_params, lr=0.02)
     scheds = [torch.optim.lr_scheduler.StepLR(o, step_size=1, gamma=0.5) for o in (eager, comp)]
     step = torch.compile(comp.step, backend="muon")
+    dynamo_counters.clear()
     changes = [("momentum", 0.8), ("weight_decay", 0.3), ("lr", 0.07), None]
     for i, change in enumerate(changes):
         set_grads(eager_params, i)
@@ -61,6 +62,7 @@ def test_hyperparameter_changes_do_not_recompile_and_take_effect():
             for o in (eager, comp):
                 o.param_groups[0][key].fill_(value)
     assert comp.param_groups[0]["lr"].item() == pytest.approx(0.035)
+    assert dynamo_counters["stats"]["unique_graphs"] == 1  # the compile counter: one graph for all steps
     # the check above can fail: replacing the tensor by a Python float does recompile
     comp.param_groups[0]["lr"] = 0.01
     with pytest.raises(torch._dynamo.exc.RecompileError), torch._dynamo.config.patch(error_on_recompile=True):

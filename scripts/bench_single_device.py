@@ -1,0 +1,485 @@
+"""Single-device benchmark of one Muon optimizer step: eager, Inductor and the ``muon`` backend.
+
+What is measured
+----------------
+For each workload (a fixed list of fp32 matrices with fixed random gradients) and each
+arm below, one optimizer step is timed with ``time.perf_counter`` around the step call;
+the table reports the median and the minimum of ``--reps`` timed steps taken after
+``--warmup`` untimed ones. Gradients stay the same between steps. Every arm builds fresh
+parameters (same seed) and a fresh optimizer.
+
+Arms (``--arms`` takes the keys, or the long names, comma-separated):
+
+    eager-torch     eager torch.optim.Muon       torch.optim.Muon(lr=0.02, weight_decay=0)
+    eager-ours      eager muon_compile.Muon      muon_compile.Muon(lr=0.02)
+    inductor-torch  inductor torch.optim.Muon    torch.compile(opt.step)
+    inductor-ours   inductor muon_compile.Muon   torch.compile(opt.step)
+    muon            muon muon_compile.Muon       torch.compile(opt.step, backend="muon")
+    hand-stacked    hand-stacked (nanochat)      same-shape params stacked by hand, one
+                                                 torch.compile'd momentum+NS+update per shape
+    roofline        roofline                     bare bf16 bmm's of the same NS FLOPs
+
+Both optimizers run their defaults otherwise: Keller Jordan's coefficients, 5 Newton–Schulz
+iterations in bf16, Nesterov momentum 0.95.
+
+``hand-stacked`` is the by-hand design of nanochat's ``MuonAdamW``: parameters of one
+shape (no sharing between a shape and its transpose) are ``torch.stack``-ed each step,
+one ``torch.compile(fullgraph=True)`` function does Nesterov momentum, Newton–Schulz on
+the stack and the update, and ``torch._foreach_copy_`` writes the rows back.
+
+``roofline`` is the floor that bucketing aims at: all matrices of one canonical shape
+(``m x n`` with ``m <= n``; a tall matrix counts as its transpose) stacked into one
+preallocated ``[K, m, n]`` bf16 tensor, and per Newton–Schulz iteration the three
+products ``A = X X^T``, ``A2 = A A``, ``Y = A2 X`` as ``torch.bmm(..., out=...)`` into
+preallocated buffers. That is ``4 m^2 n + 2 m^3`` FLOPs per matrix and iteration
+(:func:`muon_compile.ns_kernel.ns_flops`), the same matmul work as the optimizers' step,
+without their elementwise work, normalisation or casts.
+
+Compile time (compiled arms only), all inside one ``torch._inductor.utils.fresh_cache()``
+(an empty Inductor cache directory) per arm:
+
+* cold: ``torch._dynamo.reset()``, compile, time the first call;
+* warm: ``torch._dynamo.reset()``, compile again, time the first call (the FX graph cache hits).
+
+The steps are then timed on the warm-compiled step. Matmul kernel calls per step are
+counted by profiling one more step with ``torch.profiler`` and counting the events named
+``aten::mm``, ``aten::bmm``, ``aten::addmm`` and ``aten::baddbmm`` (not ``aten::matmul``,
+which dispatches to those).
+
+An arm that raises is reported with its error and the run goes on.
+
+Usage::
+
+    python scripts/bench_single_device.py                      # all workloads and arms
+    python scripts/bench_single_device.py --workload many-small --reps 3 --warmup 1 \\
+        --arms eager-ours,muon,roofline --json /tmp/bench.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+
+import torch
+from torch._inductor.utils import fresh_cache
+
+import muon_compile
+from muon_compile.ns_kernel import ns_flops
+
+LR = 0.02
+NS_STEPS = 5  # the default of both optimizers
+NS_DTYPE = torch.bfloat16  # the default of both optimizers
+SEED = 0
+MATMUL_OPS = frozenset({"aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm"})
+
+Shape = tuple[int, int]
+Step = Callable[[], object]
+
+
+# ----------------------------------------------------------------------------- workloads
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    """A named list of matrix shapes, each one fp32 parameter with a random gradient."""
+
+    name: str
+    shapes: tuple[Shape, ...]
+
+    @property
+    def flops(self) -> int:
+        """Newton–Schulz matmul FLOPs of one optimizer step over all matrices."""
+        return sum(ns_flops(rows, cols, NS_STEPS) for rows, cols in self.shapes)
+
+
+def _gpt_small_shapes(d: int = 384, layers: int = 6) -> tuple[Shape, ...]:
+    """Per layer: fused QKV (3d x d), attention out (d x d), MLP up (4d x d), MLP down (d x 4d)."""
+    return ((3 * d, d), (d, d), (4 * d, d), (d, 4 * d)) * layers
+
+
+def _cycled(shapes: Sequence[Shape], count: int) -> tuple[Shape, ...]:
+    return tuple(shapes[i % len(shapes)] for i in range(count))
+
+
+WORKLOADS = {
+    w.name: w
+    for w in (
+        Workload("gpt-small", _gpt_small_shapes()),
+        Workload(
+            "many-small",
+            _cycled(((64, 192), (192, 64), (96, 96), (128, 256), (256, 128), (64, 64), (128, 384), (384, 128)), 96),
+        ),
+    )
+}
+
+
+def make_params(workload: Workload) -> list[torch.nn.Parameter]:
+    """Fresh fp32 parameters with ``.grad`` set, identical for every call (fixed seed)."""
+    gen = torch.Generator().manual_seed(SEED)
+    params = []
+    for shape in workload.shapes:
+        p = torch.nn.Parameter(torch.randn(shape, generator=gen) * 0.02)
+        p.grad = torch.randn(shape, generator=gen)
+        params.append(p)
+    return params
+
+
+# ---------------------------------------------------------------------------------- arms
+def torch_muon_step(workload: Workload) -> Step:
+    return torch.optim.Muon(make_params(workload), lr=LR, weight_decay=0.0).step
+
+
+def our_muon_step(workload: Workload) -> Step:
+    return muon_compile.Muon(make_params(workload), lr=LR).step
+
+
+_KELLER = (3.4445, -4.7750, 2.0315)
+
+
+@torch.compile(dynamic=False, fullgraph=True)
+def _stacked_group_step(grads, params, momentum_buf, momentum, lr):
+    """Momentum, Newton–Schulz and update of one stack of same-shape matrices (nanochat's style)."""
+    a, b, c = _KELLER
+    momentum_buf.lerp_(grads, 1 - momentum)
+    update = grads.lerp(momentum_buf, momentum)
+    x = update.bfloat16()
+    tall = x.size(-2) > x.size(-1)
+    if tall:
+        x = x.mT
+    x = x / (x.norm(dim=(-2, -1), keepdim=True) + 1e-7)
+    for _ in range(NS_STEPS):
+        gram = x @ x.mT
+        x = a * x + (b * gram + c * gram @ gram) @ x
+    if tall:
+        x = x.mT
+    scale = max(1.0, params.size(-2) / params.size(-1)) ** 0.5
+    params.sub_(x.float() * (lr * scale))
+
+
+def hand_stacked_step(workload: Workload) -> Step:
+    """Group same-shape parameters; per group stack, run one compiled fused step, copy back."""
+    params = make_params(workload)
+    groups: dict[Shape, list[torch.nn.Parameter]] = {}
+    for p in params:
+        groups.setdefault(tuple(p.shape), []).append(p)
+    buffers = {shape: torch.zeros(len(ps), *shape) for shape, ps in groups.items()}
+    momentum, lr = torch.tensor(0.95), torch.tensor(LR)
+
+    def step() -> None:
+        for shape, ps in groups.items():
+            stacked = torch.stack([p.detach() for p in ps])
+            _stacked_group_step(torch.stack([p.grad for p in ps]), stacked, buffers[shape], momentum, lr)
+            torch._foreach_copy_([p.detach() for p in ps], list(stacked.unbind(0)))
+
+    return step
+
+
+def canonical_counts(shapes: Iterable[Shape]) -> Counter[Shape]:
+    """How many matrices there are of each canonical (``m <= n``) shape."""
+    return Counter((min(r, c), max(r, c)) for r, c in shapes)
+
+
+def _roofline_buffers(m: int, n: int, k: int, gen: torch.Generator) -> tuple[torch.Tensor, ...]:
+    """``X [k, m, n]`` (each matrix of unit Frobenius norm, as NS starts) and the outputs A, A2, Y."""
+    x = torch.randn(k, m, n, generator=gen)
+    x = (x / torch.linalg.vector_norm(x, dim=(-2, -1), keepdim=True)).to(NS_DTYPE)
+    gram = torch.empty(k, m, m, dtype=NS_DTYPE)
+    return x, gram, torch.empty_like(gram), torch.empty_like(x)
+
+
+def roofline_step(workload: Workload) -> Step:
+    """Bare batched matmuls with the Newton–Schulz FLOPs of ``workload`` (see the module doc)."""
+    gen = torch.Generator().manual_seed(SEED)
+    counts = canonical_counts(workload.shapes)
+    buffers = [_roofline_buffers(m, n, k, gen) for (m, n), k in counts.items()]
+    flops = sum(k * ns_flops(m, n, NS_STEPS) for (m, n), k in counts.items())
+    assert flops == workload.flops, (flops, workload.flops)  # transposing keeps the FLOPs
+
+    def step() -> None:
+        for x, a, a2, y in buffers:
+            for _ in range(NS_STEPS):
+                torch.bmm(x, x.mT, out=a)
+                torch.bmm(a, a, out=a2)
+                torch.bmm(a2, x, out=y)
+
+    return step
+
+
+@dataclasses.dataclass(frozen=True)
+class Arm:
+    """A way to run the step: ``make_step`` builds it; ``backend`` is the torch.compile backend (None: eager)."""
+
+    key: str
+    name: str
+    make_step: Callable[[Workload], Step]
+    backend: str | None = None
+
+
+ARMS = (
+    Arm("eager-torch", "eager torch.optim.Muon", torch_muon_step),
+    Arm("eager-ours", "eager muon_compile.Muon", our_muon_step),
+    # "inductor" is torch.compile's default backend
+    Arm("inductor-torch", "inductor torch.optim.Muon", torch_muon_step, "inductor"),
+    Arm("inductor-ours", "inductor muon_compile.Muon", our_muon_step, "inductor"),
+    Arm("muon", "muon muon_compile.Muon", our_muon_step, "muon"),
+    Arm("hand-stacked", "hand-stacked (nanochat)", hand_stacked_step),
+    Arm("roofline", "roofline", roofline_step),
+)
+MUON_ARM = "muon"
+ROOFLINE_ARM = "roofline"
+
+
+# ---------------------------------------------------------------------------- measuring
+@dataclasses.dataclass
+class ArmResult:
+    """What was measured of one arm; fields stay None where not measured (or the arm failed first)."""
+
+    key: str
+    name: str
+    times_s: list[float] | None = None
+    cold_compile_s: float | None = None
+    warm_compile_s: float | None = None
+    matmul_calls: int | None = None
+    error: str | None = None
+
+    @property
+    def median_s(self) -> float | None:
+        return statistics.median(self.times_s) if self.times_s else None
+
+    @property
+    def min_s(self) -> float | None:
+        return min(self.times_s) if self.times_s else None
+
+
+def timed_call(fn: Step) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def time_steps(step: Step, warmup: int, reps: int) -> list[float]:
+    for _ in range(warmup):
+        step()
+    return [timed_call(step) for _ in range(reps)]
+
+
+def count_matmul_calls(step: Step) -> int:
+    """Matmul kernel calls (``MATMUL_OPS`` profiler events) of one step."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        step()
+    return sum(1 for event in prof.events() if event.name in MATMUL_OPS)
+
+
+def compile_cold_then_warm(step: Step, backend: str, result: ArmResult) -> Step:
+    """Compile ``step`` twice (cold, then warm from the FX graph cache), timing each first call."""
+    torch._dynamo.reset()
+    result.cold_compile_s = timed_call(torch.compile(step, backend=backend))
+    torch._dynamo.reset()
+    compiled = torch.compile(step, backend=backend)
+    result.warm_compile_s = timed_call(compiled)
+    return compiled
+
+
+def error_summary(exc: BaseException) -> str:
+    """``Type: first line of the message`` (compiler errors run to many lines)."""
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+
+
+def measure(arm: Arm, workload: Workload, warmup: int, reps: int) -> ArmResult:
+    """Run one arm on one workload; an exception is recorded in the result, not raised."""
+    result = ArmResult(arm.key, arm.name)
+    cache = fresh_cache() if arm.backend is not None else contextlib.nullcontext()
+    try:
+        with torch.no_grad(), cache:
+            torch._dynamo.reset()
+            step = arm.make_step(workload)
+            if arm.backend is not None:
+                step = compile_cold_then_warm(step, arm.backend, result)
+            result.times_s = time_steps(step, warmup, reps)
+            result.matmul_calls = count_matmul_calls(step)
+    except Exception as exc:  # keep going: report the arm as failed
+        traceback.print_exc(file=sys.stderr)
+        result.error = error_summary(exc)
+    finally:
+        torch._dynamo.reset()
+    return result
+
+
+# ---------------------------------------------------------------------------- reporting
+def cpu_model() -> str:
+    """The CPU model from ``lscpu`` when available, else ``platform.processor()``."""
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
+        for line in out.splitlines():
+            if line.startswith("Model name:"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def machine_info() -> dict:
+    return {
+        "cpu": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+    }
+
+
+def _ratio(x: float | None, y: float | None) -> float | None:
+    return x / y if x is not None and y is not None and y > 0 else None
+
+
+def _fmt(value: float | int | None, spec: str, suffix: str = "") -> str:
+    return "-" if value is None else f"{value:{spec}}{suffix}"
+
+
+def _scaled(value: float | None, factor: float) -> float | None:
+    return None if value is None else value * factor
+
+
+def table_row(result: ArmResult, roofline_s: float | None, muon_s: float | None) -> list[str]:
+    """One table row; a comparison of an arm with itself does not apply and prints '-'."""
+    median = result.median_s
+    vs_roofline = None if result.key == ROOFLINE_ARM else _ratio(median, roofline_s)
+    muon_speedup = None if result.key == MUON_ARM else _ratio(median, muon_s)
+    return [
+        result.name + (" (FAILED)" if result.error else ""),
+        _fmt(_scaled(median, 1e3), ".2f"),
+        _fmt(_scaled(result.min_s, 1e3), ".2f"),
+        _fmt(vs_roofline, ".2f", "x"),
+        _fmt(None if vs_roofline is None else 100 / vs_roofline, ".1f", "%"),
+        _fmt(muon_speedup, ".2f", "x"),
+        _fmt(result.cold_compile_s, ".1f"),
+        _fmt(result.warm_compile_s, ".1f"),
+        _fmt(result.matmul_calls, "d"),
+    ]
+
+
+HEADER = ["arm", "step ms (median)", "min ms", "vs roofline", "% of roofline",
+          "muon speedup", "cold compile s", "warm compile s", "matmul calls/step"]
+
+
+def format_table(rows: list[list[str]]) -> str:
+    """Columns padded to width: the first left-aligned, the rest right-aligned."""
+    widths = [max(len(row[i]) for row in [HEADER, *rows]) for i in range(len(HEADER))]
+
+    def line(cells: list[str]) -> str:
+        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+
+    return "\n".join([line(HEADER), "  ".join("-" * w for w in widths), *map(line, rows)])
+
+
+def muon_comparisons(results: list[ArmResult]) -> list[str]:
+    """'muon vs <arm>: 2.31x faster' for every other arm with a step time."""
+    muon = next((r for r in results if r.key == MUON_ARM and r.median_s is not None), None)
+    if muon is None:
+        return []
+    lines = []
+    for r in results:
+        ratio = _ratio(r.median_s, muon.median_s)
+        if r is muon or ratio is None:
+            continue
+        verdict = f"{ratio:.2f}x faster" if ratio >= 1 else f"{1 / ratio:.2f}x slower"
+        lines.append(f"muon vs {r.name}: {verdict}")
+    return lines
+
+
+def report(workload: Workload, results: list[ArmResult], machine: dict, warmup: int, reps: int) -> str:
+    by_key = {r.key: r for r in results}
+    roofline_s = by_key[ROOFLINE_ARM].median_s if ROOFLINE_ARM in by_key else None
+    muon_s = by_key[MUON_ARM].median_s if MUON_ARM in by_key else None
+    lines = [
+        f"=== workload {workload.name}: {len(workload.shapes)} fp32 matrices, "
+        f"{workload.flops / 1e9:.3f} NS GFLOP/step ({NS_STEPS} iterations, {str(NS_DTYPE).removeprefix('torch.')}) ===",
+        f"machine: {machine['cpu']}, os.cpu_count()={machine['cpu_count']}, torch {machine['torch']}, "
+        f"torch.get_num_threads()={machine['threads']}; median of {reps} steps after {warmup} warm-up",
+    ]
+    if roofline_s:
+        lines.append(f"roofline: {workload.flops / roofline_s / 1e9:.1f} GFLOP/s")
+    lines += ["", format_table([table_row(r, roofline_s, muon_s) for r in results]), ""]
+    lines += muon_comparisons(results)
+    lines += [f"{r.name} failed: {r.error}" for r in results if r.error]
+    return "\n".join(lines)
+
+
+def to_json(workload: Workload, results: list[ArmResult]) -> dict:
+    return {
+        "workload": workload.name,
+        "matrices": len(workload.shapes),
+        "ns_gflop": workload.flops / 1e9,
+        "arms": [{**dataclasses.asdict(r), "median_s": r.median_s, "min_s": r.min_s} for r in results],
+    }
+
+
+# ---------------------------------------------------------------------------------- CLI
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def _select_arms(text: str | None) -> list[Arm]:
+    """The arms named in a comma list (keys or long names), in table order; all when None."""
+    if text is None:
+        return list(ARMS)
+    wanted = {item.strip() for item in text.split(",") if item.strip()}
+    known = {a.key for a in ARMS} | {a.name for a in ARMS}
+    unknown = wanted - known
+    if unknown:
+        raise argparse.ArgumentTypeError(
+            f"unknown arm(s) {sorted(unknown)}; choose from {[a.key for a in ARMS]} or {[a.name for a in ARMS]}"
+        )
+    return [a for a in ARMS if a.key in wanted or a.name in wanted]
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workload", choices=[*WORKLOADS, "all"], default="all")
+    parser.add_argument("--reps", type=_positive_int, default=7, help="timed steps after warm-up (default 7)")
+    parser.add_argument("--warmup", type=_non_negative_int, default=2, help="untimed steps first (default 2)")
+    parser.add_argument("--arms", type=_select_arms, default=None,
+                        help=f"comma list of arm keys or names (default all): {','.join(a.key for a in ARMS)}")
+    parser.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
+    args = parser.parse_args(argv)
+    args.arms = args.arms or list(ARMS)
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    workloads = list(WORKLOADS.values()) if args.workload == "all" else [WORKLOADS[args.workload]]
+    machine = machine_info()
+    output = {"machine": machine, "warmup": args.warmup, "reps": args.reps, "workloads": []}
+    for workload in workloads:
+        results = []
+        for arm in args.arms:
+            print(f"[{workload.name}] {arm.name} ...", file=sys.stderr, flush=True)
+            results.append(measure(arm, workload, args.warmup, args.reps))
+        print(report(workload, results, machine, args.warmup, args.reps) + "\n", flush=True)
+        output["workloads"].append(to_json(workload, results))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(output, f, indent=2)
+        print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,178 @@
+"""The passes: the plan as plain data, the count and order properties of the rewritten
+graph, padding, levels, unbucketable sites, dumps, logs and the graph contract."""
+
+import logging
+
+import pytest
+import torch
+import torch.fx as fx
+
+import muon_compile
+from muon_compile import config
+from muon_compile.ns_op import newton_schulz_op
+from muon_compile.passes.find import NSArgs, NSSite
+from muon_compile.passes.graph_utils import GraphContractError, alias_pattern, check_contract
+from muon_compile.passes.plan import plan_buckets
+
+from helpers import MIXED_SHAPES, compare_steps, compile_with_dump, count_ns_calls, muon
+from numerics import NS_RTOL, assert_rel_close
+
+ARGS = NSArgs((3.4445, -4.775, 2.0315), 5, 1e-7, 1.0, False, torch.bfloat16)
+
+
+def site(index, rows, cols, batch=1, dtype=torch.float32, args=ARGS, level=0, skip=None):
+    return NSSite(index, batch, rows, cols, 3 if batch > 1 else 2, dtype, "cpu", args, level, skip)
+
+
+def shapes_of(plan):
+    return [(b.rows, b.cols, [m.site for m in b.members]) for b in plan.buckets]
+
+
+def test_tall_and_wide_share_a_bucket_in_canonical_orientation():
+    plan = plan_buckets([site(0, 48, 16), site(1, 16, 16), site(2, 16, 48)], bucket_mb=64, pad_waste=0)
+    assert shapes_of(plan) == [(16, 48, [0, 2]), (16, 16, [1])]
+    assert [m.transpose for m in plan.buckets[0].members] == [True, False]
+    assert not plan.buckets[0].padded and plan.buckets[0].rewrites and not plan.buckets[1].rewrites
+
+
+def test_different_dtype_arguments_or_level_never_share():
+    other_args = NSArgs((3.0, -3.0, 1.0), 5, 1e-7, 1.0, False, torch.bfloat16)
+    sites = [
+        site(0, 8, 8),
+        site(1, 8, 8, dtype=torch.bfloat16),
+        site(2, 8, 8, args=other_args),
+        site(3, 8, 8, level=1),
+        site(4, 8, 8),
+    ]
+    plan = plan_buckets(sites, bucket_mb=64, pad_waste=0)
+    assert shapes_of(plan) == [(8, 8, [0, 4]), (8, 8, [1]), (8, 8, [2]), (8, 8, [3])]
+
+
+def test_size_cap_splits_buckets_in_graph_order():
+    sites = [site(i, 16, 48) for i in range(5)]  # 1.5 KiB each in the bf16 compute dtype
+    plan = plan_buckets(sites, bucket_mb=2 * 16 * 48 * 2 / 2**20, pad_waste=0)
+    assert shapes_of(plan) == [(16, 48, [0, 1]), (16, 48, [2, 3]), (16, 48, [4])]
+    big = plan_buckets([site(0, 64, 64), site(1, 64, 64)], bucket_mb=0.001, pad_waste=0)
+    assert len(big.buckets) == 2  # a site above the cap still gets its own bucket
+
+
+def test_padding_merges_near_shapes_within_the_waste_bound():
+    sites = [site(0, 16, 48), site(1, 16, 40), site(2, 12, 48), site(3, 20, 30)]
+    # NS FLOPs waste when padded to 16x48: 16x40 loses 14.3%, 12x48 loses 45.8%;
+    # 20x30 has more rows than 16x48 and can never join it
+    assert len(plan_buckets(sites, bucket_mb=64, pad_waste=0).buckets) == 4
+    assert len(plan_buckets(sites, bucket_mb=64, pad_waste=0.14).buckets) == 4
+    some = plan_buckets(sites, bucket_mb=64, pad_waste=0.2)
+    assert shapes_of(some) == [(16, 48, [0, 1]), (12, 48, [2]), (20, 30, [3])]
+    assert some.buckets[0].padded and not some.buckets[1].padded
+    most = plan_buckets(sites, bucket_mb=64, pad_waste=0.5)
+    assert shapes_of(most) == [(16, 48, [0, 1, 2]), (20, 30, [3])]
+
+
+def test_batched_sites_count_their_matrices_and_skipped_sites_are_reported():
+    plan = plan_buckets(
+        [site(0, 8, 16, batch=4), site(1, 16, 8), site(2, 8, 16, skip="result is a graph output")],
+        bucket_mb=64,
+        pad_waste=0,
+    )
+    assert plan.buckets[0].matrices == 5
+    assert plan.skipped == ((2, "result is a graph output"),)
+    assert "site 2 not bucketed: result is a graph output" in plan.describe()
+
+
+def test_ns_calls_after_bucketing_equal_planned_buckets(tmp_path):
+    graphs, _ = compile_with_dump(muon(), MIXED_SHAPES, tmp_path, passes="bucket")
+    # 8x24 (x2), 8x8 (x2), 8x32 (two wide + two tall), 5x7, and the 3-D 2x8x16
+    assert count_ns_calls(graphs["bucket_before"]) == 10
+    assert count_ns_calls(graphs["bucket_after"]) == muon_compile.counters["bucket.buckets"] == 5
+    assert muon_compile.counters["bucket.matrices"] == 11
+
+
+def test_matmul_kernels_per_step_are_three_per_iteration_per_bucket():
+    params = [torch.nn.Parameter(t) for t in torch.randn(6, 8, 24).unbind()]
+    opt = muon_compile.Muon(params + [torch.nn.Parameter(torch.randn(24, 8))])
+    for p in opt.param_groups[0]["params"]:
+        p.grad = torch.randn_like(p)
+    step = torch.compile(opt.step, backend="muon")
+    step()
+    with torch.profiler.profile() as prof:
+        step()
+    names = [e.name for e in prof.events()]
+    matmuls = sum(names.count(k) for k in ("aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm"))
+    assert matmuls == names.count("aten::bmm") == 3 * 5  # one bucket of 7 matrices, 5 iterations
+
+
+def test_padded_buckets_match_eager_in_fp32():
+    shapes = [(8, 24), (8, 20), (6, 24), (20, 8)]
+    with config.override(pad_waste=0.5):
+        compare_steps(muon(ns_dtype=torch.float32), shapes, rtol=NS_RTOL[torch.float32])
+    assert muon_compile.counters["bucket.padded_buckets"] in (0, 1)  # 0 on an FX-cache hit
+
+
+def _chained(xs):
+    """NS of an NS result next to NS of independent inputs: two levels."""
+    args = ([3.4445, -4.775, 2.0315], 5, 1e-7, 1.0, False, torch.float32)
+    first = newton_schulz_op(xs[0], *args)
+    second = newton_schulz_op(first * 2 + xs[1], *args)
+    third = newton_schulz_op(xs[2], *args)
+    return (second + third).sum(), first
+
+
+def test_chained_ns_ops_are_never_bucketed_with_their_producer():
+    xs = [torch.randn(8, 24) for _ in range(3)]
+    with torch._inductor.utils.fresh_cache():
+        got = torch.compile(_chained, backend="muon")(xs)
+    want = _chained(xs)
+    assert_rel_close(got[0], want[0], NS_RTOL[torch.float32])
+    assert_rel_close(got[1], want[1], NS_RTOL[torch.float32])
+    # `first` is a graph output: left alone; `second` (level 1) and `third` (level 0) apart
+    assert muon_compile.counters["bucket.skipped"] == 1
+    assert muon_compile.counters["bucket.buckets"] == 2
+
+
+def test_dump_dir_holds_each_pass_before_and_after(tmp_path):
+    graphs, _ = compile_with_dump(muon(), MIXED_SHAPES[:4], tmp_path)
+    assert list(graphs) == ["bucket_before", "bucket_after", "lower_before", "lower_after"]
+    assert graphs["bucket_after"] == graphs["lower_before"]
+    assert count_ns_calls(graphs["lower_after"]) == 0
+    assert graphs["lower_after"].count("aten.bmm(") == 3 * 5 * 3  # 3 buckets, 5 iterations
+
+
+def test_decisions_are_logged_at_debug_level(tmp_path, caplog):
+    with caplog.at_level(logging.DEBUG, logger="muon_compile.passes"):
+        compile_with_dump(muon(), MIXED_SHAPES[:4], tmp_path)
+    text = caplog.text
+    assert "bucket plan for 4 NS ops" in text
+    assert "bucket 2: 2 matrices 8x32 from sites [2, 3]" in text
+    assert "lowered" in text
+
+
+def _tiny_graph():
+    g = fx.Graph()
+    x = g.placeholder("x")
+    y = g.call_function(torch.ops.aten.neg.default, (x,))
+    g.output((y,))
+    return g, y
+
+
+def test_contract_rejects_missing_meta_and_new_aliasing():
+    g, y = _tiny_graph()
+    with pytest.raises(GraphContractError, match="without meta"):
+        check_contract(g, "demo", alias_pattern(g))
+    y.meta["val"] = torch.empty(2)
+    with pytest.raises(GraphContractError, match="real tensor"):
+        check_contract(g, "demo", alias_pattern(g))
+    with torch._subclasses.FakeTensorMode():
+        y.meta["val"] = torch.empty(2)
+    before = alias_pattern(g)
+    check_contract(g, "demo", before)
+    x = next(iter(g.nodes))
+    with g.inserting_before(g.output_node()):
+        z = g.call_function(torch.ops.aten.neg.default, (x,))
+        z.meta["val"] = y.meta["val"]
+    g.output_node().args = ((z,),)
+    check_contract(g, "demo", before)  # a new producer is fine
+    g.output_node().args = ((x,),)
+    with pytest.raises(GraphContractError, match="alias"):
+        check_contract(g, "demo", before)  # returning the input itself is new aliasing
+
