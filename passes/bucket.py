@@ -14,10 +14,10 @@ Algorithm:
 
 Before / after::
 
-    y0 = ns(x0)            # x0: 48x16 (tall)
-    y1 = ns(x1)            # x1: 16x48
- -> b  = cat([x0.mT[None], x1[None]]); yb = ns(b)       # 2 x 16x48
-    y0 = yb[0].mT; y1 = yb[1]
+    y0 = ns(x0)            # x0: 48x16 (tall), fp32
+    y1 = ns(x1)            # x1: 16x48, fp32
+ -> b  = cat([x0.bf16().mT[None], x1.bf16()[None]]); yb = ns(b)    # 2 x 16x48, bf16
+    y0 = yb[0].mT.float(); y1 = yb[1].float()
 """
 
 from __future__ import annotations

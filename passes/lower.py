@@ -1,18 +1,18 @@
-"""lower: replace every Newton–Schulz op node by its bmm / baddbmm + pointwise form.
+"""lower: replace every Newton–Schulz op node by its bmm + pointwise form.
 
 Algorithm:
   1. For each ``muon_compile::newton_schulz`` node, trace the op's own pure kernel
      (:func:`muon_compile.ns_kernel.orthogonalize`) on its input with Inductor's
      decompositions, so the graph computes exactly what eager computes.
-  2. Splice the trace in place of the node. Inductor then calls extern bmm / baddbmm
-     kernels and fuses the normalisation, casts and transposes with their neighbours
-     (the stack and momentum before, the unstack and update after).
+  2. Splice the trace in place of the node. Inductor then calls extern bmm kernels and
+     fuses the normalisation, casts and transposes with their neighbours (the stack and
+     momentum before, the unstack and update after).
 
 Before / after (one iteration shown)::
 
     y = ns(x, [a, b, c], 1, ...)
- -> n = vector_norm(x); x0 = (x / (n + eps)).bf16()
-    A = bmm(x0, x0.mT); B = baddbmm(A, A, A, beta=b, alpha=c); y = baddbmm(x0, B, x0, beta=a)
+ -> xf = x.bf16().float(); x0 = (xf / (vector_norm(xf) + eps)).bf16()
+    A = bmm(x0, x0.mT); B = (c * bmm(A, A) + b * A + a * I).bf16(); y = bmm(B, x0).float()
 """
 
 from __future__ import annotations
