@@ -1,7 +1,9 @@
 """Per-parameter update rules of Muon and AdamW, written as plain tensor code.
 
-Hyper-parameters arrive as 0-D tensors so a compiled step reads them as graph inputs
-and never recompiles when they change.
+Hyper-parameters arrive as 0-D float64 tensors so a compiled step reads them as graph
+inputs and never recompiles when they change. They are used as they are, never cast to
+a low-precision parameter dtype (0.95 would become 0.9492 in bf16); a 0-D tensor does not
+change the dtype of the tensor it multiplies.
 """
 
 from __future__ import annotations
@@ -51,7 +53,6 @@ def muon_update(
     ``beta`` is the momentum, ``decay`` the weight-decay factor ``1 - lr * wd`` (both 0-D
     tensors computed once per group); ``ns_args`` are the op's arguments after ``x``.
     """
-    beta = beta.to(grad.dtype)
     fresh = grad * (1 - beta)
     momentum_buffer.mul_(beta).add_(fresh)
     update = fresh + momentum_buffer * beta if nesterov else momentum_buffer
@@ -76,8 +77,8 @@ def adamw_update(
     """One AdamW step (decoupled weight decay, bias correction) on ``param``."""
     step.add_(1)
     param.mul_(1 - lr * weight_decay)
-    exp_avg.lerp_(grad, (1 - beta1).to(grad.dtype))
-    exp_avg_sq.lerp_(grad * grad, (1 - beta2).to(grad.dtype))
+    exp_avg.mul_(beta1).add_(grad * (1 - beta1))
+    exp_avg_sq.mul_(beta2).add_(grad * grad * (1 - beta2))
     bias1 = 1 - beta1**step
     bias2 = 1 - beta2**step
     denom = (exp_avg_sq / bias2).sqrt() + eps
