@@ -7,7 +7,7 @@ per-parameter Muon step into a bucketed, fully Inductor-compiled one.
 
 from . import config
 from .coefficients import PRESETS
-from .ns_op import newton_schulz
+from .routing import newton_schulz
 from .optimizers import Muon, MuonAdamW
 from .param_groups import muon_param_groups
 from .stats import counters

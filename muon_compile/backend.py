@@ -10,7 +10,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch._inductor.compile_fx import compile_fx
+from torch.distributed.tensor import DTensor
 
 from . import config
 from .passes import MuonGraphPass
@@ -46,5 +48,19 @@ def muon_backend(
     patches.update(options or {})
     if "post_grad_custom_post_pass" in patches:
         raise ValueError("the muon backend owns post_grad_custom_post_pass; do not set it in options")
-    patches["post_grad_custom_post_pass"] = MuonGraphPass(config.current())
+    patches["post_grad_custom_post_pass"] = MuonGraphPass(config.current(), rank_key(example_inputs))
     return compile_fx(gm, example_inputs, config_patches=patches)
+
+
+def rank_key(example_inputs: Sequence[Any]) -> tuple:
+    """What makes this rank's compiled graph its own: the rank and the local shard shapes.
+
+    The passes bake the rank into the graph (which matrices it orthogonalises, which rows
+    it keeps), and torch 2.13 keys a DTensor's cache entry by its global spec only, so
+    without this a shared cache directory hands one rank another rank's artifact. It is
+    part of the passes' ``uuid()``, hence of the FX-graph and AOTAutograd cache keys.
+    """
+    shards = [tuple(t._local_tensor.shape) for t in example_inputs if isinstance(t, DTensor)]
+    if not shards or not dist.is_initialized():
+        return ()
+    return (dist.get_rank(), tuple(shards))

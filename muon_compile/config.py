@@ -9,6 +9,10 @@ arguments taken from :func:`current`. Tests and tools change settings with
 variable                   default      meaning
 =========================  ===========  ==============================================
 MUON_COMPILE_BUCKET_MB     64           size cap of one bucket's stacked input, MiB
+MUON_COMPILE_STRATEGY      auto         distributed strategy: auto|all_to_all|all_gather
+                                        (auto: all_to_all)
+MUON_COMPILE_PREFETCH      1            distributed buckets whose collective is issued
+                                        ahead of the current bucket's compute
 MUON_COMPILE_PAD_WASTE     0            largest fraction of a padded bucket's NS FLOPs
                                         that may be zero padding (0 disables merging)
 MUON_COMPILE_PASSES        (all)        comma list: ``a,b`` runs only those passes,
@@ -25,7 +29,8 @@ import os
 from collections.abc import Iterator, Mapping
 
 # The passes a user may switch on or off, in pipeline order.
-PASS_NAMES = ("bucket", "lower")
+PASS_NAMES = ("distribute", "bucket", "schedule", "lower")
+STRATEGIES = ("auto", "all_to_all", "all_gather")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,6 +38,8 @@ class Config:
     """One immutable set of tuning values; see the module docstring for each field."""
 
     bucket_mb: float = 64.0
+    strategy: str = "auto"
+    prefetch: int = 1
     pad_waste: float = 0.0
     passes: tuple[str, ...] = PASS_NAMES
     dump_dir: str | None = None
@@ -40,6 +47,10 @@ class Config:
     def __post_init__(self) -> None:
         if not self.bucket_mb > 0:
             raise ValueError(f"MUON_COMPILE_BUCKET_MB must be > 0, got {self.bucket_mb!r}")
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"MUON_COMPILE_STRATEGY must be one of {STRATEGIES}, got {self.strategy!r}")
+        if self.prefetch < 0:
+            raise ValueError(f"MUON_COMPILE_PREFETCH must be >= 0, got {self.prefetch!r}")
         if not 0.0 <= self.pad_waste < 1.0:
             raise ValueError(f"MUON_COMPILE_PAD_WASTE must be in [0, 1), got {self.pad_waste!r}")
         unknown = [p for p in self.passes if p not in PASS_NAMES]
@@ -54,7 +65,7 @@ class Config:
 
     def cache_key(self) -> tuple:
         """The fields that change what the passes produce (the dump directory does not)."""
-        return (self.bucket_mb, self.pad_waste, self.passes)
+        return (self.bucket_mb, self.strategy, self.prefetch, self.pad_waste, self.passes)
 
 
 def parse_passes(spec: str) -> tuple[str, ...]:
@@ -91,6 +102,8 @@ def from_env(env: Mapping[str, str] | None = None) -> Config:
     env = os.environ if env is None else env
     return Config(
         bucket_mb=_number(env, "MUON_COMPILE_BUCKET_MB", float, Config.bucket_mb),
+        strategy=env.get("MUON_COMPILE_STRATEGY", "").strip() or Config.strategy,
+        prefetch=_number(env, "MUON_COMPILE_PREFETCH", int, Config.prefetch),
         pad_waste=_number(env, "MUON_COMPILE_PAD_WASTE", float, Config.pad_waste),
         passes=parse_passes(env.get("MUON_COMPILE_PASSES", "")),
         dump_dir=env.get("MUON_COMPILE_DUMP_DIR") or None,

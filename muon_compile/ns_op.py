@@ -80,37 +80,3 @@ def _register_sharding() -> None:
 if torch.distributed.is_available():
     _register_sharding()
 
-
-def newton_schulz(
-    x: Tensor,
-    coefficients: coeffs.CoefficientSpec = "keller",
-    steps: int = 5,
-    *,
-    eps: float | None = None,
-    compute_dtype: torch.dtype = torch.bfloat16,
-    clamp_eps: bool = False,
-) -> Tensor:
-    """Orthogonalise ``x`` (a matrix or a batch of matrices) by Newton–Schulz iteration.
-
-    Args:
-        x: 2-D matrix or 3-D batch; a tall matrix is handled through its transpose.
-        coefficients: ``"keller"``, ``"polar_express"``, one ``(a, b, c)`` triple, or a
-            list of per-iteration triples (the last one repeats).
-        steps: number of iterations.
-        eps: added to the scaled Frobenius norm before dividing (default: the preset's).
-        compute_dtype: dtype of the iteration's matmuls (bf16 by default; fp32 allowed).
-        clamp_eps: divide by ``max(norm, eps)`` instead of ``norm + eps``.
-
-    Returns:
-        A tensor with ``x``'s shape and dtype.
-    """
-    preset = coeffs.resolve(coefficients)
-    return newton_schulz_op(
-        x,
-        coeffs.flatten(preset.coefficients),
-        steps,
-        preset.eps if eps is None else float(eps),
-        preset.norm_scale,
-        clamp_eps,
-        compute_dtype,
-    )

@@ -12,6 +12,7 @@ at construction, so every rank holds the same state keys from step 0.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from typing import Any
 
@@ -19,7 +20,11 @@ import torch
 from torch import Tensor
 
 from . import coefficients as coeffs
+from .routing import Kind, layout_of
+from .stats import counters
 from .updates import ADJUST_LR_MODES, adamw_update, lr_ratio, muon_update
+
+log = logging.getLogger(__name__)
 
 KINDS = ("muon", "adamw")
 _MUON_SCALARS = ("lr", "momentum", "weight_decay")
@@ -148,6 +153,10 @@ class MuonAdamW(torch.optim.Optimizer):
                     "2-D matrices or 3-D stacks of matrices: put it in an 'adamw' group"
                 )
             self._check_real(group, i)
+            layout = layout_of(p)
+            if layout.kind is Kind.DTENSOR:
+                log.info("Muon parameter %s: %s; %s (one collective per matrix)", _param_name(group, i), layout.reason, layout.kind.value)
+                counters["route.dtensor_fallback"] += 1
             self.state[p].setdefault("momentum_buffer", torch.zeros_like(p, memory_format=torch.preserve_format))
 
     def _prepare_adamw_group(self, group: dict) -> None:

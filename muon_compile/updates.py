@@ -12,8 +12,9 @@ import math
 
 import torch
 from torch import Tensor
+from torch.distributed.tensor import DTensor
 
-from .ns_op import newton_schulz_op
+from .routing import newton_schulz_any
 
 ADJUST_LR_MODES = ("original", "match_rms_adamw", "spectral", "none")
 
@@ -56,7 +57,11 @@ def muon_update(
     fresh = grad * (1 - beta)
     momentum_buffer.mul_(beta).add_(fresh)
     update = fresh + momentum_buffer * beta if nesterov else momentum_buffer
-    ortho = newton_schulz_op(update, *ns_args)
+    ortho = newton_schulz_any(update, *ns_args)
+    if isinstance(ortho, DTensor) and ortho.placements != param.placements:
+        # A layout left to DTensor returns the whole (replicated) matrix; keep this rank's
+        # shard, a local slice (DTensor refuses it inside add_ when a shard is empty).
+        ortho = ortho.redistribute(param.device_mesh, param.placements)
     param.mul_(decay)
     param.add_(ortho * (lr * -lr_scale))
 

@@ -1,9 +1,12 @@
 """find: describe every Newton–Schulz op node of a post-grad graph as plain data.
 
 Algorithm:
-  1. Collect the ``muon_compile::newton_schulz`` nodes in graph order.
+  1. Collect the ``muon_compile::newton_schulz`` and ``sharded_newton_schulz`` nodes in
+     graph order. A sharded node is in every rank's graph (it is side-effecting), so the
+     sharded sites are the same, in the same order, on every rank.
   2. For each, read the input's fake value (batch, rows, cols, dtype, device) and the
-     op's scalar arguments into an :class:`NSSite`.
+     op's scalar arguments into an :class:`NSSite`; a sharded site also records its
+     process group, its size, this rank's place in it and the global row count.
   3. Record each site's level: the most NS ops on any path into its input. Sites of one
      level never depend on each other, so they may share a bucket.
   4. Mark a site as not bucketable, with its reason, when its shape is symbolic or its
@@ -21,9 +24,9 @@ import torch
 import torch.fx as fx
 
 from muon_compile.coefficients import unflatten
-from muon_compile.ns_op import NEWTON_SCHULZ
+from muon_compile.sharded_ns import SHARDED_NEWTON_SCHULZ, RowShard, group_rank, row_shard
 
-from .graph_utils import escapes_to_output, ns_nodes
+from .graph_utils import NS_TARGETS, escapes_to_output, ns_nodes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,8 +46,22 @@ class NSArgs:
 
 
 @dataclasses.dataclass(frozen=True)
+class Sharding:
+    """A sharded site's process group and this rank's rows of the matrix."""
+
+    group_name: str
+    group_size: int
+    rank: int
+    rows: RowShard
+
+
+@dataclasses.dataclass(frozen=True)
 class NSSite:
-    """One NS op call: ``batch`` matrices of ``rows x cols`` (batch is 1 for a 2-D input)."""
+    """One NS op call: ``batch`` matrices of ``rows x cols`` (batch is 1 for a 2-D input).
+
+    For a sharded site ``rows`` is the global row count and ``sharding`` says where this
+    rank's rows are; for a plain site ``sharding`` is None.
+    """
 
     index: int
     batch: int
@@ -56,6 +73,7 @@ class NSSite:
     args: NSArgs
     level: int = 0
     skip_reason: str | None = None
+    sharding: Sharding | None = None
 
 
 def _levels(graph: fx.Graph) -> dict[fx.Node, int]:
@@ -63,16 +81,24 @@ def _levels(graph: fx.Graph) -> dict[fx.Node, int]:
     level: dict[fx.Node, int] = {}
     for node in graph.nodes:
         inherited = max((level[n] for n in node.all_input_nodes), default=0)
-        level[node] = inherited + (node.target is NEWTON_SCHULZ)
+        level[node] = inherited + (node.target in NS_TARGETS)
     return level
 
 
 def _site(index: int, node: fx.Node, level: int) -> NSSite:
     x = node.args[0].meta["val"]
-    coefficients, steps, eps, norm_scale, clamp_eps, compute_dtype = node.args[1:7]
+    sharded = node.target is SHARDED_NEWTON_SCHULZ
+    ns_arg_nodes = node.args[4:10] if sharded else node.args[1:7]
+    coefficients, steps, eps, norm_scale, clamp_eps, compute_dtype = ns_arg_nodes
     unflatten(coefficients)
     args = NSArgs(tuple(float(c) for c in coefficients), int(steps), float(eps), float(norm_scale), bool(clamp_eps), compute_dtype)
     shape = tuple(x.shape)
+    sharding = None
+    if sharded:
+        global_rows, group_name, group_size = node.args[1:4]
+        rank = group_rank(group_name)
+        sharding = Sharding(group_name, group_size, rank, row_shard(global_rows, group_size, rank))
+        shape = (global_rows, shape[-1])
     reason = None
     if not all(isinstance(d, int) for d in shape):
         reason = f"symbolic shape {shape}"
@@ -90,6 +116,7 @@ def _site(index: int, node: fx.Node, level: int) -> NSSite:
         args=args,
         level=level,
         skip_reason=reason,
+        sharding=sharding,
     )
 
 

@@ -14,8 +14,12 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from muon_compile.ns_op import NEWTON_SCHULZ
+from muon_compile.sharded_ns import SHARDED_NEWTON_SCHULZ
+
+NS_TARGETS = (NEWTON_SCHULZ, SHARDED_NEWTON_SCHULZ)
 
 __all__ = [
+    "NS_TARGETS",
     "GraphContractError",
     "check_contract",
     "alias_pattern",
@@ -30,9 +34,10 @@ class GraphContractError(RuntimeError):
     """A pass left the graph in a state the pipeline promises never to produce."""
 
 
-def ns_nodes(graph: fx.Graph) -> list[fx.Node]:
-    """The ``muon_compile::newton_schulz`` call nodes, in graph order."""
-    return list(graph.find_nodes(op="call_function", target=NEWTON_SCHULZ, sort=True))
+def ns_nodes(graph: fx.Graph, targets: Sequence = NS_TARGETS) -> list[fx.Node]:
+    """The call nodes of the Newton–Schulz ops in ``targets`` (default: both), in graph order."""
+    found = {n for t in targets for n in graph.find_nodes(op="call_function", target=t)}
+    return [n for n in graph.nodes if n in found]
 
 
 def splice_trace(
@@ -40,9 +45,11 @@ def splice_trace(
     fn: Callable[..., Sequence[torch.Tensor]],
     inputs: Sequence[fx.Node],
     insert_before: fx.Node,
+    meta: dict | None = None,
 ) -> list[fx.Node]:
     """Trace ``fn`` on ``inputs``' fake values with Inductor's decompositions and copy its
-    nodes into ``graph`` before ``insert_before``; return the nodes of ``fn``'s outputs."""
+    nodes into ``graph`` before ``insert_before`` (each with ``meta`` added to its
+    ``node.meta``); return the nodes of ``fn``'s outputs."""
     examples = [n.meta["val"] for n in inputs]
     fake_mode = detect_fake_mode(examples)
     if fake_mode is None:
@@ -65,6 +72,7 @@ def splice_trace(
                 env[node] = env[node.args[0]]
                 continue
             env[node] = graph.node_copy(node, lambda n: env[n])
+            env[node].meta.update(meta or {})
     return outputs
 
 

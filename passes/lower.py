@@ -3,7 +3,9 @@
 Algorithm:
   1. For each ``muon_compile::newton_schulz`` node, trace the op's own pure kernel
      (:func:`muon_compile.ns_kernel.orthogonalize`) on its input with Inductor's
-     decompositions, so the graph computes exactly what eager computes.
+     decompositions, so the graph computes exactly what eager computes. A
+     ``sharded_newton_schulz`` node that ``distribute`` left alone gets its own reference
+     algorithm (all-gather, NS, slice) the same way.
   2. Splice the trace in place of the node. Inductor then calls extern bmm kernels and
      fuses the normalisation, casts and transposes with their neighbours (the stack and
      momentum before, the unstack and update after).
@@ -18,12 +20,14 @@ Before / after (one iteration shown)::
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import torch
 import torch.fx as fx
 
 from muon_compile.coefficients import unflatten
 from muon_compile.ns_kernel import orthogonalize
+from muon_compile.sharded_ns import SHARDED_NEWTON_SCHULZ, gather_orthogonalize_slice, group_rank
 from muon_compile.stats import counters
 
 from .graph_utils import ns_nodes, splice_trace
@@ -34,14 +38,20 @@ log = logging.getLogger(__name__)
 def lower_ns_ops(graph: fx.Graph) -> None:
     """Lower all NS op nodes of ``graph`` (see the module docstring)."""
     for node in ns_nodes(graph):
-        x, coefficients, steps, eps, norm_scale, clamp_eps, compute_dtype = node.args[:7]
-        triples = unflatten(coefficients)
-
-        def kernel(t: torch.Tensor) -> list[torch.Tensor]:
-            return [orthogonalize(t, triples, steps, eps, norm_scale, clamp_eps, compute_dtype)]
-
-        (out,) = splice_trace(graph, kernel, [x], insert_before=node)
+        log.debug("lowering %s on %s", node.name, tuple(node.args[0].meta["val"].shape))
+        (out,) = splice_trace(graph, _kernel(node), [node.args[0]], insert_before=node)
         node.replace_all_uses_with(out)
         graph.erase_node(node)
-        log.debug("lowered %s on %s", node.name, tuple(x.meta["val"].shape))
         counters["lower.ns_ops"] += 1
+
+
+def _kernel(node: fx.Node) -> Callable[[torch.Tensor], list[torch.Tensor]]:
+    """The pure function a node computes, closed over its non-tensor arguments."""
+    if node.target is SHARDED_NEWTON_SCHULZ:
+        _, global_rows, group_name, group_size, coefficients, *ns = node.args
+        rank = group_rank(group_name)
+        return lambda t: [
+            gather_orthogonalize_slice(t, global_rows, group_name, group_size, rank, unflatten(coefficients), *ns)
+        ]
+    _, coefficients, *ns = node.args
+    return lambda t: [orthogonalize(t, unflatten(coefficients), *ns)]

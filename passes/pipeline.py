@@ -1,4 +1,4 @@
-"""The post-grad pipeline, top to bottom: find -> plan -> bucket -> lower.
+"""The post-grad pipeline, top to bottom: find -> plan -> distribute -> bucket -> schedule -> lower.
 
 Each pass is named; with ``MUON_COMPILE_DUMP_DIR`` set, the graph before and after each
 pass is written there in the normalised text of :mod:`graph_text`; after each pass the
@@ -22,11 +22,13 @@ from muon_compile import config as config_mod
 from muon_compile.stats import counters
 
 from .bucket import apply_buckets
+from .distribute import apply_distribution
 from .find import find_ns_sites
 from .graph_text import graph_text
 from .graph_utils import alias_pattern, check_contract
 from .lower import lower_ns_ops
-from .plan import plan_buckets
+from .plan import Strategy, plan_buckets, plan_distributed
+from .schedule import apply_schedule
 
 log = logging.getLogger(__name__)
 _graph_ids = itertools.count()
@@ -64,10 +66,21 @@ def run_passes(graph: fx.Graph, cfg: config_mod.Config) -> None:
         return
     counters["find.ns_ops"] += len(nodes)
     dumper = _Dumper(cfg.dump_dir)
+    distributed = False
+    if cfg.enabled("distribute"):
+        strategy = Strategy.ALL_GATHER if cfg.strategy == "all_gather" else Strategy.ALL_TO_ALL
+        dist_plan = plan_distributed(sites, bucket_mb=cfg.bucket_mb, strategy=strategy)
+        if dist_plan.buckets or dist_plan.skipped:
+            log.debug("distribution plan:\n%s", dist_plan.describe())
+            _run_pass("distribute", graph, dumper, lambda: apply_distribution(graph, nodes, dist_plan))
+            distributed = bool(dist_plan.buckets)
     if cfg.enabled("bucket"):
         plan = plan_buckets(sites, bucket_mb=cfg.bucket_mb, pad_waste=cfg.pad_waste)
-        log.debug("bucket plan for %d NS ops:\n%s", len(nodes), plan.describe())
-        _run_pass("bucket", graph, dumper, lambda: apply_buckets(graph, nodes, plan))
+        if plan.buckets or plan.skipped:
+            log.debug("bucket plan for %d NS ops:\n%s", len(nodes), plan.describe())
+            _run_pass("bucket", graph, dumper, lambda: apply_buckets(graph, nodes, plan))
+    if cfg.enabled("schedule") and distributed:
+        _run_pass("schedule", graph, dumper, lambda: apply_schedule(graph, cfg.prefetch))
     if cfg.enabled("lower"):
         _run_pass("lower", graph, dumper, lambda: lower_ns_ops(graph))
 
@@ -75,22 +88,24 @@ def run_passes(graph: fx.Graph, cfg: config_mod.Config) -> None:
 _SOURCES = tuple(
     str(p)
     for p in sorted(Path(__file__).parent.glob("*.py"))
-    + [Path(config_mod.__file__).parent / f for f in ("ns_kernel.py", "ns_op.py", "coefficients.py", "config.py")]
+    + [Path(config_mod.__file__).parent / f for f in ("ns_kernel.py", "ns_op.py", "sharded_ns.py", "coefficients.py", "config.py")]
 )
 
 
 class MuonGraphPass(CustomGraphPass):
     """The pipeline as Inductor's ``post_grad_custom_post_pass``.
 
-    ``uuid()`` hashes the pass sources and the configuration that changes the output,
-    so the FX graph cache stays valid and hits when nothing changed.
+    ``uuid()`` hashes the pass sources, the configuration that changes the output and the
+    rank key (:func:`muon_compile.backend.rank_key`), so the FX graph cache stays valid,
+    hits when nothing changed, and never serves one rank another rank's graph.
     """
 
-    def __init__(self, cfg: config_mod.Config) -> None:
+    def __init__(self, cfg: config_mod.Config, rank_key: tuple = ()) -> None:
         self.cfg = cfg
+        self.rank_key = rank_key
 
     def __call__(self, graph: fx.Graph) -> None:
         run_passes(graph, self.cfg)
 
     def uuid(self) -> bytes:
-        return get_hash_for_files(_SOURCES) + repr(self.cfg.cache_key()).encode()
+        return get_hash_for_files(_SOURCES) + repr((self.cfg.cache_key(), self.rank_key)).encode()

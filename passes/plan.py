@@ -1,6 +1,6 @@
-"""plan: group Newton–Schulz sites into buckets, one batched NS call each. Plain data in and out.
+"""plan: group Newton–Schulz sites into buckets. Plain data in and out.
 
-Algorithm:
+Plain (single-device) sites, :func:`plan_buckets` — one batched NS call per bucket:
   1. Set aside sites that ``find`` marked unbucketable (each keeps its own NS call).
   2. Key the rest by (dtype, device, NS arguments, level): only equal keys may share a
      bucket (a site fed by another site's result never joins that site's bucket).
@@ -16,11 +16,27 @@ Algorithm:
 
 Before / after: sites ``[48x16, 16x16, 16x48, 16x16]`` (no padding) become buckets
 ``[16x48: (0 transposed, 2), 16x16: (1, 3)]``.
+
+Sharded sites, :func:`plan_distributed` — one or two collectives per bucket:
+  1. Set aside unbucketable sites (the op's own gather-NS-slice then runs per matrix).
+  2. Key the rest by (process group, NS arguments, level); members of a key, in graph
+     order, fill buckets up to ``bucket_mb`` MiB of whole padded matrices in the compute
+     dtype. Shapes may mix: the transport is flat, and the owner regroups by shape.
+  3. Owners (``all_to_all``): per bucket, members largest-FLOPs-first each go to the rank
+     with the least NS FLOPs so far (ties: lowest rank), so every bucket spreads over the
+     ranks and the totals stay balanced. ``all_gather``: every rank computes every matrix.
+  Only sizes every rank knows enter the plan (global rows, columns, group size), so all
+  ranks plan the same buckets, owners and collective sizes.
+
+Before / after (W = 2): sharded sites ``[1152x384, 384x384, 1536x384, 384x1536]`` become
+one bucket with owners ``[0, 1, 0, 1]`` (by FLOPs: 1536x384 and 384x1536 first, one
+each; then 1152x384 to the lighter rank, 384x384 to the other).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 from collections import defaultdict
 
 from muon_compile.ns_kernel import ns_flops
@@ -134,10 +150,10 @@ def _chunks(members: list[Member], rows: int, cols: int, itemsize: int, cap_byte
 
 def plan_buckets(sites: list[NSSite], *, bucket_mb: float, pad_waste: float) -> BucketPlan:
     """Plan the buckets for ``sites`` (see the module docstring)."""
-    skipped = tuple((s.index, s.skip_reason) for s in sites if s.skip_reason is not None)
+    skipped = tuple((s.index, s.skip_reason) for s in sites if s.skip_reason is not None and s.sharding is None)
     by_key: dict[tuple, list[NSSite]] = defaultdict(list)
     for s in sites:
-        if s.skip_reason is None:
+        if s.skip_reason is None and s.sharding is None:
             by_key[(s.dtype, s.device, s.args, s.level)].append(s)
     buckets = []
     for (_dtype, _device, args, _level), group in by_key.items():
@@ -152,3 +168,159 @@ def plan_buckets(sites: list[NSSite], *, bucket_mb: float, pad_waste: float) -> 
                 buckets.append(Bucket(rows, cols, tuple(run), args, itemsize))
     buckets.sort(key=lambda b: b.members[0].site)
     return BucketPlan(tuple(buckets), skipped)
+
+
+# ----------------------------------------------------------------------- distributed
+class Strategy(enum.Enum):
+    ALL_TO_ALL = "all_to_all"  # owner-compute: each rank orthogonalises ~1/W of the matrices
+    ALL_GATHER = "all_gather"  # every rank orthogonalises every matrix, keeps its rows
+
+
+EVERY_RANK = -1
+
+
+@dataclasses.dataclass(frozen=True)
+class DistMember:
+    """A sharded site in a bucket: a ``rows x cols`` matrix, this rank's ``local_rows`` of
+    it, ``rows_per_shard`` rows per rank in transport, orthogonalised by ``owner``."""
+
+    site: int
+    rows: int
+    cols: int
+    rows_per_shard: int
+    local_rows: int
+    owner: int
+    steps: int
+
+    @property
+    def slot(self) -> int:
+        """Elements of one rank's padded shard."""
+        return self.rows_per_shard * self.cols
+
+    @property
+    def canonical(self) -> tuple[int, int]:
+        return (min(self.rows, self.cols), max(self.rows, self.cols))
+
+    @property
+    def flops(self) -> int:
+        return ns_flops(self.rows, self.cols, self.steps)
+
+
+@dataclasses.dataclass(frozen=True)
+class DistBucket:
+    """Sharded sites moved by one collective pair (``all_to_all``) or one ``all_gather``."""
+
+    group_name: str
+    group_size: int
+    rank: int
+    strategy: Strategy
+    args: NSArgs
+    members: tuple[DistMember, ...]
+
+    def computed_by(self, rank: int) -> tuple[DistMember, ...]:
+        """The members ``rank`` orthogonalises."""
+        return tuple(m for m in self.members if m.owner in (rank, EVERY_RANK))
+
+    def owner_order(self) -> tuple[DistMember, ...]:
+        """Members in transport order: by owner, then graph order (all_gather: graph order)."""
+        if self.strategy is Strategy.ALL_GATHER:
+            return self.members
+        return tuple(m for r in range(self.group_size) for m in self.members if m.owner == r)
+
+    def split_sizes(self) -> list[int]:
+        """Elements each rank owns (all_to_all): what every rank sends to each owner."""
+        return [sum(m.slot for m in self.members if m.owner == r) for r in range(self.group_size)]
+
+    def ns_groups(self) -> list[tuple[DistMember, ...]]:
+        """This rank's matrices to orthogonalise, grouped by canonical shape (one NS call each)."""
+        groups: dict[tuple[int, int], list[DistMember]] = {}
+        for m in self.computed_by(self.rank):
+            groups.setdefault(m.canonical, []).append(m)
+        return [tuple(g) for g in groups.values()]
+
+    @property
+    def nbytes(self) -> int:
+        return self.group_size * sum(m.slot for m in self.members) * self.args.compute_dtype.itemsize
+
+    def collectives(self) -> list[tuple]:
+        """The bucket's collectives as ``(kind, group, sizes)``: the same on every rank."""
+        if self.strategy is Strategy.ALL_GATHER:
+            return [("all_gather_into_tensor", self.group_name, sum(m.slot for m in self.members))]
+        sizes = self.split_sizes()
+        return [
+            ("all_to_all_single", self.group_name, tuple(sizes)),
+            ("all_to_all_single", self.group_name, tuple(sizes)),
+        ]
+
+
+@dataclasses.dataclass(frozen=True)
+class DistPlan:
+    buckets: tuple[DistBucket, ...]
+    skipped: tuple[tuple[int, str], ...]
+    flops_per_rank: dict[str, tuple[int, ...]]
+
+    def describe(self) -> str:
+        """Buckets with their members' shapes and owners, then each rank's NS FLOPs."""
+        lines = []
+        for i, b in enumerate(self.buckets):
+            members = ", ".join(
+                f"{m.site}:{m.rows}x{m.cols}->{'all' if m.owner == EVERY_RANK else m.owner}" for m in b.members
+            )
+            lines.append(
+                f"dist bucket {i}: {b.strategy.value} on group {b.group_name!r} (W={b.group_size}), "
+                f"{b.nbytes / 2**20:.2f} MiB: {members}"
+            )
+        for group, flops in self.flops_per_rank.items():
+            total = sum(flops)
+            share = ", ".join(f"{f / 1e9:.3f}" for f in flops)
+            lines.append(f"group {group!r} NS GFLOP per rank: [{share}] (total {total / 1e9:.3f})")
+        lines += [f"sharded site {s} not distributed: {reason}" for s, reason in self.skipped]
+        return "\n".join(lines)
+
+
+def _dist_member(site: NSSite, owner: int) -> DistMember:
+    shard = site.sharding.rows
+    return DistMember(site.index, site.rows, site.cols, shard.rows_per_shard, shard.local_rows, owner, site.args.steps)
+
+
+def plan_distributed(sites: list[NSSite], *, bucket_mb: float, strategy: Strategy) -> DistPlan:
+    """Plan the buckets and owners of the sharded ``sites`` (see the module docstring)."""
+    sharded = [s for s in sites if s.sharding is not None]
+    skipped = tuple((s.index, s.skip_reason) for s in sharded if s.skip_reason is not None)
+    by_key: dict[tuple, list[NSSite]] = defaultdict(list)
+    for s in sharded:
+        if s.skip_reason is None:
+            by_key[(s.sharding.group_name, s.sharding.group_size, s.args, s.level)].append(s)
+    runs = []
+    for (group, world, args, _level), group_sites in by_key.items():
+        itemsize = args.compute_dtype.itemsize
+        cap = bucket_mb * 2**20
+        run: list[NSSite] = []
+        size = 0
+        for s in group_sites:
+            nbytes = world * s.sharding.rows.rows_per_shard * s.cols * itemsize
+            if run and size + nbytes > cap:
+                runs.append(run)
+                run, size = [], 0
+            run.append(s)
+            size += nbytes
+        runs.append(run)
+    runs.sort(key=lambda r: r[0].index)
+    loads: dict[str, list[int]] = {}
+    buckets = []
+    for run in runs:
+        first = run[0].sharding
+        load = loads.setdefault(first.group_name, [0] * first.group_size)
+        owners = {}
+        for s in sorted(run, key=lambda s: (-ns_flops(s.rows, s.cols, s.args.steps), s.index)):
+            if strategy is Strategy.ALL_GATHER:
+                owners[s.index] = EVERY_RANK
+                for r in range(first.group_size):
+                    load[r] += ns_flops(s.rows, s.cols, s.args.steps)
+            else:
+                owner = min(range(first.group_size), key=lambda r: (load[r], r))
+                owners[s.index] = owner
+                load[owner] += ns_flops(s.rows, s.cols, s.args.steps)
+        members = tuple(_dist_member(s, owners[s.index]) for s in run)
+        buckets.append(DistBucket(first.group_name, first.group_size, first.rank, strategy, run[0].args, members))
+    return DistPlan(tuple(buckets), skipped, {g: tuple(v) for g, v in loads.items()})

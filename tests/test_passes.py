@@ -144,7 +144,7 @@ def test_decisions_are_logged_at_debug_level(tmp_path, caplog):
     text = caplog.text
     assert "bucket plan for 4 NS ops" in text
     assert "bucket 2: 2 matrices 8x32 from sites [2, 3]" in text
-    assert "lowered" in text
+    assert "lowering" in text
 
 
 def _tiny_graph():

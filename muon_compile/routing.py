@@ -1,0 +1,120 @@
+"""Pick the Newton–Schulz op for a tensor: plain, row-sharded (FSDP2), or DTensor's own.
+
+* a plain tensor, a replicated DTensor, or a 3-D DTensor sharded on its batch (expert)
+  dimension: every matrix is whole on this rank -> ``newton_schulz`` on the local tensor;
+* a 2-D DTensor sharded ``Shard(0)`` on one mesh dimension (FSDP2, or the shard
+  dimension of an HSDP ``(Replicate, Shard(0))`` mesh) -> ``sharded_newton_schulz`` over
+  that dimension's process group, which the ``distribute`` pass buckets;
+* anything else (``Shard(1)`` from tensor parallelism, ``Partial``, several sharded mesh
+  dimensions) -> ``newton_schulz`` on the DTensor itself: DTensor's sharding rule
+  replicates the input (one collective per matrix, correct, not bucketed). The reason is
+  logged when the optimizer is built.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+
+import torch
+from torch import Tensor
+from torch.distributed.tensor import DTensor, Replicate, Shard
+
+from . import coefficients as coeffs
+from .ns_op import newton_schulz_op
+from .sharded_ns import sharded_newton_schulz_op
+
+
+class Kind(enum.Enum):
+    LOCAL = "every matrix is whole on this rank"
+    ROWS = "rows sharded over one process group"
+    DTENSOR = "left to DTensor's sharding rule"
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    kind: Kind
+    group_name: str | None = None
+    group_size: int = 1
+    reason: str | None = None
+
+
+def layout_of(x: Tensor) -> Layout:
+    """How ``x``'s matrices are laid out across ranks (see the module docstring)."""
+    if not isinstance(x, DTensor):
+        return Layout(Kind.LOCAL)
+    sharded = [(dim, p) for dim, p in enumerate(x.placements) if not isinstance(p, Replicate)]
+    if not sharded:
+        return Layout(Kind.LOCAL)
+    if len(sharded) > 1:
+        return Layout(Kind.DTENSOR, reason=f"placements {x.placements} shard several mesh dimensions")
+    mesh_dim, placement = sharded[0]
+    if type(placement) is not Shard:
+        return Layout(Kind.DTENSOR, reason=f"placement {placement} is not a plain Shard")
+    if placement.dim == 0 and x.dim() == 3:
+        return Layout(Kind.LOCAL)
+    if placement.dim == 0 and x.dim() == 2:
+        size = x.device_mesh.size(mesh_dim)
+        if size == 1:
+            return Layout(Kind.LOCAL)
+        return Layout(Kind.ROWS, x.device_mesh.get_group(mesh_dim).group_name, size)
+    return Layout(Kind.DTENSOR, reason=f"Shard({placement.dim}) of a {x.dim()}-D tensor")
+
+
+def newton_schulz_any(
+    x: Tensor,
+    coefficients: list[float],
+    steps: int,
+    eps: float,
+    norm_scale: float,
+    clamp_eps: bool,
+    compute_dtype: torch.dtype,
+) -> Tensor:
+    """``newton_schulz`` of ``x`` with the op its layout needs; the result has ``x``'s layout."""
+    ns_args = (coefficients, steps, eps, norm_scale, clamp_eps, compute_dtype)
+    layout = layout_of(x)
+    if not isinstance(x, DTensor) or layout.kind is Kind.DTENSOR:
+        return newton_schulz_op(x, *ns_args)
+    local = x.to_local()
+    if layout.kind is Kind.LOCAL:
+        out = newton_schulz_op(local, *ns_args)
+    else:
+        out = sharded_newton_schulz_op(local, x.shape[0], layout.group_name, layout.group_size, *ns_args)
+    return DTensor.from_local(out, x.device_mesh, x.placements, run_check=False, shape=x.shape, stride=x.stride())
+
+
+def newton_schulz(
+    x: Tensor,
+    coefficients: coeffs.CoefficientSpec = "keller",
+    steps: int = 5,
+    *,
+    eps: float | None = None,
+    compute_dtype: torch.dtype = torch.bfloat16,
+    clamp_eps: bool = False,
+) -> Tensor:
+    """Orthogonalise ``x`` (a matrix or a batch of matrices) by Newton–Schulz iteration.
+
+    Args:
+        x: 2-D matrix or 3-D batch; a tall matrix is handled through its transpose. A
+            DTensor is handled by its layout (see :mod:`muon_compile.routing`); the
+            result has the same placements.
+        coefficients: ``"keller"``, ``"polar_express"``, one ``(a, b, c)`` triple, or a
+            list of per-iteration triples (the last one repeats).
+        steps: number of iterations.
+        eps: added to the scaled Frobenius norm before dividing (default: the preset's).
+        compute_dtype: dtype of the iteration's matmuls (bf16 by default; fp32 allowed).
+        clamp_eps: divide by ``max(norm, eps)`` instead of ``norm + eps``.
+
+    Returns:
+        A tensor with ``x``'s shape and dtype.
+    """
+    preset = coeffs.resolve(coefficients)
+    return newton_schulz_any(
+        x,
+        coeffs.flatten(preset.coefficients),
+        steps,
+        preset.eps if eps is None else float(eps),
+        preset.norm_scale,
+        clamp_eps,
+        compute_dtype,
+    )

@@ -1,0 +1,126 @@
+"""``muon_compile::sharded_newton_schulz``: Newton–Schulz of a row-sharded matrix.
+
+Schema::
+
+    sharded_newton_schulz(Tensor local, int global_rows, str group_name, int group_size,
+                          float[] coefficients, int steps, float eps, float norm_scale,
+                          bool clamp_eps, ScalarType compute_dtype) -> Tensor
+
+Every rank of the process group ``group_name`` calls it with its ``torch.chunk`` row
+shard (FSDP2's ``Shard(0)`` layout: ``ceil(rows / W)`` rows per rank, the last shards
+shorter or empty) of a ``global_rows x cols`` matrix and gets back its rows of
+``newton_schulz`` of the whole matrix. It is one node per parameter in every rank's
+graph — also on a rank whose shard is empty — which is what lets the ``distribute``
+pass plan identical buckets on every rank. The op is a collective, so it is registered
+as side-effecting: dead-code elimination never removes it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import Tensor
+
+from . import coefficients as coeffs
+from .ns_kernel import orthogonalize
+from .ns_op import check_args
+
+
+@dataclasses.dataclass(frozen=True)
+class RowShard:
+    """Where one rank's rows of a ``torch.chunk``-sharded matrix sit."""
+
+    rows_per_shard: int
+    start: int
+    local_rows: int
+
+
+def row_shard(global_rows: int, world: int, rank: int) -> RowShard:
+    """``torch.chunk`` layout: ``ceil(rows / world)`` rows per rank, the tail short or empty."""
+    per = math.ceil(global_rows / world) if global_rows else 0
+    start = min(rank * per, global_rows)
+    return RowShard(per, start, min(per, global_rows - start))
+
+
+def group_rank(group_name: str) -> int:
+    """This process's rank in the group registered under ``group_name``."""
+    group = dist.distributed_c10d._resolve_process_group(group_name)
+    return dist.get_rank(group)
+
+
+def gather_orthogonalize_slice(
+    local: Tensor,
+    global_rows: int,
+    group_name: str,
+    group_size: int,
+    rank: int,
+    coefficients: Sequence[coeffs.Triple],
+    steps: int,
+    eps: float,
+    norm_scale: float,
+    clamp_eps: bool,
+    compute_dtype: torch.dtype,
+) -> Tensor:
+    """The reference algorithm, one collective per matrix (the passes batch it).
+
+    1. Cast the shard to the compute dtype (Newton–Schulz's own first step, so the
+       transport is half as wide in bf16 and the result is unchanged) and zero-pad it to
+       ``ceil(rows / W)`` rows.
+    2. All-gather the padded shards, trim the padding rows.
+    3. Orthogonalise the whole matrix; return this rank's rows in the shard's dtype.
+    """
+    shard = row_shard(global_rows, group_size, rank)
+    padded = F.pad(local.to(compute_dtype), (0, 0, 0, shard.rows_per_shard - local.size(0)))
+    gathered = torch.ops._c10d_functional.all_gather_into_tensor(padded, group_size, group_name)
+    full = torch.ops._c10d_functional.wait_tensor(gathered)[:global_rows]
+    ortho = orthogonalize(full, coefficients, steps, eps, norm_scale, clamp_eps, compute_dtype)
+    return ortho[shard.start : shard.start + shard.local_rows].to(local.dtype)
+
+
+def check_shard(local: Tensor, global_rows: int, group_size: int, rank: int) -> None:
+    """Raise ``ValueError`` unless ``local`` is this rank's ``torch.chunk`` row shard."""
+    if local.dim() != 2:
+        raise ValueError(f"sharded_newton_schulz expects a 2-D row shard, got shape {tuple(local.shape)}")
+    expected = row_shard(global_rows, group_size, rank).local_rows
+    if local.size(0) != expected:
+        raise ValueError(
+            f"sharded_newton_schulz: rank {rank} of {group_size} holds {local.size(0)} rows of a "
+            f"{global_rows}-row matrix; torch.chunk sharding gives it {expected}"
+        )
+
+
+@torch.library.custom_op("muon_compile::sharded_newton_schulz", mutates_args=())
+def sharded_newton_schulz_op(
+    local: Tensor,
+    global_rows: int,
+    group_name: str,
+    group_size: int,
+    coefficients: list[float],
+    steps: int,
+    eps: float,
+    norm_scale: float,
+    clamp_eps: bool,
+    compute_dtype: torch.dtype,
+) -> Tensor:
+    rank = group_rank(group_name)
+    check_shard(local, global_rows, group_size, rank)
+    check_args(local, coefficients, steps, eps, compute_dtype)
+    return gather_orthogonalize_slice(
+        local, global_rows, group_name, group_size, rank,
+        coeffs.unflatten(coefficients), steps, eps, norm_scale, clamp_eps, compute_dtype,
+    )
+
+
+@sharded_newton_schulz_op.register_fake
+def _sharded_fake(local, global_rows, group_name, group_size, coefficients, steps, eps, norm_scale, clamp_eps, compute_dtype):
+    check_args(local, coefficients, steps, eps, compute_dtype)
+    return torch.empty_like(local, memory_format=torch.contiguous_format)
+
+
+SHARDED_NEWTON_SCHULZ = torch.ops.muon_compile.sharded_newton_schulz.default
+torch.fx.node.has_side_effect(SHARDED_NEWTON_SCHULZ)

@@ -1,0 +1,155 @@
+"""distribute: replace the sharded sites of each planned bucket by one collective layout.
+
+Algorithm, per bucket (``all_to_all``, owner-compute):
+  1. launch: cast every member's local shard to the compute dtype (Newton–Schulz's own
+     first step, so the wire carries bf16), zero-pad it to ``rows_per_shard`` rows,
+     flatten, concatenate by owner; one ``all_to_all_single`` (split sizes: the elements
+     each owner owns, the same on every rank).
+  2. compute: wait; the received ``[W, mine]`` block holds every rank's shard of each
+     matrix this rank owns: reassemble ``[W * rows_per_shard, cols]``, trim to the global
+     rows, orthogonalise (one batched NS per canonical shape), cut each result back into
+     its W zero-padded shards; a second ``all_to_all_single`` returns every rank its rows.
+  3. finish: wait; cut out each member's rows, drop the padding, cast to the shard's
+     dtype: the old op node's users take that.
+  ``all_gather``: launch packs every member and all-gathers the bucket; compute waits,
+  reassembles and orthogonalises every matrix and keeps this rank's rows (no finish).
+  All stages go after the last input of all buckets, in bucket order, each node tagged
+  ``meta["muon_compile_stage"] = (bucket, stage)`` for the ``schedule`` pass.
+
+Before / after (W = 2, two members, both owned by rank 0)::
+
+    y0 = sharded_ns(x0, 24, "0", 2, ...)     # x0: 12x16 shard of 24x16
+    y1 = sharded_ns(x1, 3, "0", 2, ...)      # x1: 2x16 shard of 3x16 (rank 1 holds 1 row)
+ -> s  = all_to_all_single(cat([x0.bf16().flatten(), x1.bf16().flatten()]), [448, 448], [448, 0])
+    full = wait(s).view(2, 448) ... reshape(24, 16), reshape(4, 16)[:3]; ns(...); ns(...)
+    r  = all_to_all_single(cat([rows of rank 0 ..., rows of rank 1 ...]), [448, 0], [448, 448])
+    y0 = wait(r)[0:192].view(12, 16).float(); y1 = wait(r)[192:224].view(2, 16)[:2].float()
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.fx as fx
+import torch.nn.functional as F
+from torch import Tensor
+
+from muon_compile.ns_op import newton_schulz_op
+from muon_compile.stats import counters
+
+from .graph_utils import splice_trace, stable_topological_sort
+from .plan import DistBucket, DistMember, DistPlan, Strategy
+
+log = logging.getLogger(__name__)
+
+STAGE = "muon_compile_stage"
+LAUNCH, COMPUTE, FINISH = "launch", "compute", "finish"
+_c10d = torch.ops._c10d_functional
+
+
+def _pad_rows(t: Tensor, rows: int) -> Tensor:
+    return t if t.size(0) == rows else F.pad(t, (0, 0, 0, rows - t.size(0)))
+
+
+def _reassemble(grid: Tensor, members: Sequence[DistMember]) -> dict[int, Tensor]:
+    """From ``[W, elements]`` with the members' shard slots side by side, each whole matrix."""
+    world = grid.size(0)
+    out, offset = {}, 0
+    for m in members:
+        block = grid[:, offset : offset + m.slot].reshape(world * m.rows_per_shard, m.cols)
+        out[m.site] = block[: m.rows]
+        offset += m.slot
+    return out
+
+
+def _orthogonalize(bucket: DistBucket, full: dict[int, Tensor]) -> dict[int, Tensor]:
+    """This rank's matrices of ``bucket``, one batched NS call per canonical shape."""
+    result = {}
+    for group in bucket.ns_groups():
+        stacked = torch.stack([full[m.site].mT if m.rows > m.cols else full[m.site] for m in group])
+        ortho = newton_schulz_op(stacked, *bucket.args.op_args())
+        for m, y in zip(group, ortho.unbind(0)):
+            result[m.site] = y.mT if m.rows > m.cols else y
+    return result
+
+
+def _stages(bucket: DistBucket, dtypes: Sequence[torch.dtype]) -> list[tuple[str, Callable]]:
+    """The traced stages of one bucket: ``[(name, fn)]``, each fn taking the previous one's outputs."""
+    world, rank, group = bucket.group_size, bucket.rank, bucket.group_name
+    cast = bucket.args.compute_dtype
+    order = bucket.owner_order()
+    position = {m.site: i for i, m in enumerate(bucket.members)}
+    dtype = {m.site: d for m, d in zip(bucket.members, dtypes)}
+
+    def pack(shards: Sequence[Tensor]) -> Tensor:
+        return torch.cat([_pad_rows(shards[position[m.site]].to(cast), m.rows_per_shard).reshape(-1) for m in order])
+
+    if bucket.strategy is Strategy.ALL_GATHER:
+        total = sum(m.slot for m in bucket.members)
+
+        def launch(*shards: Tensor) -> list[Tensor]:
+            return [_c10d.all_gather_into_tensor(pack(shards), world, group)]
+
+        def gather_compute(gathered: Tensor) -> list[Tensor]:
+            full = _reassemble(_c10d.wait_tensor(gathered).view(world, total), bucket.members)
+            result = _orthogonalize(bucket, full)
+            start = {m.site: rank * m.rows_per_shard for m in bucket.members}
+            return [result[m.site][start[m.site] : start[m.site] + m.local_rows].to(dtype[m.site]) for m in bucket.members]
+
+        return [(LAUNCH, launch), (COMPUTE, gather_compute)]
+
+    sizes = bucket.split_sizes()
+    mine = sizes[rank]
+    owned = bucket.computed_by(rank)
+
+    def launch(*shards: Tensor) -> list[Tensor]:
+        return [_c10d.all_to_all_single(pack(shards), [mine] * world, sizes, group)]
+
+    def compute(received: Tensor) -> list[Tensor]:
+        full = _reassemble(_c10d.wait_tensor(received).view(world, mine), owned)
+        result = _orthogonalize(bucket, full)
+        back = [
+            _pad_rows(result[m.site][j * m.rows_per_shard : (j + 1) * m.rows_per_shard], m.rows_per_shard).reshape(-1)
+            for j in range(world)
+            for m in owned
+        ]
+        send = torch.cat(back) if back else received.new_empty(0, dtype=cast)
+        return [_c10d.all_to_all_single(send, sizes, [mine] * world, group)]
+
+    def finish(returned: Tensor) -> list[Tensor]:
+        flat = _c10d.wait_tensor(returned)
+        rows, offset = {}, 0
+        for m in order:
+            rows[m.site] = flat[offset : offset + m.slot].view(m.rows_per_shard, m.cols)[: m.local_rows]
+            offset += m.slot
+        return [rows[m.site].to(dtype[m.site]) for m in bucket.members]
+
+    return [(LAUNCH, launch), (COMPUTE, compute), (FINISH, finish)]
+
+
+def apply_distribution(graph: fx.Graph, nodes: list[fx.Node], plan: DistPlan) -> None:
+    """Rewrite every planned bucket of sharded sites (see the module docstring)."""
+    if not plan.buckets:
+        return
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    inputs = [nodes[m.site].args[0] for b in plan.buckets for m in b.members]
+    anchor = max(inputs, key=order.__getitem__).next
+    for i, bucket in enumerate(plan.buckets):
+        sites = [nodes[m.site] for m in bucket.members]
+        values: list[fx.Node] = [n.args[0] for n in sites]
+        dtypes = [n.args[0].meta["val"].dtype for n in sites]
+        for stage, fn in _stages(bucket, dtypes):
+            values = splice_trace(graph, fn, values, insert_before=anchor, meta={STAGE: (i, stage)})
+        for old, new in zip(sites, values):
+            old.replace_all_uses_with(new)
+            graph.erase_node(old)
+        log.debug("distributed bucket %d: %s, %d matrices", i, bucket.strategy.value, len(bucket.members))
+        counters["distribute.buckets"] += 1
+        counters["distribute.matrices"] += len(bucket.members)
+        counters["distribute.collectives"] += len(bucket.collectives())
+    for site, reason in plan.skipped:
+        log.debug("sharded site %d left per matrix: %s", site, reason)
+        counters["distribute.skipped"] += 1
+    stable_topological_sort(graph)

@@ -1,0 +1,84 @@
+"""Run a function on W real gloo processes on 127.0.0.1, bounded by a timeout.
+
+``run_world(fn, world, *args)`` spawns ``world`` processes, each calling
+``fn(rank, world, *args)`` inside an initialised default process group, and returns the
+list of their return values (rank order). A hang or a crash on any rank fails the call:
+the processes are killed after ``timeout`` seconds.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import socket
+import tempfile
+import traceback
+
+import torch
+
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _to_bytes(value) -> bytes:
+    """Serialise a result: tensors put on a queue directly are shared through the sending
+    process's file descriptors, which vanish when it exits."""
+    buffer = io.BytesIO()
+    torch.save(value, buffer)
+    return buffer.getvalue()
+
+
+def _worker(rank, world, port, fn, args, queue, cache_dir):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
+    if cache_dir is not None:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache_dir
+    try:
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+        try:
+            queue.put((rank, "ok", _to_bytes(fn(rank, world, *args))))
+        finally:
+            dist.destroy_process_group()
+    except BaseException:  # report any failure to the parent, which raises it
+        queue.put((rank, "error", traceback.format_exc()))
+
+
+def run_world(fn, world: int, *args, timeout: float = 600, cache_dir: str | None = None) -> list:
+    """``[fn(0, world, *args), ..., fn(world - 1, world, *args)]``, each on its own gloo rank.
+
+    ``cache_dir`` sets TORCHINDUCTOR_CACHE_DIR for every rank (default: a fresh one).
+    """
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = free_port()
+    with tempfile.TemporaryDirectory() as fresh:
+        procs = [
+            ctx.Process(target=_worker, args=(r, world, port, fn, args, queue, cache_dir or fresh), daemon=True)
+            for r in range(world)
+        ]
+        for p in procs:
+            p.start()
+        results: dict[int, object] = {}
+        errors = []
+        try:
+            for _ in range(world):
+                rank, status, value = queue.get(timeout=timeout)
+                if status == "error":
+                    errors.append(f"rank {rank}:\n{value}")
+                    break
+                results[rank] = torch.load(io.BytesIO(value), weights_only=False)
+        except Exception as e:  # queue.Empty on timeout
+            errors.append(f"timed out after {timeout} s waiting for ranks {sorted(set(range(world)) - set(results))}: {e!r}")
+        finally:
+            for p in procs:
+                p.join(timeout=5 if errors else 60)
+                if p.is_alive():
+                    p.kill()
+        if errors:
+            raise RuntimeError("\n".join(errors))
+    return [results[r] for r in range(world)]
