@@ -56,11 +56,13 @@ def muon(**kw):
 
 
 def dumped_graphs(dump_dir):
-    """``{"bucket_before": text, ...}`` from the single graph a pipeline run dumped."""
+    """``{"bucket_before": text, ...}`` from the last graph a pipeline run dumped ({} if none)."""
     from pathlib import Path
 
-    (graph_dir,) = [d for d in Path(dump_dir).iterdir() if d.is_dir()]
-    return {f.stem.split("_", 1)[1]: f.read_text() for f in sorted(graph_dir.glob("*.txt"))}
+    graph_dirs = sorted((d for d in Path(dump_dir).iterdir() if d.is_dir()), key=lambda d: int(d.name.rsplit("_", 1)[1]))
+    if not graph_dirs:
+        return {}
+    return {f.stem.split("_", 1)[1]: f.read_text() for f in sorted(graph_dirs[-1].glob("*.txt"))}
 
 
 def compile_with_dump(make_opt, shapes, tmp_path, dtype=torch.float32, **config_changes):

@@ -1,0 +1,109 @@
+"""Functions that run on every rank of a gloo world (see dist_harness.run_world), and the
+single-process references they are compared with."""
+
+from __future__ import annotations
+
+import re
+import tempfile
+from pathlib import Path
+
+import torch
+from torch import nn
+
+import muon_compile
+from muon_compile import config
+
+from helpers import dumped_graphs
+
+# Rows chosen against W = 2 and 3: even (24), uneven (10, 7), fewer rows than ranks (1),
+# and a tall / wide pair that share a canonical shape (40x12, 12x40).
+FSDP_SHAPES = [(24, 16), (10, 16), (7, 16), (1, 16), (40, 12), (12, 40)]
+COLLECTIVE = re.compile(
+    r"^v\d+: (\S+) = _c10d_functional\.(all_to_all_single|all_gather_into_tensor|all_reduce|reduce_scatter_tensor)\((.*)\)$"
+)
+
+
+class Stack(nn.Module):
+    """One bias-free Linear per shape; weight ``(out, in)`` = the shape."""
+
+    def __init__(self, shapes):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(i, o, bias=False) for o, i in shapes)
+
+
+def initial_weights(shapes, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(s, generator=g) for s in shapes]
+
+
+def step_grads(shapes, step):
+    g = torch.Generator().manual_seed(1000 + step)
+    return [torch.randn(s, generator=g) for s in shapes]
+
+
+def reference_run(shapes, steps, **opt_kw):
+    """Muon on the whole matrices in one process: the distributed runs must match it."""
+    params = [nn.Parameter(w) for w in initial_weights(shapes)]
+    opt = muon_compile.Muon(params, **opt_kw)
+    for s in range(steps):
+        for p, g in zip(params, step_grads(shapes, s)):
+            p.grad = g
+        opt.step()
+    return [p.detach() for p in params]
+
+
+def collective_sequence(graph_text: str) -> list[tuple[str, str, str]]:
+    """``(kind, result type, arguments after the tensor)`` of each collective of a dumped
+    graph, in graph order; e.g. ``("all_to_all_single", "bf16[640]", "[320, 320], [448, 192], '0'")``."""
+    seq = []
+    for line in graph_text.splitlines():
+        match = COLLECTIVE.search(line)
+        if match:
+            result_type, kind, args = match.groups()
+            seq.append((kind, result_type, args.split(", ", 1)[1]))
+    return seq
+
+
+def count_collectives(step) -> int:
+    """Collective kernels launched by one call of ``step`` (profiler events)."""
+    kinds = ("all_to_all", "all_gather", "allgather", "all_reduce", "allreduce", "reduce_scatter", "broadcast")
+    with torch.profiler.profile() as prof:
+        step()
+    names = [e.name for e in prof.events() if e.name.startswith(("_c10d_functional::", "c10d::", "gloo:"))]
+    return sum(1 for n in names if n.startswith("_c10d_functional::") and any(k in n for k in kinds))
+
+
+def fsdp_muon(rank, world, shapes, steps, strategy, opt_kw, mesh_shape=None):
+    """FSDP2-shard a Stack of ``shapes`` over ``world`` gloo ranks (optionally an HSDP
+    ``mesh_shape``), run ``steps`` compiled Muon steps with fixed global gradients, and
+    return the full weights, this rank's post-pass graph's collectives, the collectives
+    launched per step and the pass counters."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import distribute_tensor
+
+    mesh = init_device_mesh("cpu", mesh_shape or (world,), mesh_dim_names=("replicate", "shard") if mesh_shape else None)
+    model = Stack(shapes)
+    with torch.no_grad():
+        for layer, w in zip(model.layers, initial_weights(shapes)):
+            layer.weight.copy_(w)
+    fully_shard(model, mesh=mesh)
+    params = [layer.weight for layer in model.layers]
+    opt = muon_compile.Muon(params, **opt_kw)
+    with tempfile.TemporaryDirectory() as dump, config.override(strategy=strategy, dump_dir=dump):
+        step = torch.compile(opt.step, backend="muon")
+        for s in range(steps):
+            for p, g in zip(params, step_grads(shapes, s)):
+                p.grad = distribute_tensor(g, p.device_mesh, p.placements)
+            step()
+        graphs = dumped_graphs(dump)
+    final = [p.full_tensor() for p in params]
+    launched = count_collectives(step)
+    last = graphs.get("lower_after", "")
+    return {
+        "weights": final,
+        "collectives": collective_sequence(last),
+        "launched": launched,
+        "counters": dict(muon_compile.counters),
+        "graph": last,
+    }
