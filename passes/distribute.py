@@ -14,7 +14,7 @@ Algorithm, per bucket (``all_to_all``, owner-compute):
   ``all_gather``: launch packs every member and all-gathers the bucket; compute waits,
   reassembles and orthogonalises every matrix and keeps this rank's rows (no finish).
   All stages go after the last input of all buckets, in bucket order, each node tagged
-  ``meta["muon_compile_stage"] = (bucket, stage)`` for the ``schedule`` pass.
+  ``meta[STAGE_META] = (bucket, stage)`` for the ``schedule`` pass.
 
 Before / after (W = 2, two members, both owned by rank 0)::
 
@@ -39,12 +39,11 @@ from torch import Tensor
 from muon_compile.ns_op import newton_schulz_op
 from muon_compile.stats import counters
 
-from .graph_utils import splice_trace, stable_topological_sort
+from .graph_utils import STAGE_META, splice_trace, stable_topological_sort
 from .plan import DistBucket, DistMember, DistPlan, Strategy
 
 log = logging.getLogger(__name__)
 
-STAGE = "muon_compile_stage"
 LAUNCH, COMPUTE, FINISH = "launch", "compute", "finish"
 _c10d = torch.ops._c10d_functional
 
@@ -108,15 +107,16 @@ def _stages(bucket: DistBucket, dtypes: Sequence[torch.dtype]) -> list[tuple[str
         return [_c10d.all_to_all_single(pack(shards), [mine] * world, sizes, group)]
 
     def compute(received: Tensor) -> list[Tensor]:
-        full = _reassemble(_c10d.wait_tensor(received).view(world, mine), owned)
-        result = _orthogonalize(bucket, full)
+        flat = _c10d.wait_tensor(received)
+        if not owned:  # nothing to orthogonalise here: return the (empty) receive buffer
+            return [_c10d.all_to_all_single(flat, sizes, [mine] * world, group)]
+        result = _orthogonalize(bucket, _reassemble(flat.view(world, mine), owned))
         back = [
             _pad_rows(result[m.site][j * m.rows_per_shard : (j + 1) * m.rows_per_shard], m.rows_per_shard).reshape(-1)
             for j in range(world)
             for m in owned
         ]
-        send = torch.cat(back) if back else received.new_empty(0, dtype=cast)
-        return [_c10d.all_to_all_single(send, sizes, [mine] * world, group)]
+        return [_c10d.all_to_all_single(torch.cat(back), sizes, [mine] * world, group)]
 
     def finish(returned: Tensor) -> list[Tensor]:
         flat = _c10d.wait_tensor(returned)
@@ -141,7 +141,7 @@ def apply_distribution(graph: fx.Graph, nodes: list[fx.Node], plan: DistPlan) ->
         values: list[fx.Node] = [n.args[0] for n in sites]
         dtypes = [n.args[0].meta["val"].dtype for n in sites]
         for stage, fn in _stages(bucket, dtypes):
-            values = splice_trace(graph, fn, values, insert_before=anchor, meta={STAGE: (i, stage)})
+            values = splice_trace(graph, fn, values, insert_before=anchor, meta={STAGE_META: (i, stage)})
         for old, new in zip(sites, values):
             old.replace_all_uses_with(new)
             graph.erase_node(old)

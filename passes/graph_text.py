@@ -1,15 +1,19 @@
 """A normalised, readable text form of an FX graph, for golden files and dumps.
 
 One line per node, values renamed in order (``in0``, ``v0``, ...) so an unrelated
-renaming upstream does not churn the golden files::
+renaming upstream does not churn the golden files; a node of a distributed bucket ends
+with the bucket and stage it belongs to::
 
-    v3: bf16[6, 16, 48] = aten.bmm(v2, v2.mT-view...)
+    v3: bf16[6, 16, 48] = aten.bmm(v1, v2)
+    v9: bf16[640] = _c10d_functional.all_to_all_single(v8, [320, 320], [448, 192], '1')  # bucket 0 launch
 """
 
 from __future__ import annotations
 
 import torch
 import torch.fx as fx
+
+from .graph_utils import STAGE_META
 
 _DTYPES = {
     torch.float32: "f32",
@@ -70,5 +74,7 @@ def graph_text(graph: fx.Graph) -> str:
             n_val += 1
             args = [_arg(a, names) for a in node.args]
             args += [f"{k}={_arg(v, names)}" for k, v in node.kwargs.items()]
-            lines.append(f"{names[node]}: {_type(node.meta.get('val'))} = {_target(node)}({', '.join(args)})")
+            stage = node.meta.get(STAGE_META)
+            tag = f"  # bucket {stage[0]} {stage[1]}" if stage else ""
+            lines.append(f"{names[node]}: {_type(node.meta.get('val'))} = {_target(node)}({', '.join(args)}){tag}")
     return "\n".join(lines) + "\n"

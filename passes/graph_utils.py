@@ -17,9 +17,12 @@ from muon_compile.ns_op import NEWTON_SCHULZ
 from muon_compile.sharded_ns import SHARDED_NEWTON_SCHULZ
 
 NS_TARGETS = (NEWTON_SCHULZ, SHARDED_NEWTON_SCHULZ)
+# node.meta key of the (bucket, stage) a distributed bucket's node belongs to
+STAGE_META = "muon_compile_stage"
 
 __all__ = [
     "NS_TARGETS",
+    "STAGE_META",
     "GraphContractError",
     "check_contract",
     "alias_pattern",

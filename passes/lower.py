@@ -30,7 +30,7 @@ from muon_compile.ns_kernel import orthogonalize
 from muon_compile.sharded_ns import SHARDED_NEWTON_SCHULZ, gather_orthogonalize_slice, group_rank
 from muon_compile.stats import counters
 
-from .graph_utils import ns_nodes, splice_trace
+from .graph_utils import STAGE_META, ns_nodes, splice_trace
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +39,8 @@ def lower_ns_ops(graph: fx.Graph) -> None:
     """Lower all NS op nodes of ``graph`` (see the module docstring)."""
     for node in ns_nodes(graph):
         log.debug("lowering %s on %s", node.name, tuple(node.args[0].meta["val"].shape))
-        (out,) = splice_trace(graph, _kernel(node), [node.args[0]], insert_before=node)
+        stage = {STAGE_META: node.meta[STAGE_META]} if STAGE_META in node.meta else None
+        (out,) = splice_trace(graph, _kernel(node), [node.args[0]], insert_before=node, meta=stage)
         node.replace_all_uses_with(out)
         graph.erase_node(node)
         counters["lower.ns_ops"] += 1

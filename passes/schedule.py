@@ -26,8 +26,8 @@ import torch.fx as fx
 
 from muon_compile.stats import counters
 
-from .distribute import COMPUTE, FINISH, LAUNCH, STAGE
-from .graph_utils import stable_topological_sort
+from .distribute import COMPUTE, FINISH, LAUNCH
+from .graph_utils import STAGE_META, stable_topological_sort
 
 log = logging.getLogger(__name__)
 
@@ -53,14 +53,14 @@ def apply_schedule(graph: fx.Graph, prefetch: int) -> None:
     """Reorder the tagged stage nodes of ``graph`` for ``prefetch`` (see the module docstring)."""
     groups: dict[tuple[int, str], list[fx.Node]] = defaultdict(list)
     for node in graph.nodes:
-        if STAGE in node.meta:
-            groups[node.meta[STAGE]].append(node)
+        if STAGE_META in node.meta:
+            groups[node.meta[STAGE_META]].append(node)
     if not groups:
         return
     buckets = 1 + max(b for b, _ in groups)
     finish = any(stage == FINISH for _, stage in groups)
     order = [key for key in stage_order(buckets, finish, prefetch) if key in groups]
-    first = next(n for n in graph.nodes if STAGE in n.meta)
+    first = next(n for n in graph.nodes if STAGE_META in n.meta)
     cursor = first.prev
     for key in order:
         for node in groups[key]:

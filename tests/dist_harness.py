@@ -1,9 +1,12 @@
-"""Run a function on W real gloo processes on 127.0.0.1, bounded by a timeout.
+"""Run a function on W real gloo processes on 127.0.0.1, or in one process under the
+fake process group, bounded by a timeout.
 
 ``run_world(fn, world, *args)`` spawns ``world`` processes, each calling
-``fn(rank, world, *args)`` inside an initialised default process group, and returns the
-list of their return values (rank order). A hang or a crash on any rank fails the call:
-the processes are killed after ``timeout`` seconds.
+``fn(rank, world, *args)`` inside an initialised gloo process group, and returns the
+list of their return values (rank order). ``run_fake(fn, world, ranks, *args)`` does the
+same for the listed ranks only, each alone in its process under the fake process group
+(``torch.testing._internal.distributed.fake_pg``): it traces any world size without
+peers. A hang or a crash fails the call: the processes are killed after ``timeout``.
 """
 
 from __future__ import annotations
@@ -36,10 +39,14 @@ def _to_bytes(value) -> bytes:
 
 def _worker(rank, world, port, fn, args, queue, cache_dir):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
-    if cache_dir is not None:
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache_dir
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache_dir
     try:
-        dist.init_process_group("gloo", rank=rank, world_size=world)
+        if port is None:
+            from torch.testing._internal.distributed.fake_pg import FakeStore
+
+            dist.init_process_group("fake", rank=rank, world_size=world, store=FakeStore())
+        else:
+            dist.init_process_group("gloo", rank=rank, world_size=world)
         try:
             queue.put((rank, "ok", _to_bytes(fn(rank, world, *args))))
         finally:
@@ -53,27 +60,36 @@ def run_world(fn, world: int, *args, timeout: float = 600, cache_dir: str | None
 
     ``cache_dir`` sets TORCHINDUCTOR_CACHE_DIR for every rank (default: a fresh one).
     """
+    return _spawn(fn, world, list(range(world)), args, timeout, cache_dir, fake=False)
+
+
+def run_fake(fn, world: int, ranks, *args, timeout: float = 600) -> list:
+    """``[fn(r, world, *args) for r in ranks]``, each rank alone under the fake process group."""
+    return _spawn(fn, world, list(ranks), args, timeout, None, fake=True)
+
+
+def _spawn(fn, world, ranks, args, timeout, cache_dir, fake):
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    port = free_port()
+    port = None if fake else free_port()
     with tempfile.TemporaryDirectory() as fresh:
         procs = [
             ctx.Process(target=_worker, args=(r, world, port, fn, args, queue, cache_dir or fresh), daemon=True)
-            for r in range(world)
+            for r in ranks
         ]
         for p in procs:
             p.start()
         results: dict[int, object] = {}
         errors = []
         try:
-            for _ in range(world):
+            for _ in ranks:
                 rank, status, value = queue.get(timeout=timeout)
                 if status == "error":
                     errors.append(f"rank {rank}:\n{value}")
                     break
                 results[rank] = torch.load(io.BytesIO(value), weights_only=False)
         except Exception as e:  # queue.Empty on timeout
-            errors.append(f"timed out after {timeout} s waiting for ranks {sorted(set(range(world)) - set(results))}: {e!r}")
+            errors.append(f"timed out after {timeout} s waiting for ranks {sorted(set(ranks) - set(results))}: {e!r}")
         finally:
             for p in procs:
                 p.join(timeout=5 if errors else 60)
@@ -81,4 +97,4 @@ def run_world(fn, world: int, *args, timeout: float = 600, cache_dir: str | None
                     p.kill()
         if errors:
             raise RuntimeError("\n".join(errors))
-    return [results[r] for r in range(world)]
+    return [results[r] for r in ranks]

@@ -3,6 +3,7 @@ single-process references they are compared with."""
 
 from __future__ import annotations
 
+import ast
 import re
 import tempfile
 from pathlib import Path
@@ -19,7 +20,8 @@ from helpers import dumped_graphs
 # and a tall / wide pair that share a canonical shape (40x12, 12x40).
 FSDP_SHAPES = [(24, 16), (10, 16), (7, 16), (1, 16), (40, 12), (12, 40)]
 COLLECTIVE = re.compile(
-    r"^v\d+: (\S+) = _c10d_functional\.(all_to_all_single|all_gather_into_tensor|all_reduce|reduce_scatter_tensor)\((.*)\)$"
+    r"^v\d+: (\S+) = _c10d_functional\.(all_to_all_single|all_gather_into_tensor|all_reduce|reduce_scatter_tensor)"
+    r"\((.*)\)(?:  # .*)?$"
 )
 
 
@@ -73,28 +75,46 @@ def count_collectives(step) -> int:
     return sum(1 for n in names if n.startswith("_c10d_functional::") and any(k in n for k in kinds))
 
 
-def fsdp_muon(rank, world, shapes, steps, strategy, opt_kw, mesh_shape=None):
-    """FSDP2-shard a Stack of ``shapes`` over ``world`` gloo ranks (optionally an HSDP
-    ``mesh_shape``), run ``steps`` compiled Muon steps with fixed global gradients, and
-    return the full weights, this rank's post-pass graph's collectives, the collectives
-    launched per step and the pass counters."""
+def device_mesh(world, mesh_shape=None):
+    """A 1-D CPU mesh of ``world`` ranks, or an HSDP mesh ``("replicate", "shard")`` of ``mesh_shape``."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-    from torch.distributed.tensor import distribute_tensor
 
-    mesh = init_device_mesh("cpu", mesh_shape or (world,), mesh_dim_names=("replicate", "shard") if mesh_shape else None)
+    if mesh_shape is None:
+        return init_device_mesh("cpu", (world,))
+    return init_device_mesh("cpu", mesh_shape, mesh_dim_names=("replicate", "shard"))
+
+
+def sharded_stack(shapes, mesh):
+    """The weights of a Stack of ``shapes`` (:func:`initial_weights`), FSDP2-sharded on ``mesh``."""
+    from torch.distributed.fsdp import fully_shard
+
     model = Stack(shapes)
     with torch.no_grad():
         for layer, w in zip(model.layers, initial_weights(shapes)):
             layer.weight.copy_(w)
     fully_shard(model, mesh=mesh)
-    params = [layer.weight for layer in model.layers]
+    return [layer.weight for layer in model.layers]
+
+
+def set_step_grads(params, shapes, step):
+    """Give the sharded ``params`` the global gradients of ``step``, sharded like them."""
+    from torch.distributed.tensor import distribute_tensor
+
+    for p, g in zip(params, step_grads(shapes, step)):
+        p.grad = distribute_tensor(g, p.device_mesh, p.placements)
+
+
+def fsdp_muon(rank, world, shapes, steps, strategy, opt_kw, mesh_shape=None):
+    """FSDP2-shard a Stack of ``shapes`` over ``world`` gloo ranks (optionally an HSDP
+    ``mesh_shape``), run ``steps`` compiled Muon steps with fixed global gradients, and
+    return the full weights, this rank's post-pass graph's collectives, the collectives
+    launched per step and the pass counters."""
+    params = sharded_stack(shapes, device_mesh(world, mesh_shape))
     opt = muon_compile.Muon(params, **opt_kw)
     with tempfile.TemporaryDirectory() as dump, config.override(strategy=strategy, dump_dir=dump):
         step = torch.compile(opt.step, backend="muon")
         for s in range(steps):
-            for p, g in zip(params, step_grads(shapes, s)):
-                p.grad = distribute_tensor(g, p.device_mesh, p.placements)
+            set_step_grads(params, shapes, s)
             step()
         graphs = dumped_graphs(dump)
     final = [p.full_tensor() for p in params]
@@ -107,3 +127,47 @@ def fsdp_muon(rank, world, shapes, steps, strategy, opt_kw, mesh_shape=None):
         "counters": dict(muon_compile.counters),
         "graph": last,
     }
+
+
+
+
+def fsdp_graphs(rank, world, shapes, mesh_shape=None, config_changes=None):
+    """The pipeline's dumped graphs for a Muon step over an FSDP2 Stack of ``shapes`` on
+    ``world`` ranks (optionally an HSDP ``mesh_shape``), plus ``"groups"``: each mesh
+    group's name and size. Meant for the fake process group (``run_fake``): the step is
+    compiled by the muon backend but run eagerly, because the fake group cannot execute
+    an all-to-all whose input is empty on some rank."""
+    from torch._inductor.utils import fresh_cache
+
+    from muon_compile.backend import muon_backend
+
+    def graphs_only(gm, example_inputs):
+        muon_backend(gm, example_inputs)
+        return gm.forward
+
+    mesh = device_mesh(world, mesh_shape)
+    params = sharded_stack(shapes, mesh)
+    set_step_grads(params, shapes, 0)
+    opt = muon_compile.Muon(params)
+    with tempfile.TemporaryDirectory() as dump, fresh_cache(), config.override(dump_dir=dump, **(config_changes or {})):
+        torch.compile(opt.step, backend=graphs_only)()
+        graphs = dumped_graphs(dump)
+    return {**graphs, "groups": {mesh.get_group(d).group_name: mesh.size(d) for d in range(mesh.ndim)}}
+
+
+def assert_same_collectives(sequences):
+    """Every rank issues the same collectives in the same order: same kind and group, the
+    same all-gather sizes, and all-to-all splits that agree (what rank i sends to rank j
+    is what rank j expects from rank i). ``sequences`` holds every rank's, rank order."""
+    first = sequences[0]
+    for rank, seq in enumerate(sequences):
+        assert [(k, a.rsplit(", ", 1)[1]) for k, _, a in seq] == [(k, a.rsplit(", ", 1)[1]) for k, _, a in first], rank
+    for step, calls in enumerate(zip(*sequences)):
+        kind = calls[0][0]
+        if kind == "all_gather_into_tensor":
+            assert len({(t, a) for _, t, a in calls}) == 1, (step, calls)
+        if kind == "all_to_all_single":
+            splits = [ast.literal_eval("(" + a.rsplit(", ", 1)[0] + ")") for _, _, a in calls]  # (out, in)
+            for i, (_, sent) in enumerate(splits):
+                for j, (expected, _) in enumerate(splits):
+                    assert sent[j] == expected[i], (step, i, j, splits)

@@ -8,31 +8,11 @@ import pytest
 import torch
 
 from dist_harness import run_world
-from dist_workers import FSDP_SHAPES, fsdp_muon, reference_run
+from dist_workers import FSDP_SHAPES, assert_same_collectives, fsdp_muon, reference_run
 from numerics import NS_RTOL, assert_rel_close
-
-import ast
 
 STEPS = 3
 OPT = dict(lr=0.05, momentum=0.9, weight_decay=0.1)
-
-
-def assert_same_collectives(sequences):
-    """Every rank issues the same collectives in the same order: same kind and group, the
-    same all-gather sizes, and all-to-all splits that agree (what rank i sends to rank j
-    is what rank j expects from rank i)."""
-    first = sequences[0]
-    for rank, seq in enumerate(sequences):
-        assert [(k, a.rsplit(", ", 1)[1]) for k, _, a in seq] == [(k, a.rsplit(", ", 1)[1]) for k, _, a in first], rank
-    for step, calls in enumerate(zip(*sequences)):
-        kind = calls[0][0]
-        if kind == "all_gather_into_tensor":
-            assert len({(t, a) for _, t, a in calls}) == 1, (step, calls)
-        if kind == "all_to_all_single":
-            splits = [ast.literal_eval("(" + a.rsplit(", ", 1)[0] + ")") for _, _, a in calls]  # (out, in)
-            for i, (_, sent) in enumerate(splits):
-                for j, (expected, _) in enumerate(splits):
-                    assert sent[j] == expected[i], (step, i, j, splits)
 
 
 def check_against_reference(results, ns_dtype, shapes=FSDP_SHAPES):

@@ -1,0 +1,84 @@
+"""Golden graphs of the distributed pipeline under the fake process group (world 8,
+first and last rank; an HSDP 2x4 mesh), the rank symmetry of all 8 ranks' collectives,
+and the order the schedule pass gives the buckets' stages."""
+
+import re
+
+import pytest
+
+from dist_harness import run_fake
+from dist_workers import assert_same_collectives, collective_sequence, fsdp_graphs
+from golden import assert_golden
+
+from muon_compile.passes.schedule import stage_order
+
+# GPT-like layers at d=16 (qkv, attention out, MLP up, MLP down) plus, against 8 ranks,
+# an uneven matrix (10 rows: ranks 5-7 hold nothing) and one with fewer rows than ranks.
+W8_SHAPES = [(48, 16), (16, 16), (64, 16), (16, 64), (10, 16), (3, 16)]
+
+
+@pytest.fixture(scope="module")
+def world8():
+    return run_fake(fsdp_graphs, 8, range(8), W8_SHAPES)
+
+
+def test_world8_golden_first_and_last_rank(world8):
+    assert_golden("fsdp_w8_rank0.before.txt", world8[0]["distribute_before"])
+    assert_golden("fsdp_w8_rank0.scheduled.txt", world8[0]["schedule_after"])
+    assert_golden("fsdp_w8_rank7.scheduled.txt", world8[7]["schedule_after"])
+
+
+def test_world8_ranks_issue_the_same_collectives(world8):
+    sequences = [collective_sequence(world8[r]["lower_after"]) for r in range(8)]
+    assert len(sequences[0]) == 2  # one bucket: one all_to_all pair for six matrices
+    assert_same_collectives(sequences)
+
+
+def test_hsdp_communicates_on_the_shard_submesh_only():
+    (graphs,) = run_fake(fsdp_graphs, 8, [0], W8_SHAPES, (2, 4))
+    assert_golden("hsdp_2x4_rank0.scheduled.txt", graphs["schedule_after"])
+    sequence = collective_sequence(graphs["lower_after"])
+    assert sequence
+    shard_groups = {name for name, size in graphs["groups"].items() if size == 4}
+    for _, _, args in sequence:
+        assert args.rsplit(", ", 1)[1].strip("'") in shard_groups
+
+
+def _stage_lines(text):
+    """``[(line index, bucket, stage, line)]`` of the tagged lines of a dumped graph."""
+    out = []
+    for i, line in enumerate(text.splitlines()):
+        m = re.search(r"  # bucket (\d+) (\w+)$", line)
+        if m:
+            out.append((i, int(m.group(1)), m.group(2), line))
+    return out
+
+
+@pytest.mark.parametrize("prefetch", [0, 1, 2])
+def test_schedule_overlaps_collectives_with_compute(prefetch):
+    (graphs,) = run_fake(fsdp_graphs, 2, [0], W8_SHAPES, None, dict(bucket_mb=0.002, prefetch=prefetch))
+    text = graphs["schedule_after"]
+    tagged = _stage_lines(text)
+    buckets = 1 + max(b for _, b, _, _ in tagged)
+    assert buckets >= 3
+    seen = []
+    for _, bucket, stage, _ in tagged:
+        if (bucket, stage) not in seen:
+            seen.append((bucket, stage))
+    assert seen == stage_order(buckets, True, prefetch)
+    launch = {b: i for i, b, s, line in tagged if s == "launch" and "all_to_all_single" in line}
+    compute = {}  # where each bucket's compute stage (wait, NS on the owned matrices, return) begins
+    for i, b, s, _ in tagged:
+        if s == "compute":
+            compute.setdefault(b, i)
+    assert any("newton_schulz" in line for _, _, s, line in tagged if s == "compute")
+    for b in range(buckets - 1):
+        if prefetch and b + prefetch < buckets:  # bucket b + k's collective goes out before bucket b's NS
+            assert launch[b + prefetch] < compute[b]
+        if not prefetch:  # no overlap: bucket b + 1 starts after bucket b's compute
+            assert launch[b + 1] > compute[b]
+    lines = text.splitlines()
+    for i, line in enumerate(lines):  # every wait sits right before its first use
+        if "wait_tensor" in line:
+            name = line.split(":", 1)[0]
+            assert re.search(rf"\b{name}\b", lines[i + 1].split("=", 1)[1]), (lines[i], lines[i + 1])
