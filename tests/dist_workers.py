@@ -20,7 +20,7 @@ from helpers import dumped_graphs
 # and a tall / wide pair that share a canonical shape (40x12, 12x40).
 FSDP_SHAPES = [(24, 16), (10, 16), (7, 16), (1, 16), (40, 12), (12, 40)]
 COLLECTIVE = re.compile(
-    r"^v\d+: (\S+) = _c10d_functional\.(all_to_all_single|all_gather_into_tensor|all_reduce|reduce_scatter_tensor)"
+    r"^v\d+: (.+?) = _c10d_functional\.(all_to_all_single|all_gather_into_tensor|all_reduce|reduce_scatter_tensor)"
     r"\((.*)\)(?:  # .*)?$"
 )
 
@@ -171,3 +171,61 @@ def assert_same_collectives(sequences):
             for i, (_, sent) in enumerate(splits):
                 for j, (expected, _) in enumerate(splits):
                     assert sent[j] == expected[i], (step, i, j, splits)
+
+
+def generated_code(rank, world, shapes):
+    """Inductor's generated code of one compiled Muon step over an FSDP2 Stack."""
+    from torch._inductor.utils import run_and_get_code
+
+    params = sharded_stack(shapes, device_mesh(world))
+    set_step_grads(params, shapes, 0)
+    opt = muon_compile.Muon(params)
+    _, code = run_and_get_code(torch.compile(opt.step, backend="muon"))
+    return {"code": code[0], "counters": dict(muon_compile.counters)}
+
+
+LAYOUT_SHAPES = {"fsdp": (10, 16), "experts": (4, 8, 16), "tp": (16, 12)}
+
+
+def mixed_layouts(rank, world, steps):
+    """One FSDP2 row-sharded matrix, 3-D expert weights sharded on the expert dimension and
+    a tensor-parallel ``Shard(1)`` matrix, compiled Muon for ``steps`` steps."""
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    mesh = device_mesh(world)
+    placements = {"fsdp": Shard(0), "experts": Shard(0), "tp": Shard(1)}
+    weights = layout_weights()
+    params = {k: nn.Parameter(distribute_tensor(w, mesh, [placements[k]])) for k, w in weights.items()}
+    opt = muon_compile.Muon(list(params.items()), lr=0.05, ns_dtype=torch.float32)
+    with tempfile.TemporaryDirectory() as dump, config.override(dump_dir=dump):
+        step = torch.compile(opt.step, backend="muon")
+        for s in range(steps):
+            for k, g in layout_grads(s).items():
+                params[k].grad = distribute_tensor(g, mesh, [placements[k]])
+            step()
+        graphs = dumped_graphs(dump)
+    return {
+        "weights": {k: p.full_tensor() for k, p in params.items()},
+        "counters": dict(muon_compile.counters),
+        "collectives": collective_sequence(graphs.get("lower_after", "")),
+    }
+
+
+def layout_weights():
+    g = torch.Generator().manual_seed(7)
+    return {k: torch.randn(s, generator=g) for k, s in LAYOUT_SHAPES.items()}
+
+
+def layout_grads(step):
+    g = torch.Generator().manual_seed(70 + step)
+    return {k: torch.randn(s, generator=g) for k, s in LAYOUT_SHAPES.items()}
+
+
+def layout_reference(steps):
+    params = {k: nn.Parameter(w) for k, w in layout_weights().items()}
+    opt = muon_compile.Muon(list(params.values()), lr=0.05, ns_dtype=torch.float32)
+    for s in range(steps):
+        for k, g in layout_grads(s).items():
+            params[k].grad = g
+        opt.step()
+    return {k: p.detach() for k, p in params.items()}

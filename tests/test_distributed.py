@@ -2,13 +2,23 @@
 single-process reference on the whole matrices, collectives per bucket, rank symmetry,
 schedule order, caches shared across ranks."""
 
+import re
 import tempfile
 
 import pytest
 import torch
 
 from dist_harness import run_world
-from dist_workers import FSDP_SHAPES, assert_same_collectives, fsdp_muon, reference_run
+from dist_workers import (
+    FSDP_SHAPES,
+    assert_same_collectives,
+    fsdp_muon,
+    generated_code,
+    layout_reference,
+    layout_weights,
+    mixed_layouts,
+    reference_run,
+)
 from numerics import NS_RTOL, assert_rel_close
 
 STEPS = 3
@@ -58,3 +68,44 @@ def test_shared_cache_dir_across_ranks_and_runs():
         # artifact is not saved by torch (its uneven-shard grads are views with symbolic
         # sizes, and AOTAutograd cannot pickle that graph), so rank 1 compiles again.
         assert results[0]["counters"].get("distribute.buckets", 0) == 0
+
+
+def test_hsdp_2x2_matches_reference():
+    results = run_world(fsdp_muon, 4, FSDP_SHAPES, STEPS, "all_to_all", dict(OPT, ns_dtype=torch.float32), (2, 2))
+    check_against_reference(results, torch.float32)
+    # ranks (0, 1) and (2, 3) are the two shard groups: symmetric within each, on their own group
+    for shard_group in (results[:2], results[2:]):
+        assert_same_collectives([r["collectives"] for r in shard_group])
+    assert results[0]["collectives"][0][2].rsplit(", ", 1)[1] != results[2]["collectives"][0][2].rsplit(", ", 1)[1]
+
+
+def test_expert_and_tensor_parallel_layouts():
+    """3-D expert weights sharded on the expert dimension run a local batched NS with no
+    collective; a Shard(1) matrix is left to DTensor (correct, one gather, logged)."""
+    results = run_world(mixed_layouts, 2, STEPS)
+    reference = layout_reference(STEPS)
+    initial = layout_weights()
+    for result in results:
+        for k in reference:
+            assert_rel_close(result["weights"][k] - initial[k], reference[k] - initial[k], NS_RTOL[torch.float32], k)
+        assert result["counters"]["route.dtensor_fallback"] == 1  # the Shard(1) matrix
+        assert result["counters"]["distribute.matrices"] == 1  # only the row-sharded one
+        # the bucket's all_to_all pair, then DTensor's own all_gather for the Shard(1) matrix
+        kinds = [kind for kind, _, _ in result["collectives"]]
+        assert kinds.count("all_to_all_single") == 2 and kinds.count("all_gather_into_tensor") == 1
+
+
+def test_copies_fuse_into_generated_kernels():
+    """Pack, pad, trim, transpose, unpack and reshard leave no kernel per parameter: the
+    momentum of all 14 matrices and the send buffer are one kernel, the unpack and the
+    update of all 14 one more; the rest is Newton-Schulz (prologue + 5 iterations per
+    owned shape) and the return pack."""
+    shapes = [(48, 16), (16, 16), (64, 16), (16, 64)] * 3 + [(10, 16), (3, 16)]
+    for result in run_world(generated_code, 2, shapes):
+        code = result["code"]
+        body = code[code.index("def call(self, args)") :]
+        launches = re.findall(r"\bcpp_fused\w*\(", body)
+        groups = result["counters"]["lower.ns_ops"]  # one batched NS per owned shape
+        assert len(re.findall(r"= torch\.ops\._c10d_functional\.all_to_all_single\.default\(", body)) == 2
+        assert len(launches) <= groups * (1 + 5) + 3, launches
+        assert len(launches) - groups * 6 < len(shapes)

@@ -176,3 +176,55 @@ def test_contract_rejects_missing_meta_and_new_aliasing():
     with pytest.raises(GraphContractError, match="alias"):
         check_contract(g, "demo", before)  # returning the input itself is new aliasing
 
+
+
+# ------------------------------------------------------------------ distributed plan
+from muon_compile.passes.find import Sharding  # noqa: E402
+from muon_compile.passes.plan import EVERY_RANK, Strategy, plan_distributed  # noqa: E402
+from muon_compile.sharded_ns import row_shard  # noqa: E402
+
+# the distributed benchmark's model: gpt-small plus two odd-row matrices and a single row
+BENCH_SHAPES = [(1152, 384), (384, 384), (1536, 384), (384, 1536)] * 6 + [(1001, 384), (383, 1536), (1, 384)]
+
+
+def sharded_site(index, rows, cols, rank=0, world=2, group="0", args=ARGS):
+    sharding = Sharding(group, world, rank, row_shard(rows, world, rank))
+    return NSSite(index, 1, rows, cols, 2, torch.float32, "cpu", args, 0, None, sharding)
+
+
+def test_owners_balance_ns_flops_on_the_benchmark_model():
+    for world in (2, 3, 8):
+        sites = [sharded_site(i, r, c, world=world) for i, (r, c) in enumerate(BENCH_SHAPES)]
+        plan = plan_distributed(sites, bucket_mb=64, strategy=Strategy.ALL_TO_ALL)
+        flops = plan.flops_per_rank["0"]
+        share = sum(flops) / world
+        assert all(abs(f - share) <= 0.1 * share for f in flops), (world, flops)
+        assert "NS GFLOP per rank" in plan.describe()
+
+
+def test_all_ranks_plan_the_same_collectives_and_owners():
+    shapes = [(24, 16), (10, 16), (7, 16), (1, 16), (40, 12), (12, 40)]
+    plans = [
+        plan_distributed([sharded_site(i, r, c, rank=rank, world=3) for i, (r, c) in enumerate(shapes)],
+                         bucket_mb=0.002, strategy=Strategy.ALL_TO_ALL)
+        for rank in range(3)
+    ]
+    assert len(plans[0].buckets) >= 2
+    for plan in plans[1:]:
+        assert [b.collectives() for b in plan.buckets] == [b.collectives() for b in plans[0].buckets]
+        assert [[m.owner for m in b.members] for b in plan.buckets] == [[m.owner for m in b.members] for b in plans[0].buckets]
+    # each rank's local rows follow torch.chunk: 7 rows over 3 ranks are 3, 3, 1
+    seven = [next(m for b in p.buckets for m in b.members if m.site == 2) for p in plans]
+    assert [m.local_rows for m in seven] == [3, 3, 1] and {m.rows_per_shard for m in seven} == {3}
+
+
+def test_tall_and_wide_share_a_distributed_bucket_and_groups_never_mix():
+    sites = [sharded_site(0, 40, 12), sharded_site(1, 12, 40), sharded_site(2, 12, 40, group="hsdp-shard")]
+    plan = plan_distributed(sites, bucket_mb=64, strategy=Strategy.ALL_TO_ALL)
+    assert [[m.site for m in b.members] for b in plan.buckets] == [[0, 1], [2]]
+    assert plan.buckets[1].group_name == "hsdp-shard"
+    # the owner regroups the bucket by canonical shape: one NS call for 40x12 and 12x40
+    both = plan_distributed(sites[:2], bucket_mb=64, strategy=Strategy.ALL_GATHER)
+    assert [len(g) for g in both.buckets[0].ns_groups()] == [2]
+    assert all(m.owner == EVERY_RANK for m in both.buckets[0].members)
+    assert both.buckets[0].collectives() == [("all_gather_into_tensor", "0", (40 // 2) * 12 + (12 // 2) * 40)]
