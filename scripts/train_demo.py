@@ -1,6 +1,7 @@
 """Train a tiny character-level GPT twice, with an eager and a compiled Muon step.
 
     python scripts/train_demo.py
+    torchrun --nproc-per-node 2 scripts/train_demo.py --fsdp      # FSDP2 on gloo
 
 The demo builds a small GPT-like causal language model in plain PyTorch and trains
 two identical copies of it on the same batches, in lockstep:
@@ -11,6 +12,11 @@ two identical copies of it on the same batches, in lockstep:
 The forward and backward passes stay eager in both runs; only the optimizer step
 differs. Muon updates the hidden matrices (attention and MLP weights) and AdamW the
 embeddings, the output head and the LayerNorms (:func:`muon_compile.muon_param_groups`).
+
+With ``--fsdp`` (under ``torchrun``) every block and the whole model are sharded with
+FSDP2 (``fully_shard``) on a CPU mesh over gloo; each rank trains on its own batches,
+the printed loss is the mean over ranks, and the compiled step runs the distributed
+Newton–Schulz (one all-to-all pair per bucket instead of collectives per matrix).
 
 Each step prints both losses, their difference and both optimizer-step times. The first
 compiled call includes compilation, so it is reported on its own and left out of the
@@ -24,11 +30,13 @@ import argparse
 import copy
 import dataclasses
 import math
+import os
 import statistics
 import sys
 import time
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -176,10 +184,32 @@ class StepResult:
     total_ms: float
 
 
+def shard_with_fsdp2(model: "TinyGPT") -> "TinyGPT":
+    """FSDP2 on a 1-D CPU mesh of all ranks: each block, then the whole model."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh)
+    return fully_shard(model, mesh=mesh)
+
+
+def mean_over_ranks(value: float) -> float:
+    """``value`` averaged over all ranks (itself when not distributed)."""
+    if not dist.is_initialized():
+        return value
+    t = torch.tensor(value, dtype=torch.float64)
+    dist.all_reduce(t)
+    return t.item() / dist.get_world_size()
+
+
 class Trainer:
     """A model, its MuonAdamW optimizer and the step function that applies it."""
 
     def __init__(self, model: nn.Module, compiled: bool) -> None:
+        if dist.is_initialized():
+            model = shard_with_fsdp2(model)
         self.model = model
         self.opt = muon_compile.MuonAdamW(muon_compile.muon_param_groups(model), lr=MUON_LR, adamw_lr=ADAMW_LR)
         self.step_fn = torch.compile(self.opt.step, backend="muon") if compiled else self.opt.step
@@ -194,7 +224,7 @@ class Trainer:
         opt_start = time.perf_counter()
         self.step_fn()
         end = time.perf_counter()
-        return StepResult(loss.item(), (end - opt_start) * 1e3, (end - start) * 1e3)
+        return StepResult(mean_over_ranks(loss.item()), (end - opt_start) * 1e3, (end - start) * 1e3)
 
 
 def train_lockstep(model: nn.Module, batches: list[tuple[Tensor, Tensor]]) -> tuple[list[StepResult], list[StepResult]]:
@@ -257,6 +287,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--batch", type=int, default=16, help="sequences per batch (default 16)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the weights and the batches (default 0)")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's choice)")
+    parser.add_argument("--fsdp", action="store_true", help="shard with FSDP2 over the ranks torchrun started (gloo)")
     args = parser.parse_args(argv)
     if args.steps < 1:
         parser.error("--steps must be >= 1")
@@ -269,8 +300,24 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
+    rank = 0
+    if args.fsdp:
+        dist.init_process_group("gloo")  # torchrun provides the rendezvous
+        rank = dist.get_rank()
+        if rank != 0:
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 -- rank 0 reports for all
+        print(f"FSDP2 over {dist.get_world_size()} ranks (gloo); each rank trains on its own batches")
+    try:
+        return run(args, rank)
+    finally:
+        if args.fsdp:
+            dist.destroy_process_group()
+
+
+def run(args: argparse.Namespace, rank: int) -> int:
+    """Build the data and the model, train both copies, summarise; the exit code."""
     data, vocab = encode_corpus(CORPUS)
-    batches = make_batches(data, args.steps, args.batch, args.context, args.seed)
+    batches = make_batches(data, args.steps, args.batch, args.context, args.seed + rank)
     torch.manual_seed(args.seed)
     model = TinyGPT(vocab, args.d_model, args.layers, args.heads, args.context)
     n_params = sum(p.numel() for p in model.parameters())

@@ -1,0 +1,328 @@
+"""Distributed benchmark of one Muon step on FSDP2 (DTensor ``Shard(0)``) parameters.
+
+    torchrun --nproc-per-node 2 scripts/bench_distributed.py [--workload all] [--reps 7]
+
+Every rank builds the same FSDP2-sharded fp32 matrices with fixed gradients (gloo on
+127.0.0.1). Arms, all in one run, each on fresh parameters:
+
+    eager-torch     eager torch.optim.Muon on the DTensor parameters
+    inductor-torch  the same, torch.compile'd with the default backend
+    muon-gather     muon_compile.Muon, backend="muon", MUON_COMPILE_STRATEGY=all_gather
+    muon-a2a        muon_compile.Muon, backend="muon", MUON_COMPILE_STRATEGY=all_to_all
+    hand-a2a        a hand-written owner-compute all-to-all Muon in Dion's style: same-shape
+                    shards stacked, one all_to_all pair per shape, owners round-robin
+
+An arm that fails (unmodified torch.optim.Muon cannot update a matrix with fewer rows
+than ranks) is reported with its error and measured again on the workload without such
+matrices. Per arm: the median over ``--reps`` steps (after ``--warmup``) of the slowest
+rank's step time (a barrier before each step), the cold compile time, and from one
+profiled step on every rank: gloo collectives per step, bytes each rank sends per step
+(all_to_all: the rows it sends to other ranks; all_gather: its input times W-1;
+all_reduce: 2(W-1)/W of its input; reduce_scatter: (W-1)/W), and matmul FLOPs per rank.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+import traceback
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor, distribute_tensor
+from torch._inductor.utils import fresh_cache
+
+import muon_compile
+from muon_compile import config
+from muon_compile.ns_kernel import ns_flops
+
+KELLER = (3.4445, -4.7750, 2.0315)
+LR, MOMENTUM, NS_STEPS = 0.02, 0.95, 5
+Shape = tuple[int, int]
+
+_GPT_SMALL = [(1152, 384), (384, 384), (1536, 384), (384, 1536)] * 6
+WORKLOADS: dict[str, list[Shape]] = {
+    # gpt-small plus two matrices whose rows 2 does not divide and a single row
+    "gpt-small": _GPT_SMALL + [(1001, 384), (383, 1536), (1, 384)],
+    # 14 matrices of widths 64, 96 and 37
+    "small-14": [(64, 96), (96, 64), (37, 64), (64, 37), (96, 96), (37, 96), (96, 37)] * 2,
+}
+
+
+# ------------------------------------------------------------------------- parameters
+class Stack(nn.Module):
+    def __init__(self, shapes: list[Shape]) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(i, o, bias=False) for o, i in shapes)
+
+
+def sharded_params(shapes: list[Shape], mesh) -> list[nn.Parameter]:
+    """FSDP2-sharded weights with fixed values and gradients, the same on every run."""
+    gen = torch.Generator().manual_seed(0)
+    model = Stack(shapes)
+    with torch.no_grad():
+        for layer in model.layers:
+            layer.weight.copy_(torch.randn(layer.weight.shape, generator=gen) * 0.02)
+    fully_shard(model, mesh=mesh)
+    params = [layer.weight for layer in model.layers]
+    for p in params:
+        p.grad = distribute_tensor(torch.randn(p.shape, generator=gen), mesh, p.placements)
+    return params
+
+
+# ------------------------------------------------------------------------ hand-a2a arm
+def _ns_batched(x: torch.Tensor) -> torch.Tensor:
+    """Keller's quintic on a [K, m, n] bf16 batch, m <= n, as hand-written Muons do."""
+    a, b, c = KELLER
+    x = x / (x.norm(dim=(-2, -1), keepdim=True) + 1e-7)
+    for _ in range(NS_STEPS):
+        gram = x @ x.mT
+        x = torch.baddbmm(x, torch.baddbmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
+    return x
+
+
+class HandAllToAllMuon:
+    """Owner-compute Muon for FSDP2 written by hand (Dion's megabatch design).
+
+    Parameters of one global shape form a group; matrix i of a group belongs to rank
+    i % W. Each step: Nesterov momentum on the local shards; per group, stack the padded
+    shards, one all_to_all to the owners, reassemble and orthogonalise the owned matrices
+    in one batch, one all_to_all back, unpack and update.
+    """
+
+    def __init__(self, params: list[nn.Parameter]) -> None:
+        self.world = dist.get_world_size()
+        self.rank = dist.get_rank()
+        groups: dict[tuple, list[nn.Parameter]] = {}
+        for p in params:
+            groups.setdefault(tuple(p.shape), []).append(p)
+        self.groups = list(groups.items())
+        self.bufs = {p: torch.zeros_like(p.to_local()) for p in params}
+
+    @torch.no_grad()
+    def step(self) -> None:
+        for (rows, cols), params in self.groups:
+            self._step_group(rows, cols, params)
+
+    def _step_group(self, rows: int, cols: int, params: list[nn.Parameter]) -> None:
+        w, rank = self.world, self.rank
+        per = math.ceil(rows / w)
+        slots = math.ceil(len(params) / w)  # matrices per owner, zero-padded
+        send = torch.zeros(w, slots, per, cols, dtype=torch.bfloat16)
+        for i, p in enumerate(params):
+            g, buf = p.grad.to_local(), self.bufs[p]
+            buf.lerp_(g, 1 - MOMENTUM)
+            send[i % w, i // w, : g.size(0)] = g.lerp(buf, MOMENTUM)
+        recv = torch.empty_like(send)
+        dist.all_to_all_single(recv, send)
+        full = recv.permute(1, 0, 2, 3).reshape(slots, w * per, cols)[:, :rows]
+        tall = rows > cols
+        ortho = _ns_batched(full.mT if tall else full)
+        ortho = ortho.mT if tall else ortho
+        back = torch.zeros(slots, w * per, cols, dtype=torch.bfloat16)
+        back[:, :rows] = ortho
+        send_back = back.reshape(slots, w, per, cols).permute(1, 0, 2, 3).contiguous()
+        dist.all_to_all_single(recv, send_back)
+        scale = max(1.0, rows / cols) ** 0.5
+        for i, p in enumerate(params):
+            local = p.to_local()
+            local.add_(recv[i % w, i // w, : local.size(0)].float(), alpha=-LR * scale)
+
+
+# ------------------------------------------------------------------------------- arms
+def torch_muon(params):
+    return torch.optim.Muon(params, lr=LR, weight_decay=0.0).step
+
+
+def our_muon(params):
+    return muon_compile.Muon(params, lr=LR).step
+
+
+def hand_a2a(params):
+    return HandAllToAllMuon(params).step
+
+
+ARMS: dict[str, tuple[str, Callable, str | None, str | None]] = {
+    # key: (name, build step from params, torch.compile backend, MUON_COMPILE_STRATEGY)
+    "eager-torch": ("eager torch.optim.Muon", torch_muon, None, None),
+    "inductor-torch": ("inductor torch.optim.Muon", torch_muon, "inductor", None),
+    "muon-gather": ("muon all_gather", our_muon, "muon", "all_gather"),
+    "muon-a2a": ("muon all_to_all", our_muon, "muon", "all_to_all"),
+    "hand-a2a": ("hand-written all_to_all", hand_a2a, None, None),
+}
+
+
+# -------------------------------------------------------------------------- measuring
+def slowest(value: float) -> float:
+    t = torch.tensor(value, dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.item()
+
+
+def timed_steps(step, warmup: int, reps: int) -> list[float]:
+    for _ in range(warmup):
+        step()
+    times = []
+    for _ in range(reps):
+        dist.barrier()
+        start = time.perf_counter()
+        step()
+        times.append(slowest(time.perf_counter() - start))
+    return times
+
+
+_ELEMENT = {"float": 4, "c10::BFloat16": 2, "c10::Half": 2, "double": 8}
+_OPERANDS = {"aten::mm": (0, 1), "aten::bmm": (0, 1), "aten::addmm": (1, 2), "aten::baddbmm": (1, 2)}
+
+
+def _sent_bytes(kind: str, numel: int, itemsize: int, splits: list[int] | None, world: int, rank: int) -> float:
+    """Bytes this rank sends in one gloo collective (see the module docstring)."""
+    if kind == "gloo:all_to_all":
+        if splits:
+            per = numel / max(sum(splits), 1)
+            return sum(s for j, s in enumerate(splits) if j != rank) * per * itemsize
+        return numel * itemsize * (world - 1) / world
+    if kind == "gloo:all_gather":
+        return numel * itemsize * (world - 1)
+    if kind == "gloo:all_reduce":
+        return 2 * (world - 1) / world * numel * itemsize
+    if kind == "gloo:reduce_scatter":
+        return (world - 1) / world * numel * itemsize
+    return numel * itemsize
+
+
+def profile_step(step, world: int, rank: int) -> dict:
+    """Collectives, bytes sent and matmul FLOPs of one step on this rank."""
+    with torch.profiler.profile(record_shapes=True) as prof:
+        step()
+    events = sorted(prof.events(), key=lambda e: e.time_range.start)
+    collectives = [e for e in events if e.name.startswith("gloo:") and "barrier" not in e.name]
+    # gloo's own events carry the sizes; all_to_all splits are on the c10d call, in the same order
+    splits = iter([e.concrete_inputs[4] for e in events if e.name == "c10d::alltoall_base_"])
+    sent = 0.0
+    for e in collectives:
+        numel, itemsize = math.prod(e.input_shapes[0]), _ELEMENT.get(e.input_dtypes[0], 4)
+        split = next(splits, None) if e.name == "gloo:all_to_all" else None
+        sent += _sent_bytes(e.name, numel, itemsize, split, world, rank)
+    flops = 0
+    for e in events:
+        if e.name in _OPERANDS:
+            i, j = _OPERANDS[e.name]
+            a, b = e.input_shapes[i], e.input_shapes[j]
+            flops += 2 * math.prod(a[:-2] or [1]) * a[-2] * a[-1] * b[-1]
+    return {"collectives": len(collectives), "sent": sent, "flops": flops}
+
+
+def measure(key: str, shapes: list[Shape], mesh, warmup: int, reps: int) -> dict:
+    name, build, backend, strategy = ARMS[key]
+    world, rank = dist.get_world_size(), dist.get_rank()
+    result = {"arm": name}
+    cache = fresh_cache() if backend else contextlib.nullcontext()
+    strat = config.override(strategy=strategy) if strategy else contextlib.nullcontext()
+    try:
+        with cache, strat:
+            torch._dynamo.reset()
+            step = build(sharded_params(shapes, mesh))
+            if backend:
+                step = torch.compile(step, backend=backend)
+                dist.barrier()
+                start = time.perf_counter()
+                step()
+                result["compile_s"] = slowest(time.perf_counter() - start)
+            result["times"] = timed_steps(step, warmup, reps)
+            stats = profile_step(step, world, rank)
+        totals = torch.tensor([stats["collectives"], stats["sent"], stats["flops"]], dtype=torch.float64)
+        per_rank = [torch.zeros_like(totals) for _ in range(world)]
+        dist.all_gather(per_rank, totals)
+        result["collectives"] = int(max(t[0].item() for t in per_rank))
+        result["sent_mb"] = [t[1].item() / 2**20 for t in per_rank]
+        result["gflop"] = [t[2].item() / 1e9 for t in per_rank]
+    except Exception as exc:  # report and go on: the table shows the failure
+        result["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:160]}"
+        if rank == 0:
+            traceback.print_exc(file=sys.stderr)
+    finally:
+        torch._dynamo.reset()
+    return result
+
+
+# ------------------------------------------------------------------------- reporting
+def local_bytes(shapes: list[Shape], world: int, rank: int, itemsize: int = 2) -> float:
+    """This rank's Muon-parameter shard bytes in the communication dtype (bf16)."""
+    total = 0
+    for rows, cols in shapes:
+        per = math.ceil(rows / world)
+        total += max(0, min(per, rows - rank * per)) * cols * itemsize
+    return total
+
+
+def row(result: dict) -> str:
+    if "error" in result:
+        return f"{result['arm']:<44} failed: {result['error']}"
+    median = statistics.median(result["times"]) * 1e3
+    compile_s = f"{result['compile_s']:.1f}" if "compile_s" in result else "-"
+    sent = "/".join(f"{m:.3f}" for m in result["sent_mb"])
+    flops = "/".join(f"{g:.2f}" for g in result["gflop"])
+    return f"{result['arm']:<44} {median:9.2f} {min(result['times']) * 1e3:9.2f} {compile_s:>9} {result['collectives']:>6} {sent:>17} {flops:>17}"
+
+
+def report(name: str, shapes: list[Shape], results: list[dict], reps: int, warmup: int) -> str:
+    world = dist.get_world_size()
+    expected = [2 * (world - 1) / world * local_bytes(shapes, world, r) / 2**20 for r in range(world)]
+    ns = sum(ns_flops(r, c, NS_STEPS) for r, c in shapes) / 1e9
+    lines = [
+        f"=== {name}: {len(shapes)} fp32 matrices, {ns:.2f} GFLOP of NS per step, world {world} (gloo) ===",
+        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus, torch {torch.__version__}, "
+        f"{torch.get_num_threads()} threads per rank; median of {reps} steps after {warmup} warm-up (slowest rank)",
+        f"2(W-1)/W of each rank's local Muon-param bytes in bf16: {'/'.join(f'{m:.3f}' for m in expected)} MiB",
+        "",
+        f"{'arm':<44} {'step ms':>9} {'min ms':>9} {'compile s':>9} {'colls':>6} {'sent MiB/rank':>17} {'GFLOP/rank':>17}",
+        *[row(r) for r in results],
+    ]
+    timed = {r["arm"]: statistics.median(r["times"]) for r in results if "times" in r}
+    for ours in ("muon all_to_all", "muon all_gather"):
+        if ours in timed:
+            lines += [f"{ours} vs {k}: {v / timed[ours]:.2f}x" for k, v in timed.items() if k != ours]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workload", choices=[*WORKLOADS, "all"], default="all")
+    parser.add_argument("--arms", default=",".join(ARMS), help=f"comma list of {list(ARMS)}")
+    parser.add_argument("--reps", type=int, default=7)
+    parser.add_argument("--warmup", type=int, default=2)
+    args = parser.parse_args()
+    dist.init_process_group("gloo")
+    world = dist.get_world_size()
+    mesh = init_device_mesh("cpu", (world,))
+    names = list(WORKLOADS) if args.workload == "all" else [args.workload]
+    for name in names:
+        shapes = WORKLOADS[name]
+        results = []
+        for key in args.arms.split(","):
+            result = measure(key, shapes, mesh, args.warmup, args.reps)
+            results.append(result)
+            small = [s for s in shapes if s[0] < world]
+            if "error" in result and small:
+                smaller = [s for s in shapes if s[0] >= world]
+                again = measure(key, smaller, mesh, args.warmup, args.reps)
+                again["arm"] += f" (without {len(small)} matrix < W rows)"
+                results.append(again)
+        if dist.get_rank() == 0:
+            print(report(name, shapes, results, args.reps, args.warmup) + "\n", flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
