@@ -15,7 +15,7 @@ from torch._inductor.compile_fx import compile_fx
 from torch.distributed.tensor import DTensor
 
 from . import config
-from .passes import MuonGraphPass
+from .passes import MuonGraphPass, new_dump_name, run_torch_passes
 
 # Inductor's fusion search tries each node against the next N nodes that read the same
 # buffer. Every per-parameter kernel of an optimizer step reads the same 0-D
@@ -37,18 +37,22 @@ def muon_backend(
     mode: str | None = None,
     options: dict[str, Any] | None = None,
 ) -> Any:
-    """Compile ``gm`` with Inductor, running the muon_compile passes on its post-grad graph.
+    """Compile ``gm`` with Inductor, running the muon_compile passes: ``canonicalize`` on
+    ``gm`` itself (Newton–Schulz loops become the op), the others on its post-grad graph.
 
     ``mode`` and ``options`` are Inductor's (as in ``torch.compile(mode=..., options=...)``);
     the passes' own settings come from :mod:`muon_compile.config`.
     """
+    cfg = config.current()
+    dump_name = new_dump_name()
+    run_torch_passes(gm, cfg, dump_name)
     patches: dict[str, Any] = dict(_INDUCTOR_DEFAULTS)
     if mode is not None:
         patches.update(torch._inductor.list_mode_options(mode))
     patches.update(options or {})
     if "post_grad_custom_post_pass" in patches:
         raise ValueError("the muon backend owns post_grad_custom_post_pass; do not set it in options")
-    patches["post_grad_custom_post_pass"] = MuonGraphPass(config.current(), rank_key(example_inputs))
+    patches["post_grad_custom_post_pass"] = MuonGraphPass(cfg, rank_key(example_inputs), dump_name)
     return compile_fx(gm, example_inputs, config_patches=patches)
 
 

@@ -29,7 +29,7 @@ import os
 from collections.abc import Iterator, Mapping
 
 # The passes a user may switch on or off, in pipeline order.
-PASS_NAMES = ("distribute", "bucket", "schedule", "lower")
+PASS_NAMES = ("canonicalize", "distribute", "bucket", "schedule", "lower")
 STRATEGIES = ("auto", "all_to_all", "all_gather")
 
 

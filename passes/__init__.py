@@ -4,6 +4,6 @@ Importable as ``muon_compile.passes``; in the repository they live in the top-le
 ``passes/`` directory.
 """
 
-from .pipeline import MuonGraphPass, run_passes
+from .pipeline import MuonGraphPass, new_dump_name, run_passes, run_torch_passes
 
-__all__ = ["MuonGraphPass", "run_passes"]
+__all__ = ["MuonGraphPass", "new_dump_name", "run_passes", "run_torch_passes"]

@@ -26,6 +26,11 @@ _DTYPES = {
 }
 
 
+def _val(node: fx.Node) -> object:
+    """The fake value of a node: ``val`` post-grad, ``example_value`` in a Dynamo graph."""
+    return node.meta.get("val", node.meta.get("example_value"))
+
+
 def _type(val: object) -> str:
     if isinstance(val, torch.Tensor):
         dims = ", ".join(str(d) for d in val.shape)
@@ -37,6 +42,8 @@ def _type(val: object) -> str:
 
 def _target(node: fx.Node) -> str:
     t = node.target
+    if node.op == "call_method":
+        return f".{t}"
     if isinstance(t, torch._ops.OpOverload):
         ns, name = t.namespace, t._schema.name.split("::")[-1]
         overload = "" if t._overloadname == "default" else f".{t._overloadname}"
@@ -66,7 +73,7 @@ def graph_text(graph: fx.Graph) -> str:
         if node.op == "placeholder":
             names[node] = f"in{n_in}"
             n_in += 1
-            lines.append(f"{names[node]}: {_type(node.meta.get('val'))}")
+            lines.append(f"{names[node]}: {_type(_val(node))}")
         elif node.op == "output":
             lines.append(f"return {_arg(node.args[0], names)}")
         else:
@@ -76,5 +83,5 @@ def graph_text(graph: fx.Graph) -> str:
             args += [f"{k}={_arg(v, names)}" for k, v in node.kwargs.items()]
             stage = node.meta.get(STAGE_META)
             tag = f"  # bucket {stage[0]} {stage[1]}" if stage else ""
-            lines.append(f"{names[node]}: {_type(node.meta.get('val'))} = {_target(node)}({', '.join(args)}){tag}")
+            lines.append(f"{names[node]}: {_type(_val(node))} = {_target(node)}({', '.join(args)}){tag}")
     return "\n".join(lines) + "\n"

@@ -11,6 +11,7 @@ from torch._guards import detect_fake_mode
 from torch._inductor.decomposition import select_decomp_table
 from torch._inductor.pattern_matcher import stable_topological_sort
 from torch._subclasses.fake_tensor import FakeTensor
+from torch.distributed.tensor import DTensor
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from muon_compile.ns_op import NEWTON_SCHULZ
@@ -121,20 +122,23 @@ def alias_pattern(graph: fx.Graph) -> tuple:
     return tuple(pattern)
 
 
-def check_contract(graph: fx.Graph, pass_name: str, aliasing_before: tuple) -> None:
-    """Lint the graph; every computed node has a FakeTensor ``meta['val']``; the outputs
-    alias inputs and each other exactly as before (``aliasing_before`` from :func:`alias_pattern`)."""
+def check_contract(graph: fx.Graph, pass_name: str, aliasing_before: tuple, meta_key: str = "val") -> None:
+    """Lint the graph; every computed node has a FakeTensor ``meta[meta_key]`` (``"val"``
+    post-grad, ``"example_value"`` in a Dynamo graph); the outputs alias inputs and each
+    other exactly as before (``aliasing_before`` from :func:`alias_pattern`)."""
     try:
         graph.lint()
     except Exception as e:  # lint raises several exception types; re-raise as ours, chained
         raise GraphContractError(f"pass {pass_name!r} left an invalid graph: {e}") from e
     for node in graph.nodes:
-        if node.op != "call_function":
+        if node.op not in ("call_function", "call_method"):
             continue
-        val = node.meta.get("val")
+        val = node.meta.get(meta_key)
         if val is None and node.users:
-            raise GraphContractError(f"pass {pass_name!r} left node {node.name} without meta['val']")
+            raise GraphContractError(f"pass {pass_name!r} left node {node.name} without meta[{meta_key!r}]")
+        if isinstance(val, DTensor):
+            val = val._local_tensor
         if isinstance(val, torch.Tensor) and not isinstance(val, FakeTensor):
-            raise GraphContractError(f"pass {pass_name!r} left a real tensor in {node.name}.meta['val']")
+            raise GraphContractError(f"pass {pass_name!r} left a real tensor in {node.name}.meta[{meta_key!r}]")
     if alias_pattern(graph) != aliasing_before:
         raise GraphContractError(f"pass {pass_name!r} changed how the graph outputs alias inputs or each other")

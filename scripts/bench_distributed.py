@@ -9,6 +9,7 @@ Every rank builds the same FSDP2-sharded fp32 matrices with fixed gradients (glo
     inductor-torch  the same, torch.compile'd with the default backend
     muon-gather     muon_compile.Muon, backend="muon", MUON_COMPILE_STRATEGY=all_gather
     muon-a2a        muon_compile.Muon, backend="muon", MUON_COMPILE_STRATEGY=all_to_all
+    muon-torch      unmodified torch.optim.Muon, backend="muon" (canonicalize), all_to_all
     hand-a2a        a hand-written owner-compute all-to-all Muon in Dion's style: same-shape
                     shards stacked, one all_to_all pair per shape, owners round-robin
 
@@ -158,6 +159,7 @@ ARMS: dict[str, tuple[str, Callable, str | None, str | None]] = {
     "inductor-torch": ("inductor torch.optim.Muon", torch_muon, "inductor", None),
     "muon-gather": ("muon all_gather", our_muon, "muon", "all_gather"),
     "muon-a2a": ("muon all_to_all", our_muon, "muon", "all_to_all"),
+    "muon-torch": ("muon torch.optim.Muon (all_to_all)", torch_muon, "muon", "all_to_all"),
     "hand-a2a": ("hand-written all_to_all", hand_a2a, None, None),
 }
 

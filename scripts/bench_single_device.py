@@ -15,6 +15,8 @@ Arms (``--arms`` takes the keys, or the long names, comma-separated):
     inductor-torch  inductor torch.optim.Muon    torch.compile(opt.step)
     inductor-ours   inductor muon_compile.Muon   torch.compile(opt.step)
     muon            muon muon_compile.Muon       torch.compile(opt.step, backend="muon")
+    muon-torch      muon torch.optim.Muon        torch.compile(opt.step, backend="muon"):
+                                                 unmodified, its loops canonicalised
     hand-stacked    hand-stacked (nanochat)      same-shape params stacked by hand, one
                                                  torch.compile'd momentum+NS+update per shape
     roofline        roofline                     bare bf16 bmm's of the same NS FLOPs
@@ -231,6 +233,7 @@ ARMS = (
     Arm("inductor-torch", "inductor torch.optim.Muon", torch_muon_step, "inductor"),
     Arm("inductor-ours", "inductor muon_compile.Muon", our_muon_step, "inductor"),
     Arm("muon", "muon muon_compile.Muon", our_muon_step, "muon"),
+    Arm("muon-torch", "muon torch.optim.Muon", torch_muon_step, "muon"),
     Arm("hand-stacked", "hand-stacked (nanochat)", hand_stacked_step),
     Arm("roofline", "roofline", roofline_step),
 )

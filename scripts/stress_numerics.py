@@ -1,12 +1,18 @@
 """Measure how far the compiled Muon step strays from eager, over many random updates.
 
-    python scripts/stress_numerics.py [--steps 30]
+    python scripts/stress_numerics.py [--steps 30] [--rewrites]
 
 For each NS dtype (fp32, bf16) and preset (keller, polar_express) it runs the test
 suite's mixed shapes (tests/helpers.py: tall, wide, square, odd, a 3-D stack) for
 ``--steps`` steps eager and with backend="muon" from the same state, and prints the
-distribution of the relative error of each parameter's update. The tolerances in
-tests/numerics.py quote these figures.
+distribution of the relative error of each parameter's update.
+
+``--rewrites`` measures the canonicalize pass instead: each hand-written Newton–Schulz
+form of tests/ns_forms.py in bf16 on the same shapes, ``--steps`` random inputs each,
+compiled and eager, against the exact (fp64) evaluation of the same code. It prints the
+distribution of ``err(compiled, exact) / err(eager, exact)`` and the largest
+``err(compiled, exact) / max(5e-2, REWRITE_MARGIN * err(eager, exact))`` (the test bound, with REWRITE_MARGIN from tests/numerics.py; must stay < 1).
+The tolerances in tests/numerics.py quote these figures.
 """
 
 import argparse
@@ -43,10 +49,46 @@ def update_errors(ns_dtype: torch.dtype, preset: str, steps: int) -> list[float]
     return sorted(errors)
 
 
+def rewrite_ratios(form: str, samples: int) -> tuple[list[float], float]:
+    """``err(compiled, exact) / err(eager, exact)`` of every result, and the largest share of the test bound."""
+    from ns_forms import FORMS
+    from numerics import NS_RTOL, REWRITE_MARGIN
+
+    fn = FORMS[form]
+
+    def many(Gs, dtype):
+        return [fn(G, dtype=dtype) for G in Gs]
+
+    torch._dynamo.reset()
+    compiled = torch.compile(many, backend="muon")
+    ratios, worst = [], 0.0
+    for seed in range(samples):
+        g = torch.Generator().manual_seed(seed)
+        inputs = [torch.randn(s, generator=g) for s in MIXED_SHAPES]
+        got, eager = compiled(inputs, torch.bfloat16), many(inputs, torch.bfloat16)
+        exact = many([x.double() for x in inputs], torch.float64)
+        for c, e, x in zip(got, eager, exact):
+            ours, theirs = rel_err(c, x), rel_err(e, x)
+            ratios.append(ours / theirs)
+            worst = max(worst, ours / max(NS_RTOL[torch.bfloat16], REWRITE_MARGIN * theirs))
+    return sorted(ratios), worst
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--rewrites", action="store_true", help="measure the canonicalize pass's rewrites")
     args = parser.parse_args()
+    if args.rewrites:
+        from ns_forms import FORMS
+
+        for form in FORMS:
+            ratios, worst = rewrite_ratios(form, args.steps)
+            print(
+                f"{form:14} results {len(ratios)}  err(compiled)/err(eager) vs exact: median {ratios[len(ratios) // 2]:.2f}  "
+                f"max {ratios[-1]:.2f}  largest share of the test bound {worst:.2f}"
+            )
+        return
     for ns_dtype in (torch.float32, torch.bfloat16):
         for preset in ("keller", "polar_express"):
             errs = update_errors(ns_dtype, preset, args.steps)

@@ -43,10 +43,15 @@ def step_grads(shapes, step):
     return [torch.randn(s, generator=g) for s in shapes]
 
 
-def reference_run(shapes, steps, **opt_kw):
-    """Muon on the whole matrices in one process: the distributed runs must match it."""
+def make_optimizer(kind, params, opt_kw):
+    """``muon_compile.Muon`` (``kind="muon_compile"``) or the unmodified ``torch.optim.Muon`` (``"torch"``)."""
+    return {"muon_compile": muon_compile.Muon, "torch": torch.optim.Muon}[kind](params, **opt_kw)
+
+
+def reference_run(shapes, steps, optimizer="muon_compile", **opt_kw):
+    """Muon on the whole matrices in one process, eager: the distributed runs must match it."""
     params = [nn.Parameter(w) for w in initial_weights(shapes)]
-    opt = muon_compile.Muon(params, **opt_kw)
+    opt = make_optimizer(optimizer, params, opt_kw)
     for s in range(steps):
         for p, g in zip(params, step_grads(shapes, s)):
             p.grad = g
@@ -104,13 +109,14 @@ def set_step_grads(params, shapes, step):
         p.grad = distribute_tensor(g, p.device_mesh, p.placements)
 
 
-def fsdp_muon(rank, world, shapes, steps, strategy, opt_kw, mesh_shape=None):
+def fsdp_muon(rank, world, shapes, steps, strategy, opt_kw, mesh_shape=None, optimizer="muon_compile"):
     """FSDP2-shard a Stack of ``shapes`` over ``world`` gloo ranks (optionally an HSDP
-    ``mesh_shape``), run ``steps`` compiled Muon steps with fixed global gradients, and
-    return the full weights, this rank's post-pass graph's collectives, the collectives
-    launched per step and the pass counters."""
+    ``mesh_shape``), run ``steps`` compiled Muon steps (``optimizer``: see
+    :func:`make_optimizer`) with fixed global gradients, and return the full weights, this
+    rank's post-pass graph's collectives, the collectives launched per step and the pass
+    counters."""
     params = sharded_stack(shapes, device_mesh(world, mesh_shape))
-    opt = muon_compile.Muon(params, **opt_kw)
+    opt = make_optimizer(optimizer, params, opt_kw)
     with tempfile.TemporaryDirectory() as dump, config.override(strategy=strategy, dump_dir=dump):
         step = torch.compile(opt.step, backend="muon")
         for s in range(steps):
@@ -129,9 +135,7 @@ def fsdp_muon(rank, world, shapes, steps, strategy, opt_kw, mesh_shape=None):
     }
 
 
-
-
-def fsdp_graphs(rank, world, shapes, mesh_shape=None, config_changes=None):
+def fsdp_graphs(rank, world, shapes, mesh_shape=None, config_changes=None, optimizer="muon_compile"):
     """The pipeline's dumped graphs for a Muon step over an FSDP2 Stack of ``shapes`` on
     ``world`` ranks (optionally an HSDP ``mesh_shape``), plus ``"groups"``: each mesh
     group's name and size. Meant for the fake process group (``run_fake``): the step is
@@ -148,7 +152,7 @@ def fsdp_graphs(rank, world, shapes, mesh_shape=None, config_changes=None):
     mesh = device_mesh(world, mesh_shape)
     params = sharded_stack(shapes, mesh)
     set_step_grads(params, shapes, 0)
-    opt = muon_compile.Muon(params)
+    opt = make_optimizer(optimizer, params, {})
     with tempfile.TemporaryDirectory() as dump, fresh_cache(), config.override(dump_dir=dump, **(config_changes or {})):
         torch.compile(opt.step, backend=graphs_only)()
         graphs = dumped_graphs(dump)

@@ -19,7 +19,7 @@ from dist_workers import (
     mixed_layouts,
     reference_run,
 )
-from numerics import NS_RTOL, assert_rel_close
+from numerics import NS_RTOL, assert_rel_close, assert_rewrite_close
 
 STEPS = 3
 OPT = dict(lr=0.05, momentum=0.9, weight_decay=0.1)
@@ -52,6 +52,28 @@ def test_fsdp2_matches_single_process_reference_fp32(world, strategy):
 def test_fsdp2_bf16_within_tolerance():
     results = run_world(fsdp_muon, 2, FSDP_SHAPES, STEPS, "all_to_all", dict(OPT, ns_dtype=torch.bfloat16))
     check_against_reference(results, torch.bfloat16)
+
+
+def test_fsdp2_unmodified_torch_optim_muon_is_bucketed():
+    """torch.optim.Muon on FSDP2: canonicalize turns each parameter's NS into the op, so the
+    step issues one all_to_all pair in all, not DTensor's collectives per Gram matrix.
+    (The 1-row matrix is left out: Dynamo itself fails to trace torch.optim.Muon's in-place
+    update of a parameter with fewer rows than ranks, before any backend runs.)"""
+    from ns_forms import exact_torch_muon
+
+    shapes = [s for s in FSDP_SHAPES if s[0] >= 2]
+    results = run_world(fsdp_muon, 2, shapes, STEPS, "all_to_all", OPT, None, "torch")
+    eager = reference_run(shapes, STEPS, "torch", **OPT)
+    with exact_torch_muon():
+        exact = reference_run(shapes, STEPS, "torch", **OPT)
+    initial = reference_run(shapes, 0)
+    for rank, result in enumerate(results):
+        assert result["counters"]["canonicalize.matched"] == len(shapes)
+        assert result["counters"]["distribute.buckets"] == 1
+        assert result["launched"] == 2
+        for i, (got, e, x, s) in enumerate(zip(result["weights"], eager, exact, initial)):
+            assert_rewrite_close(got - s, e - s, x - s, torch.bfloat16, f"rank {rank} matrix {i} {shapes[i]}")
+    assert_same_collectives([r["collectives"] for r in results])
 
 
 def test_shared_cache_dir_across_ranks_and_runs():

@@ -22,3 +22,15 @@ def test_padding_merge(tmp_path):
     graphs, _ = compile_with_dump(muon(), [(16, 48), (16, 40), (40, 16)], tmp_path, pad_waste=0.2)
     assert_golden("single_device_padded.bucketed.txt", graphs["bucket_after"])
     assert muon_compile.counters["bucket.padded_buckets"] == 1
+
+
+def test_torch_optim_muon_single_device(tmp_path):
+    """Unmodified torch.optim.Muon: canonicalize turns each 5-step addmm loop into the op,
+    and the step is then bucketed exactly like muon_compile.Muon's."""
+    import torch
+
+    graphs, _ = compile_with_dump(lambda params: torch.optim.Muon(params, lr=0.02), GPT_SHAPES, tmp_path)
+    assert_golden("torch_muon_gpt.canonical.txt", graphs["canonicalize_after"])
+    assert_golden("torch_muon_gpt.lowered.txt", graphs["lower_after"])
+    assert muon_compile.counters["canonicalize.matched"] == len(GPT_SHAPES)
+    assert count_ns_calls(graphs["bucket_after"]) == 3  # the same three buckets as muon_compile.Muon

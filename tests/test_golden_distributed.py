@@ -34,6 +34,14 @@ def test_world8_ranks_issue_the_same_collectives(world8):
     assert_same_collectives(sequences)
 
 
+def test_world8_torch_optim_muon():
+    """Unmodified torch.optim.Muon on FSDP2 at world 8: the same single all_to_all pair as
+    muon_compile.Muon, instead of DTensor's collectives per Gram matrix."""
+    (graphs,) = run_fake(fsdp_graphs, 8, [0], W8_SHAPES[:-1], None, None, "torch")
+    assert_golden("torch_muon_fsdp_w8_rank0.scheduled.txt", graphs["schedule_after"])
+    assert len(collective_sequence(graphs["lower_after"])) == 2
+
+
 def test_hsdp_communicates_on_the_shard_submesh_only():
     (graphs,) = run_fake(fsdp_graphs, 8, [0], W8_SHAPES, (2, 4))
     assert_golden("hsdp_2x4_rank0.scheduled.txt", graphs["schedule_after"])

@@ -1,0 +1,184 @@
+"""canonicalize: rewrite Newton–Schulz loops of a torch-level (Dynamo) graph into the op.
+
+Runs on the graph Dynamo hands the backend, before AOTAutograd, so a DTensor is still a
+tensor and the op can be routed by its layout (:mod:`muon_compile.routing`) instead of
+being desugared into one collective per Gram matrix.
+
+Algorithm:
+  1. Evaluate the graph once, in order, in the abstract values of :mod:`ns_algebra`
+     (:mod:`ns_walk`), following storage through transposes and in-place ops, so
+     ``X.div_(n)`` followed by uses of ``X`` reads the divided value.
+  2. A chain starts where a matrix ``M`` (2-D, or a 3-D stack) is divided by its own
+     Frobenius norm, optionally scaled, plus ``eps`` or clamped at ``eps``, per matrix:
+     ``X0 = M / (||M|| * s + eps)``. The division by any other norm starts a chain that is
+     only reported, never rewritten.
+  3. Products, sums and scalings of chain values stay polynomials of the current iterate.
+     The Gram product of a new odd value ``P(L) X_k`` with itself starts iteration k+1:
+     ``P`` (degree 1 or 2: ``a + b L + c L^2``) is step k.
+  4. A read of a chain value by a node that is not an iteration step (the parameter
+     update, the graph output) is an escape. The chain is recognised when every escape
+     is the last iterate (up to a transpose or a scalar factor), every member has the
+     iterate's dtype, and no intermediate is read after its iteration.
+  5. Plan, then apply: each recognised chain becomes one op call, right after the
+     division, on the node holding ``M`` (a DTensor goes through
+     :func:`muon_compile.routing.newton_schulz_any`, which picks the op for its layout)
+     with the read-off coefficients, step count, eps, norm scale and dtype; the escapes
+     read the op's result (transposed / scaled as they were); the loop's nodes are erased.
+
+Before / after (torch.optim.Muon, one wide matrix)::
+
+    X = update.bfloat16(); X.div_(X.norm().clamp(min=1e-7))          X = update.bfloat16()
+    A = X @ X.T; B = addmm(A, A, A, beta=b, alpha=c)             ->   ns = newton_schulz(X, [a, b, c] * 5, 5,
+    X = addmm(X, B, X, beta=a)  (5 times)                                   1e-7, 1.0, True, bf16)
+    param.add_(X, alpha=-lr)                                          param.add_(ns, alpha=-lr)
+
+Whatever does not match exactly is left as it was, its reason logged and counted
+(``canonicalize.rejected``); a match counts ``canonicalize.matched``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import operator
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch.distributed.tensor import DTensor
+
+from muon_compile import routing
+from muon_compile.ns_op import NEWTON_SCHULZ
+from muon_compile.stats import counters
+
+from .ns_algebra import ONE, Odd, next_iterate, poly_trim
+from .ns_walk import Chain, example_value, node_kind, walk_graph
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class Match:
+    """A recognised loop: ``escape users`` read ``newton_schulz(source, ...)`` instead."""
+
+    chain: Chain
+    coefficients: tuple[float, ...]
+    steps: int
+    replacements: tuple[tuple[fx.Node, fx.Node, bool, float], ...]  # (user, old arg, transposed, scale)
+
+
+# ------------------------------------------------------------------------- the plan
+
+def plan_canonical(graph: fx.Graph) -> tuple[list[Match], list[Chain]]:
+    """Recognised loops and rejected ones (those that formed a Gram matrix), as plain data."""
+    matches, rejected = [], []
+    for chain in walk_graph(graph):
+        match = _match(chain)
+        if match is not None:
+            matches.append(match)
+        elif chain.iterates:
+            rejected.append(chain)
+    return matches, rejected
+
+
+def _match(chain: Chain) -> Match | None:
+    """Step 4: the chain as a :class:`Match`, or None with ``chain.reason`` set."""
+    if chain.reason is None and not chain.escapes:
+        chain.reject("its result is never used")
+    final_it = chain.it
+    finals = []
+    for user, arg, value in chain.escapes:
+        v = value
+        while v is not None and v.it < final_it:
+            v = next_iterate(v, chain.steps[v.it])
+        if v is None:
+            chain.reject(f"{user.name} reads an intermediate iterate ({arg.name})")
+        else:
+            finals.append((user, arg, v))
+    polys = {v.poly for _, _, v in finals}
+    if len(polys) > 1:
+        chain.reject("the loop's results differ by more than a transpose or a scale")
+    last = next(iter(polys)) if polys else ONE
+    if chain.reason is None and (last == ONE or not 2 <= len(last) <= 3):
+        chain.reject(f"the last step is a polynomial of degree {len(last) - 1}, not 1 or 2")
+    if chain.reason is not None:
+        return None
+    triples = [tuple(p) + (0.0,) * (3 - len(p)) for p in (*chain.steps, poly_trim(last))]
+    coefficients = tuple(c for triple in triples for c in triple)
+    return Match(chain, coefficients, len(triples), tuple((u, a, v.t, v.scale) for u, a, v in finals))
+
+
+# ------------------------------------------------------------------------ the apply
+
+def apply_canonical(graph: fx.Graph, matches: list[Match]) -> None:
+    """Step 5: insert one op per match after its division, rewire the escapes, erase the loop."""
+    for match in matches:
+        chain = match.chain
+        with graph.inserting_before(chain.start.next):
+            x = chain.source
+            if example_value(x).dtype != chain.dtype:
+                x = _call(graph, "call_method", "to", (x, chain.dtype))
+            ns_args = (list(match.coefficients), match.steps, chain.norm.eps, chain.norm.scale, chain.norm.clamp, chain.dtype)
+            target = routing.newton_schulz_any if isinstance(example_value(x), DTensor) else NEWTON_SCHULZ
+            ns = _call(graph, "call_function", target, (x, *ns_args))
+        made: dict[tuple[bool, float], fx.Node] = {}
+        for user, arg, transposed, scale in match.replacements:
+            key = (transposed, scale)
+            if key not in made:
+                with graph.inserting_before(ns.next):
+                    out = ns
+                    if scale != 1.0:
+                        out = _call(graph, "call_function", operator.mul, (out, scale))
+                    if transposed:
+                        out = _call(graph, "call_function", torch.transpose, (out, -2, -1))
+                made[key] = out
+            user.replace_input_with(arg, made[key])
+        _erase(graph, chain)
+        counters["canonicalize.matched"] += 1
+        log.debug(
+            "canonicalize: %s -> newton_schulz(%s, %d steps, coefficients %s, eps %g%s, norm scale %g, %s)",
+            chain.start.name, chain.source.name, match.steps, match.coefficients[:3], chain.norm.eps,
+            " clamped" if chain.norm.clamp else "", chain.norm.scale, chain.dtype,
+        )
+
+
+def _call(graph: fx.Graph, op: str, target: Any, args: tuple) -> fx.Node:
+    """A new node with its fake ``example_value`` computed like Dynamo's."""
+    node = graph.create_node(op, target, args)
+    values = [example_value(a) if isinstance(a, fx.Node) else a for a in args]
+    with _fake_mode(values[0]):
+        fn = getattr(values[0], target) if op == "call_method" else target
+        node.meta["example_value"] = fn(*values[1:]) if op == "call_method" else fn(*values)
+    return node
+
+
+def _erase(graph: fx.Graph, chain: Chain) -> None:
+    """Erase the loop's nodes, then the norm and transposes that only they used."""
+    members = set(chain.members)
+    doomed = set(members)
+    for node in reversed(list(graph.nodes)):
+        if node not in doomed or node.users or node is chain.source:
+            continue
+        if node in members or _pure_helper(node):
+            doomed.update(node.all_input_nodes)
+            graph.erase_node(node)
+
+
+def _pure_helper(node: fx.Node) -> bool:
+    """A norm, a scalar step on it, or a transpose view: safe to erase when unused."""
+    name, in_place = node_kind(node)
+    return not in_place and name in (
+        "getattr", "transpose", "t", "mT", "norm", "linalg_norm", "vector_norm", "matrix_norm",
+        "clamp", "clamp_min", "add", "mul", "div",
+    )
+
+
+def reject_log(rejected: list[Chain]) -> None:
+    """Count and log each loop that looked like Newton–Schulz but was left as it was."""
+    for chain in rejected:
+        counters["canonicalize.rejected"] += 1
+        log.info("canonicalize: left %s as it was: %s", chain.start.name, chain.reason)
+
+
+def _fake_mode(t: torch.Tensor) -> Any:
+    return (t._local_tensor if isinstance(t, DTensor) else t).fake_mode

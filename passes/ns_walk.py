@@ -1,0 +1,458 @@
+"""The evaluation behind ``canonicalize``: one in-order walk of a Dynamo graph in the
+abstract values of :mod:`ns_algebra`, returning every candidate Newton–Schulz loop as a
+:class:`Chain` (plain data: its start, its input, its norm, its step polynomials, its
+members and escapes, or the reason it is not one).
+
+Storage is tracked through the nodes' fake values: a transpose is a view of its input
+(same storage, flipped orientation), an in-place op writes a new value into the storage
+it mutates, and a read sees the storage's value at that point in the graph. Any other
+view of a loop value is opaque: reading the loop through it rejects the loop.
+"""
+
+from __future__ import annotations
+
+import builtins
+import dataclasses
+import operator
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch.distributed.tensor import DTensor
+from torch.multiprocessing.reductions import StorageWeakRef
+
+from .ns_algebra import GRAM, ONE, Gram, Odd, Value, combine, next_iterate, product, scaled
+
+__all__ = ["Chain", "NormOf", "example_value", "node_kind", "walk_graph"]
+
+# --------------------------------------------------------------------------- node kinds
+
+_FUNCTIONS = {
+    operator.add: "add", torch.add: "add", operator.iadd: "add_",
+    operator.sub: "sub", torch.sub: "sub", operator.isub: "sub_",
+    operator.mul: "mul", torch.mul: "mul", operator.imul: "mul_",
+    operator.truediv: "div", torch.div: "div", torch.true_divide: "div", operator.itruediv: "div_",
+    operator.neg: "neg", torch.neg: "neg",
+    operator.matmul: "matmul", torch.matmul: "matmul", torch.mm: "matmul", torch.bmm: "matmul",
+    torch.addmm: "addmm", torch.baddbmm: "addmm",
+    torch.transpose: "transpose", torch.swapaxes: "transpose", torch.swapdims: "transpose", torch.t: "t",
+    torch.norm: "norm", torch.linalg.norm: "linalg_norm",
+    torch.linalg.vector_norm: "vector_norm", torch.linalg.matrix_norm: "matrix_norm",
+    torch.clamp: "clamp", torch.clamp_min: "clamp_min",
+    builtins.getattr: "getattr",
+}
+_METHODS = {
+    "mm": "matmul", "bmm": "matmul", "matmul": "matmul", "addmm": "addmm", "baddbmm": "addmm",
+    "true_divide": "div", "swapaxes": "transpose", "swapdims": "transpose",
+    "true_divide_": "div_", "addmm_": "addmm_", "baddbmm_": "addmm_",
+}
+_CASTS = {"bfloat16": torch.bfloat16, "half": torch.float16, "float": torch.float32, "double": torch.float64}
+_FROBENIUS_ORDS = ("fro", 2, 2.0)
+_METADATA = ("size", "dim", "stride", "numel", "get_device", "is_contiguous")
+
+
+def node_kind(node: fx.Node) -> tuple[str | None, bool]:
+    """``(operation name, in_place)`` of a call node, e.g. ``("div", True)`` for ``x.div_(n)``."""
+    if node.op == "call_function":
+        name = _FUNCTIONS.get(node.target)
+    elif node.op == "call_method":
+        name = _METHODS.get(node.target, node.target)
+    else:
+        return None, False
+    if name is None:
+        return None, False
+    if name.endswith("_"):
+        return name[:-1], True
+    return name, False
+
+
+def _arg(node: fx.Node, index: int, key: str, default: Any = None) -> Any:
+    if len(node.args) > index:
+        return node.args[index]
+    return node.kwargs.get(key, default)
+
+
+def example_value(node: Any) -> Any:
+    return node.meta.get("example_value") if isinstance(node, fx.Node) else None
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t._local_tensor if isinstance(t, DTensor) else t
+
+
+def _storage(node: Any) -> StorageWeakRef | None:
+    t = example_value(node)
+    if not isinstance(t, torch.Tensor):
+        return None
+    return StorageWeakRef(_local(t).untyped_storage())
+
+
+def _reads_metadata(node: fx.Node) -> bool:
+    """``x.size()``, ``x.shape`` ...: reads no values, so it is no escape."""
+    if node.op == "call_method":
+        return node.target in _METADATA
+    return node.target is builtins.getattr and not isinstance(example_value(node), torch.Tensor)
+
+
+def _is_scalar(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+# ------------------------------------------------------------------ abstract values
+
+@dataclasses.dataclass(frozen=True)
+class Raw:
+    """A plain matrix: the content of storage ``origin = (root node, version)``, transposed if ``t``."""
+
+    origin: tuple[fx.Node, int]
+    t: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class NormOf:
+    """``||origin|| * scale + eps`` (or ``max(||origin|| * scale, eps)``); ``bad`` says why it is no
+    per-matrix Frobenius norm."""
+
+    origin: tuple[fx.Node, int]
+    scale: float = 1.0
+    eps: float = 0.0
+    clamp: bool = False
+    bad: str | None = None
+
+    def plus(self, eps: float, clamp: bool) -> NormOf | None:
+        if self.eps != 0.0 or self.clamp:
+            return None
+        return dataclasses.replace(self, eps=float(eps), clamp=clamp)
+
+    def times(self, s: float) -> NormOf | None:
+        if self.eps != 0.0 or self.clamp:
+            return None
+        return dataclasses.replace(self, scale=self.scale * s)
+
+
+_OPAQUE_VIEW = object()  # a chain value read through a view other than a transpose
+
+
+@dataclasses.dataclass
+class Chain:
+    """One candidate Newton–Schulz loop (plain data once the walk is done)."""
+
+    id: int
+    start: fx.Node  # the division by the norm
+    source: fx.Node  # the node whose storage holds M (the op's input)
+    norm: NormOf
+    dtype: torch.dtype
+    it: int = 0
+    steps: list[tuple[float, ...]] = dataclasses.field(default_factory=list)
+    iterates: bool = False  # a Gram matrix was formed: this looks like Newton–Schulz
+    members: list[fx.Node] = dataclasses.field(default_factory=list)
+    escapes: list[tuple[fx.Node, fx.Node, Odd]] = dataclasses.field(default_factory=list)
+    reason: str | None = None
+
+    def reject(self, reason: str) -> None:
+        if self.reason is None:
+            self.reason = reason
+
+
+# ------------------------------------------------------------------------- the walk
+
+class _Walk:
+    """One in-order evaluation of the graph (see the module docstring)."""
+
+    def __init__(self, graph: fx.Graph) -> None:
+        self.graph = graph
+        self.orient: dict[fx.Node, bool] = {}  # a node's orientation relative to its storage's root
+        self.root: dict[StorageWeakRef, fx.Node] = {}
+        self.version: dict[StorageWeakRef, int] = {}
+        self.state: dict[StorageWeakRef, Any] = {}  # Raw | NormOf | Odd | Gram, relative to the root
+        self.chains: list[Chain] = []
+        self.inputs = {_storage(n) for n in graph.nodes if n.op in ("placeholder", "get_attr")} - {None}
+
+    # reads and writes ---------------------------------------------------------------
+
+    def read(self, x: Any) -> Any:
+        """The abstract value of an argument: a Python constant, Raw, NormOf, Odd, Gram or None."""
+        if not isinstance(x, fx.Node):
+            return x
+        s = _storage(x)
+        if s is None:
+            return None
+        o = self.orient.get(x)
+        value = self.state.get(s)
+        if isinstance(value, (Odd, Gram)):
+            if o is None:
+                return _OPAQUE_VIEW
+            return self._current(value.transposed(o) if isinstance(value, Odd) else value)
+        if o is None:
+            return None
+        if value is None:
+            return Raw((self.root[s], self.version[s]), o)
+        if isinstance(value, Raw):
+            return dataclasses.replace(value, t=value.t ^ o)
+        return value  # NormOf
+
+    def _current(self, v: Value) -> Value | None:
+        """``v`` re-read at its chain's current iteration (an old iterate is ``X_k``; any
+        other value of a finished iteration makes the chain unrecognisable)."""
+        chain = self.chains[v.chain]
+        while v.it < chain.it:
+            nxt = next_iterate(v, chain.steps[v.it])
+            if nxt is None:
+                chain.reject(f"an intermediate of iteration {v.it} is used after that iteration ended")
+                return None
+            v = nxt
+        return v
+
+    def define(self, node: fx.Node, value: Any, view_of: fx.Node | None = None, flip: bool = False) -> None:
+        """Record ``node``'s value: a view (``view_of``) shares its storage, anything else owns one."""
+        s = _storage(node)
+        if s is None:
+            return
+        if view_of is not None and view_of in self.orient and _storage(view_of) == s:
+            self.orient[node] = self.orient[view_of] ^ flip
+            return
+        if s in self.root:
+            # an op that returned its input (``.to`` a dtype it has): the same view; any
+            # other alias of a known storage stays unoriented, so a chain read through it escapes
+            src = node.args[0] if node.args else None
+            same = isinstance(src, fx.Node) and src in self.orient and _storage(src) == s
+            if same and example_value(src).shape == example_value(node).shape and _local(example_value(src)).stride() == _local(example_value(node)).stride():
+                self.orient[node] = self.orient[src]
+            return
+        self.root[s], self.version[s], self.orient[node] = node, 0, False
+        if value is not None:
+            self.state[s] = value
+
+    def mutate(self, target: fx.Node, value: Any) -> None:
+        """An in-place op wrote ``value`` (seen through ``target``) to ``target``'s storage."""
+        s = _storage(target)
+        if s is None:
+            return
+        self.version[s] = self.version.get(s, 0) + 1
+        o = self.orient.get(target)
+        if isinstance(value, (Odd, Gram)) and o is not None:
+            self.state[s] = value.transposed(o) if isinstance(value, Odd) else value
+        else:
+            self.state.pop(s, None)
+
+    # the walk -----------------------------------------------------------------------
+
+    def run(self) -> list[Chain]:
+        for node in self.graph.nodes:
+            if node.op in ("call_function", "call_method"):
+                self.visit(node)
+            else:  # placeholder, get_attr, call_module, output
+                self.escape_all(node)
+                self.define(node, None)
+        return self.chains
+
+    def visit(self, node: fx.Node) -> None:
+        name, in_place = node_kind(node)
+        args = [self.read(a) for a in node.args]
+        kwargs = {k: self.read(v) for k, v in node.kwargs.items()}
+        result = self.evaluate(node, name, args, kwargs) if name else None
+        if isinstance(result, tuple) and result[0] == "view":
+            _, src, flip = result
+            self.define(node, None, view_of=src, flip=flip)
+            value = self.read(node)
+            if isinstance(value, (Odd, Gram)):
+                self.chains[value.chain].members.append(node)
+            return
+        if _reads_metadata(node):
+            self.define(node, None)
+            return
+        chain_value = isinstance(result, (Odd, Gram))
+        if chain_value:
+            chain = self.chains[result.chain]
+            chain.members.append(node)
+            dtype = getattr(example_value(node), "dtype", None)
+            if dtype != chain.dtype:
+                chain.reject(f"{node.name} computes in {dtype}, the iteration in {chain.dtype}")
+        else:
+            self.escape_all(node, mutated=node.args[0] if in_place and node.args else None)
+        if in_place and node.args and isinstance(node.args[0], fx.Node):
+            target = node.args[0]
+            if chain_value and _storage(target) in self.inputs:
+                self.chains[result.chain].reject(f"{node.name} writes the loop's value into a graph input")
+            self.mutate(target, result)
+            self.define(node, None, view_of=target)
+        else:
+            self.define(node, result)
+
+    def escape_all(self, user: fx.Node, mutated: Any = None) -> None:
+        """``user`` is no iteration step: each chain value it reads escapes the loop."""
+        for arg in user.all_input_nodes:
+            value = self.read(arg)
+            if value is _OPAQUE_VIEW:
+                chain = self.chains[self.state[_storage(arg)].chain]
+                chain.reject(f"{user.name} reads the iterate through a view ({arg.name})")
+            elif isinstance(value, Gram):
+                self.chains[value.chain].reject(f"a Gram matrix is read by {user.name}, outside the iteration")
+            elif isinstance(value, Odd):
+                chain = self.chains[value.chain]
+                if arg is mutated:
+                    chain.reject(f"{user.name} updates the iterate in place")
+                chain.escapes.append((user, arg, value))
+
+    # evaluation of one node ---------------------------------------------------------
+
+    def evaluate(self, node: fx.Node, name: str, args: list, kwargs: dict) -> Any:
+        """The node's abstract value, ``("view", source, flip)`` for a transpose, or None."""
+        x = args[0] if args else None
+        if name in ("getattr", "transpose", "t", "mT"):
+            return self._transpose(node, name)
+        if name in ("norm", "linalg_norm", "vector_norm", "matrix_norm"):
+            return self._norm(node, name, x)
+        if name in _CASTS or name in ("to", "type"):
+            return self._cast(node, name, x)
+        if isinstance(x, NormOf) or (len(args) > 1 and isinstance(args[1], NormOf)):
+            return self._norm_arith(node, name, args, kwargs)
+        chains = {v.chain for v in (*args, *kwargs.values()) if isinstance(v, (Odd, Gram))}
+        if len(chains) != 1:
+            return None
+        if name in ("add", "sub"):
+            other = args[1] if len(args) > 1 else kwargs.get("other")
+            alpha = kwargs.get("alpha", 1)
+            if not (_is_scalar(alpha) and isinstance(x, (Odd, Gram)) and isinstance(other, (Odd, Gram))):
+                return None
+            return combine(x, other, 1.0, float(alpha) * (-1.0 if name == "sub" else 1.0))
+        if name in ("mul", "div"):
+            other = args[1] if len(args) > 1 else kwargs.get("other")
+            if "rounding_mode" in kwargs:
+                return None
+            if isinstance(x, (Odd, Gram)) and _is_scalar(other):
+                return scaled(x, float(other) if name == "mul" else 1.0 / float(other))
+            if name == "mul" and _is_scalar(x) and isinstance(other, (Odd, Gram)):
+                return scaled(other, float(x))
+            return None
+        if name == "neg" and isinstance(x, (Odd, Gram)):
+            return scaled(x, -1.0)
+        if name == "matmul" and len(args) == 2:
+            return self._matmul(*args)
+        if name == "addmm" and len(args) >= 3:
+            beta, alpha = kwargs.get("beta", 1), kwargs.get("alpha", 1)
+            prod = self._matmul(args[1], args[2])
+            if not (_is_scalar(beta) and _is_scalar(alpha) and isinstance(x, (Odd, Gram)) and prod is not None):
+                return None
+            return combine(x, prod, float(beta), float(alpha))
+        return None
+
+    def _transpose(self, node: fx.Node, name: str) -> Any:
+        src = node.args[0] if node.args else None
+        t = example_value(src)
+        if not isinstance(src, fx.Node) or not isinstance(t, torch.Tensor) or t.dim() not in (2, 3):
+            return None
+        nd = t.dim()
+        if name == "getattr":
+            attr = node.args[1] if len(node.args) > 1 else None
+            ok = attr == "mT" or (attr == "T" and nd == 2)
+        elif name == "transpose":
+            dims = [_arg(node, 1, "dim0"), _arg(node, 2, "dim1")]
+            ok = all(isinstance(d, int) for d in dims) and sorted(d % nd for d in dims) == [nd - 2, nd - 1]
+        else:  # t() / mT()
+            ok = nd == 2 or name == "mT"
+        return ("view", src, True) if ok else None
+
+    def _norm(self, node: fx.Node, name: str, x: Any) -> Any:
+        if not isinstance(x, Raw):
+            return None
+        nd = example_value(node.args[0]).dim()
+        if name == "matrix_norm":
+            ord_, dim, keepdim = _arg(node, 1, "ord", "fro"), _arg(node, 2, "dim", (-2, -1)), _arg(node, 3, "keepdim", False)
+            fro = ord_ == "fro"
+        elif name == "linalg_norm":
+            ord_, dim, keepdim = _arg(node, 1, "ord"), _arg(node, 2, "dim"), _arg(node, 3, "keepdim", False)
+            matrix = isinstance(dim, (tuple, list)) and len(dim) == 2 or dim is None and nd == 2
+            fro = ord_ in ("fro", None) if matrix else ord_ in (None, 2, 2.0)
+        elif name == "vector_norm":
+            ord_, dim, keepdim = _arg(node, 1, "ord", 2), _arg(node, 2, "dim"), _arg(node, 3, "keepdim", False)
+            fro = ord_ in (2, 2.0)
+        else:  # Tensor.norm / torch.norm
+            ord_, dim, keepdim = _arg(node, 1, "p", "fro"), _arg(node, 2, "dim"), _arg(node, 3, "keepdim", False)
+            fro = ord_ in _FROBENIUS_ORDS
+        bad = None
+        dims = list(range(nd)) if dim is None else [dim] if isinstance(dim, int) else list(dim)
+        if not fro:
+            bad = f"{node.name} is the ord={ord_!r} norm, not the Frobenius norm"
+        elif node.kwargs.get("dtype") is not None:
+            bad = f"{node.name} computes the norm in another dtype"
+        elif sorted(d % nd for d in dims) != [nd - 2, nd - 1]:
+            bad = f"{node.name} reduces dims {dims} of a {nd}-D tensor, not each matrix"
+        elif nd == 3 and not keepdim:
+            bad = f"{node.name} drops the reduced dims of a batch, so it does not divide each matrix"
+        return NormOf(x.origin, bad=bad)
+
+    def _cast(self, node: fx.Node, name: str, x: Any) -> Any:
+        dtype = _CASTS.get(name)
+        if dtype is None:  # .to(dtype) / .type(dtype), optionally copy= / non_blocking=
+            extra = [*node.args[1:], *(v for k, v in node.kwargs.items() if k not in ("copy", "non_blocking"))]
+            dtype = extra[0] if len(extra) == 1 and isinstance(extra[0], torch.dtype) else None
+        if dtype is None:
+            return None
+        if isinstance(x, Raw):
+            return x  # a converted copy of the same matrix
+        if isinstance(x, Odd) and x.it == 0 and x.full() == ONE:
+            chain = self.chains[x.chain]
+            if chain.iterates:
+                return None
+            chain.dtype = dtype  # X0 cast before the first Gram product: the iteration's dtype
+            return x
+        return None
+
+    def _norm_arith(self, node: fx.Node, name: str, args: list, kwargs: dict) -> Any:
+        x, other = args[0], args[1] if len(args) > 1 else kwargs.get("other", kwargs.get("min"))
+        if name == "div" and isinstance(x, Raw) and isinstance(other, NormOf):
+            return self._start(node, x, other)
+        if not isinstance(x, NormOf) and not (name in ("add", "mul") and _is_scalar(x)):
+            return None
+        norm, k = (x, other) if isinstance(x, NormOf) else (other, x)
+        if not _is_scalar(k):
+            return None
+        if name == "mul":
+            return norm.times(float(k))
+        if name == "div" and norm is x:
+            return norm.times(1.0 / float(k))
+        if name == "add" and kwargs.get("alpha", 1) == 1:
+            return norm.plus(k, clamp=False)
+        if name in ("clamp", "clamp_min") and _arg(node, 2, "max") is None:
+            return norm.plus(k, clamp=True)
+        return None
+
+    def _start(self, node: fx.Node, x: Raw, norm: NormOf) -> Odd | None:
+        """``M / norm(M)``: the start of a chain."""
+        source = node.args[0]
+        t = example_value(source)
+        if not isinstance(t, torch.Tensor) or t.dim() not in (2, 3) or not t.dtype.is_floating_point:
+            return None
+        chain = Chain(len(self.chains), node, self.root[_storage(source)], norm, t.dtype)
+        if norm.bad:
+            chain.reject(norm.bad)
+        elif norm.origin != x.origin:
+            chain.reject(f"{node.name} divides by the norm of another tensor")
+        elif t.requires_grad:
+            chain.reject(f"{node.name} divides a tensor that requires grad (the op has no derivative)")
+        self.chains.append(chain)
+        # chain values are oriented like the root of M's storage, the op's input
+        return Odd(chain.id, 0, ONE, 1.0, self.orient[source])
+
+    def _matmul(self, u: Any, v: Any) -> Value | None:
+        if not (isinstance(u, (Odd, Gram)) and isinstance(v, (Odd, Gram))) or u.chain != v.chain:
+            return None
+        chain = self.chains[u.chain]
+        if isinstance(u, Odd) and isinstance(v, Odd) and u.t != v.t:
+            chain.iterates = True
+            p, q = u.full(), v.full()
+            if p == q and p != ONE:  # X_{k+1} X_{k+1}^T: step k is over
+                if not 2 <= len(p) <= 3:
+                    chain.reject(f"step {chain.it} is a polynomial of degree {len(p) - 1} in X X^T, not 1 or 2")
+                    return None
+                chain.steps.append(p)
+                chain.it += 1
+                return Gram(chain.id, chain.it, GRAM, "R" if u.t else "L")
+        return product(u, v)
+
+
+
+def walk_graph(graph: fx.Graph) -> list[Chain]:
+    """Every candidate Newton–Schulz loop of ``graph``, in graph order; the graph is not changed."""
+    return _Walk(graph).run()

@@ -1,0 +1,177 @@
+"""Newton–Schulz loops as people write them (the canonicalize pass must recognise these),
+and near misses that it must leave alone. Each takes a list of matrices and returns
+their orthogonalised versions, like an optimizer step's inner loop."""
+
+import torch
+
+from muon_compile.coefficients import PRESETS
+
+KELLER = (3.4445, -4.7750, 2.0315)
+POLAR = PRESETS["polar_express"].coefficients  # per-iteration, safety-damped
+POLAR_SAFETY = 1.01
+
+
+def keller(G, steps=5, dtype=torch.bfloat16, eps=1e-7):
+    """Keller Jordan's ``zeropower_via_newtonschulz5``: matmul form, norm plus eps, 2-D or batched."""
+    a, b, c = KELLER
+    X = G.to(dtype)
+    if G.size(-2) > G.size(-1):
+        X = X.mT
+    X = X / (X.norm(dim=(-2, -1), keepdim=True) + eps)
+    for _ in range(steps):
+        A = X @ X.mT
+        B = b * A + c * A @ A
+        X = a * X + B @ X
+    if G.size(-2) > G.size(-1):
+        X = X.mT
+    return X
+
+
+def polar_express(G, steps=5, dtype=torch.bfloat16):
+    """Polar Express as in nanochat: per-iteration coefficients, a safety factor in the
+    normalisation, and a tall branch that multiplies from the right (``X.mT @ X``)."""
+    X = G.to(dtype)
+    X = X / (X.norm(dim=(-2, -1), keepdim=True) * POLAR_SAFETY + 1e-7)
+    tall = G.size(-2) > G.size(-1)
+    for a, b, c in POLAR[:steps]:  # steps <= 8 here
+        if tall:
+            A = X.mT @ X
+            B = b * A + c * (A @ A)
+            X = a * X + X @ B
+        else:
+            A = X @ X.mT
+            B = b * A + c * (A @ A)
+            X = a * X + B @ X
+    return X
+
+
+def addmm_clamped(G, steps=5, dtype=torch.bfloat16, eps=1e-7):
+    """torch.optim.Muon's 2-D form (addmm, ``.T``, in-place division by a clamped norm),
+    with baddbmm for a batch; the update is scaled in place afterwards (Keller's Muon)."""
+    a, b, c = KELLER
+    X = G.to(dtype, copy=True)
+    if G.size(-2) > G.size(-1):
+        X = X.mT
+    X.div_(torch.linalg.vector_norm(X, dim=(-2, -1), keepdim=True).clamp_min(eps))
+    mm = torch.addmm if X.dim() == 2 else torch.baddbmm
+    for _ in range(steps):
+        A = X @ X.mT
+        B = mm(A, A, A, beta=b, alpha=c)
+        X = mm(X, B, X, beta=a)
+    if G.size(-2) > G.size(-1):
+        X = X.mT
+    X *= max(1, G.size(-2) / G.size(-1)) ** 0.5
+    return X
+
+
+def cubic(G, steps=5, dtype=torch.float32):
+    """The classic cubic iteration ``X <- 1.5 X - 0.5 X X^T X`` (degree 1 in X X^T), no transposition."""
+    X = G.to(dtype)
+    X = X / torch.linalg.matrix_norm(X, keepdim=True)
+    for _ in range(steps):
+        X = 1.5 * X - 0.5 * (X @ X.mT) @ X
+    return X
+
+
+FORMS = {"keller": keller, "polar_express": polar_express, "addmm_clamped": addmm_clamped, "cubic": cubic}
+
+
+# ---------------------------------------------------------------- near misses
+
+def _keller_steps(X, steps):
+    a, b, c = KELLER
+    for _ in range(steps):
+        A = X @ X.mT
+        X = a * X + (b * A + c * A @ A) @ X
+    return X
+
+
+def septic(G, steps=3, dtype=torch.float32):
+    """A degree-3 polynomial in X X^T per step: not the op's quintic."""
+    X = G.to(dtype)
+    X = X / (X.norm() + 1e-7)
+    for _ in range(steps):
+        A = X @ X.mT
+        B = 2.0 * A - 1.5 * A @ A + 0.4 * A @ A @ A
+        X = 1.2 * X + B @ X
+    return X
+
+
+def spectral_norm(G, steps=3, dtype=torch.float32):
+    """Normalised by the spectral norm, not the Frobenius norm."""
+    X = G.to(dtype)
+    X = X / (torch.linalg.matrix_norm(X, ord=2) + 1e-7)
+    return _keller_steps(X, steps)
+
+
+def leaks_intermediate(G, steps=3, dtype=torch.float32):
+    """The first iterate is used after the loop (added to the result)."""
+    a, b, c = KELLER
+    X = G.to(dtype)
+    X = X / (X.norm() + 1e-7)
+    first = None
+    for _ in range(steps):
+        A = X @ X.mT
+        X = a * X + (b * A + c * A @ A) @ X
+        first = X if first is None else first
+    return X + 0.5 * first
+
+
+def whole_stack_norm(G, steps=3, dtype=torch.float32):
+    """A batch divided by the norm of the whole stack, not of each matrix."""
+    X = G.to(dtype)
+    X = X / (X.norm() + 1e-7)
+    return _keller_steps(X, steps)
+
+
+def shifted_gram(G, steps=3, dtype=torch.float32):
+    """A scalar added to every entry of the Gram matrix (not a multiple of I)."""
+    a, b, c = KELLER
+    X = G.to(dtype)
+    X = X / (X.norm() + 1e-7)
+    for _ in range(steps):
+        A = X @ X.mT + 0.01
+        X = a * X + (b * A + c * A @ A) @ X
+    return X
+
+
+def foreign_norm(G, steps=3, dtype=torch.float32):
+    """Divided by the norm of another tensor."""
+    X = G.to(dtype)
+    X = X / (torch.tanh(G).norm() + 1e-7)
+    return _keller_steps(X, steps)
+
+
+# near miss -> (input shapes, the reason the pass must give)
+NEAR_MISSES = {
+    septic: ([(8, 12)], "degree 3"),
+    spectral_norm: ([(8, 12)], "not the Frobenius norm"),
+    leaks_intermediate: ([(8, 12)], "intermediate"),
+    whole_stack_norm: ([(2, 8, 12)], "not each matrix"),
+    shifted_gram: ([(8, 12)], "outside the iteration"),
+    foreign_norm: ([(8, 12)], "norm of another tensor"),
+}
+
+
+# ------------------------------------------------- torch.optim.Muon's exact reference
+
+def _torch_muon_ns_fp64(grad, ns_coefficients, ns_steps, eps):
+    """torch.optim.Muon's ``_zeropower_via_newtonschulz`` step for step, in fp64 instead of bf16."""
+    a, b, c = ns_coefficients
+    X = grad.double()
+    if grad.size(0) > grad.size(1):
+        X = X.T
+    X = X / X.norm().clamp(min=eps)
+    for _ in range(ns_steps):
+        A = X @ X.T
+        X = torch.addmm(X, torch.addmm(A, A, A, beta=b, alpha=c), X, beta=a)
+    if grad.size(0) > grad.size(1):
+        X = X.T
+    return X.to(grad.dtype)
+
+
+def exact_torch_muon():
+    """A context in which eager torch.optim.Muon computes its Newton–Schulz in fp64."""
+    from unittest import mock
+
+    return mock.patch.object(torch.optim._muon, "_zeropower_via_newtonschulz", _torch_muon_ns_fp64)

@@ -1,0 +1,168 @@
+"""The canonicalize pass: unmodified Newton–Schulz code (torch.optim.Muon, hand-written
+loops in the usual forms) becomes the op, bucketed like muon_compile.Muon; near misses
+are left alone with their reason. Compiled results against eager execution of the same
+code, every time."""
+
+import pytest
+import torch
+
+import muon_compile
+from muon_compile.passes.canonicalize import plan_canonical
+
+from helpers import compile_with_dump, count_ns_calls, dumped_graphs, make_params, set_grads
+from ns_forms import FORMS, NEAR_MISSES, exact_torch_muon
+from numerics import NS_RTOL, assert_rel_close, assert_rewrite_close
+
+# wide, tall, square and odd matrices, and a tall / wide pair of one canonical shape
+SHAPES_2D = [(24, 8), (8, 8), (8, 32), (5, 7), (32, 8)]
+SHAPES_3D = [(3, 8, 12), (2, 12, 8)]
+
+
+def _inputs(shapes, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(s, generator=g) for s in shapes]
+
+
+def _compile_form(fn, shapes, tmp_path, dtype=torch.float32, **kw):
+    """``backend="muon"``, eager and exact (fp64) results of ``[fn(G) for G in inputs]``,
+    and the dumped graphs."""
+    from torch._inductor.utils import fresh_cache
+
+    from muon_compile import config
+
+    def many(Gs, dtype=dtype):
+        return [fn(G, dtype=dtype, **kw) for G in Gs]
+
+    inputs = _inputs(shapes)
+    with fresh_cache(), config.override(dump_dir=str(tmp_path)):
+        got = torch.compile(many, backend="muon")(inputs)
+    exact = many([G.double() for G in inputs], dtype=torch.float64)
+    return got, many(inputs), exact, dumped_graphs(tmp_path)
+
+
+def _dynamo_graph(fn, inputs):
+    """The torch-level graph Dynamo hands a backend for ``fn(*inputs)``."""
+    graphs = []
+
+    def capture(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch.compile(fn, backend=capture)(*inputs)
+    (gm,) = graphs
+    return gm
+
+
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_form_becomes_one_op_per_matrix(form, dtype, tmp_path):
+    shapes = SHAPES_2D + SHAPES_3D
+    got, eager, exact, graphs = _compile_form(FORMS[form], shapes, tmp_path, dtype=dtype)
+    assert muon_compile.counters["canonicalize.matched"] == len(shapes)
+    assert muon_compile.counters["canonicalize.rejected"] == 0
+    assert count_ns_calls(graphs["canonicalize_after"]) == len(shapes)
+    assert "matmul" not in graphs["canonicalize_after"] and "addmm" not in graphs["canonicalize_after"]
+    for i, (g, e, x) in enumerate(zip(got, eager, exact)):
+        assert g.dtype == e.dtype and g.shape == e.shape
+        assert_rewrite_close(g, e, x, dtype, f"matrix {i} {shapes[i]}")
+
+
+@pytest.mark.parametrize("steps", [1, 3, 8])
+def test_any_number_of_steps(steps, tmp_path):
+    got, eager, exact, graphs = _compile_form(FORMS["polar_express"], SHAPES_2D[:3], tmp_path, steps=steps)
+    assert muon_compile.counters["canonicalize.matched"] == 3
+    assert f", {steps}, 1e-07, 1.01, False, f32)" in graphs["canonicalize_after"]
+    for g, e, x in zip(got, eager, exact):
+        assert_rewrite_close(g, e, x, torch.float32)
+
+
+def test_coefficients_eps_and_dtype_are_read_off_exactly():
+    from ns_forms import POLAR, POLAR_SAFETY, addmm_clamped, polar_express
+
+    gm = _dynamo_graph(lambda G: polar_express(G, steps=4), _inputs([(8, 12)]))
+    (match,), rejected = plan_canonical(gm.graph)
+    assert not rejected
+    assert match.steps == 4
+    assert match.coefficients == pytest.approx([c for t in POLAR[:4] for c in t], rel=1e-12)
+    norm = match.chain.norm
+    assert (norm.scale, norm.eps, norm.clamp, match.chain.dtype) == (POLAR_SAFETY, 1e-7, False, torch.bfloat16)
+
+    gm = _dynamo_graph(lambda G: addmm_clamped(G, steps=2), _inputs([(12, 8)]))
+    (match,), _ = plan_canonical(gm.graph)
+    assert match.coefficients == pytest.approx([3.4445, -4.775, 2.0315] * 2, rel=1e-12)
+    assert (match.chain.norm.clamp, match.chain.norm.eps) == (True, 1e-7)
+    # tall: the final in-place scale is kept apart from the last step's coefficients
+    assert [scale for *_, scale in match.replacements] == pytest.approx([1.5**0.5])
+
+
+@pytest.mark.parametrize("fn", NEAR_MISSES, ids=lambda f: f.__name__)
+def test_near_miss_is_left_alone(fn, tmp_path):
+    shapes, reason = NEAR_MISSES[fn]
+    gm = _dynamo_graph(fn, _inputs(shapes))
+    before = gm.code
+    matches, rejected = plan_canonical(gm.graph)
+    assert not matches and len(rejected) == 1
+    assert reason in rejected[0].reason, rejected[0].reason
+    assert gm.code == before  # planning does not touch the graph
+
+    torch._dynamo.reset()
+    got, eager, _, graphs = _compile_form(fn, shapes, tmp_path)
+    assert muon_compile.counters["canonicalize.matched"] == 0
+    assert muon_compile.counters["canonicalize.rejected"] == 1
+    assert muon_compile.counters["find.ns_ops"] == 0 and "canonicalize_after" not in graphs
+    for g, e in zip(got, eager):
+        assert_rel_close(g, e, NS_RTOL[torch.float32], fn.__name__)
+
+
+def torch_muon(**kw):
+    return lambda params: torch.optim.Muon(params, **kw)
+
+
+def run_torch_muon(shapes, steps, compiled, **opt_kw):
+    """Weights after ``steps`` steps of torch.optim.Muon (eager, or ``backend="muon"``)."""
+    params = make_params(shapes)
+    opt = torch.optim.Muon(params, **opt_kw)
+    step = torch.compile(opt.step, backend="muon") if compiled else opt.step
+    for s in range(steps):
+        set_grads(params, 100 + s)
+        step()
+    return [p.detach() for p in params]
+
+
+def check_torch_muon(shapes, steps=3, **opt_kw):
+    """Compiled torch.optim.Muon against eager and against eager with its NS in fp64."""
+    start = [p.detach() for p in make_params(shapes)]
+    got = run_torch_muon(shapes, steps, True, **opt_kw)
+    eager = run_torch_muon(shapes, steps, False, **opt_kw)
+    with exact_torch_muon():
+        exact = run_torch_muon(shapes, steps, False, **opt_kw)
+    for i, (g, e, x, s) in enumerate(zip(got, eager, exact, start)):
+        assert_rewrite_close(g - s, e - s, x - s, torch.bfloat16, f"param {i} {shapes[i]}")
+
+
+@pytest.mark.parametrize("nesterov", [True, False], ids=["nesterov", "plain"])
+def test_torch_optim_muon_is_bucketed_like_muon_compile(nesterov):
+    shapes = SHAPES_2D * 2  # 10 matrices of 4 canonical shapes: 8x24, 8x8, 8x32 (with the tall 32x8), 5x7
+    check_torch_muon(shapes, lr=0.05, weight_decay=0.1, nesterov=nesterov)
+    assert muon_compile.counters["canonicalize.matched"] == len(shapes)
+    assert muon_compile.counters["find.ns_ops"] == len(shapes)
+    assert muon_compile.counters["bucket.buckets"] == 4
+
+
+def test_canonicalize_can_be_switched_off(tmp_path):
+    graphs, _ = compile_with_dump(torch_muon(), SHAPES_2D, tmp_path, passes="-canonicalize")
+    assert muon_compile.counters["canonicalize.matched"] == 0 and not graphs
+
+
+def test_loop_on_a_tensor_that_requires_grad_is_left_to_autograd():
+    """The op has no derivative: a Newton–Schulz loop inside a model's forward stays as it
+    was, and its gradient is eager's."""
+    from ns_forms import keller
+
+    W = torch.randn(8, 12, requires_grad=True)
+    W2 = W.detach().clone().requires_grad_()
+    torch.compile(lambda w: keller(w, steps=2, dtype=torch.float32).square().sum(), backend="muon")(W).backward()
+    keller(W2, steps=2, dtype=torch.float32).square().sum().backward()
+    assert muon_compile.counters["canonicalize.matched"] == 0
+    assert muon_compile.counters["canonicalize.rejected"] == 1
+    assert_rel_close(W.grad, W2.grad, NS_RTOL[torch.float32], "grad")
