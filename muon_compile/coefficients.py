@@ -13,13 +13,25 @@ Presets:
   (Amsel, Persson, Musco, Gower, arXiv:2505.16932, Algorithm 1): each triple but the
   last divided by the safety factor ``(1.01, 1.01**3, 1.01**5)`` and the Frobenius norm
   multiplied by ``1.01``.
+
+and the other published sets that Megatron's ``coefficient_type`` offers (its
+``emerging_optimizers`` Newton–Schulz), under the same names:
+
+* ``"simple"`` — Keller Jordan's triple, as ``"keller"``;
+* ``"quintic"`` — five per-iteration triples tuned for a quintic iteration (You Jiacheng /
+  Franz Cesista, as used in modded-nanogpt's medium track), cycled: step ``i`` uses
+  triple ``i mod 5``;
+* ``"aol"`` — four triples from Thibaut Boissin's flash-newton-schulz (Turbo-Muon), cycled.
+
+A schedule is *cycled* (``Preset.cycle``) or repeats its last triple; the op always
+receives the expanded per-step schedule of a cycled preset (:meth:`Preset.op_coefficients`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 Triple = tuple[float, float, float]
 
@@ -32,6 +44,13 @@ class Preset:
     coefficients: tuple[Triple, ...]
     norm_scale: float = 1.0
     eps: float = 1e-7
+    cycle: bool = False
+
+    def op_coefficients(self, steps: int) -> list[float]:
+        """The op's flat ``coefficients`` argument for ``steps`` iterations of this schedule."""
+        if not self.cycle:
+            return flatten(self.coefficients)
+        return flatten(self.coefficients[i % len(self.coefficients)] for i in range(steps))
 
 
 def _with_safety(raw: Sequence[Triple], safety: float) -> tuple[Triple, ...]:
@@ -51,11 +70,28 @@ _POLAR_EXPRESS_RAW: tuple[Triple, ...] = (
     (1.875, -1.25, 0.375),
 )
 _POLAR_EXPRESS_SAFETY = 1.01
+_KELLER: tuple[Triple, ...] = ((3.4445, -4.7750, 2.0315),)
+_QUINTIC: tuple[Triple, ...] = (
+    (4.0848, -6.8946, 2.9270),
+    (3.9505, -6.3029, 2.6377),
+    (3.7418, -5.5913, 2.3037),
+    (2.8769, -3.1427, 1.2046),
+    (2.8366, -3.0525, 1.2012),
+)
+_AOL: tuple[Triple, ...] = (
+    (4.0098, -7.0585, 2.4635),
+    (3.4585, -5.5479, 2.5959),
+    (2.7573, -3.2939, 1.4254),
+    (2.7215, -3.0494, 1.3169),
+)
 
 PRESETS: dict[str, Preset] = {
     p.name: p
     for p in (
-        Preset("keller", ((3.4445, -4.7750, 2.0315),)),
+        Preset("keller", _KELLER),
+        Preset("simple", _KELLER),
+        Preset("quintic", _QUINTIC, cycle=True),
+        Preset("aol", _AOL, cycle=True),
         Preset(
             "polar_express",
             _with_safety(_POLAR_EXPRESS_RAW, _POLAR_EXPRESS_SAFETY),
@@ -99,7 +135,7 @@ def resolve(spec: CoefficientSpec) -> Preset:
     return Preset("custom", triples)
 
 
-def flatten(coefficients: Sequence[Triple]) -> list[float]:
+def flatten(coefficients: Iterable[Triple]) -> list[float]:
     """``((a, b, c), ...)`` -> ``[a, b, c, ...]``, the op's argument form."""
     return [float(v) for t in coefficients for v in t]
 

@@ -43,6 +43,17 @@ def _scalar(value: Any, key: str) -> Tensor:
     return torch.tensor(float(value), dtype=torch.float64)
 
 
+NS_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "fp64": torch.float64}
+
+
+def _ns_dtype(value: Any) -> torch.dtype:
+    """``ns_dtype`` as a dtype: a floating ``torch.dtype`` or one of the names of ``NS_DTYPES``."""
+    dtype = NS_DTYPES.get(value, value) if isinstance(value, str) else value
+    if dtype not in NS_DTYPES.values():
+        raise ValueError(f"ns_dtype must be one of {list(NS_DTYPES)} or the matching torch dtype, got {value!r}")
+    return dtype
+
+
 def _value(x: Any) -> float:
     return float(x.item()) if isinstance(x, Tensor) else float(x)
 
@@ -67,10 +78,12 @@ class MuonAdamW(torch.optim.Optimizer):
         momentum: Muon momentum coefficient, in [0, 1).
         nesterov: use the Nesterov form ``lerp(grad, buf, momentum)`` of the momentum.
         weight_decay: decoupled weight decay ``p *= 1 - lr * wd`` (Muon groups).
-        ns_coefficients: ``"keller"``, ``"polar_express"``, an ``(a, b, c)`` triple or a
-            list of per-iteration triples.
+        ns_coefficients: a preset name (``"keller"``, ``"polar_express"``, and Megatron's
+            ``"simple"``, ``"quintic"``, ``"aol"``; see :mod:`muon_compile.coefficients`),
+            an ``(a, b, c)`` triple or a list of per-iteration triples.
         ns_steps: Newton–Schulz iterations.
-        ns_dtype: dtype of the Newton–Schulz matmuls (``torch.bfloat16`` or ``torch.float32``).
+        ns_dtype: dtype of the Newton–Schulz matmuls: ``torch.bfloat16`` (default) or
+            ``torch.float32`` (and fp16 / fp64), or its name ``"bf16"``, ``"fp32"``, ...
         ns_eps: added to the Frobenius norm before normalising (default: the preset's).
         adjust_lr: shape scaling of the Muon step: ``"original"`` sqrt(max(1, rows/cols)),
             ``"match_rms_adamw"`` 0.2 sqrt(max(rows, cols)), ``"spectral"`` sqrt(max(rows,
@@ -92,7 +105,7 @@ class MuonAdamW(torch.optim.Optimizer):
         weight_decay: float = 0.0,
         ns_coefficients: coeffs.CoefficientSpec = "keller",
         ns_steps: int = 5,
-        ns_dtype: torch.dtype = torch.bfloat16,
+        ns_dtype: torch.dtype | str = torch.bfloat16,
         ns_eps: float | None = None,
         adjust_lr: str = "original",
         extra_scale_factor: float = 1.0,
@@ -137,8 +150,7 @@ class MuonAdamW(torch.optim.Optimizer):
         coeffs.resolve(group["ns_coefficients"])
         if not isinstance(group["ns_steps"], int) or group["ns_steps"] < 1:
             raise ValueError(f"ns_steps must be a positive int, got {group['ns_steps']!r}")
-        if group["ns_dtype"] not in (torch.bfloat16, torch.float16, torch.float32, torch.float64):
-            raise ValueError(f"ns_dtype must be a floating dtype, got {group['ns_dtype']!r}")
+        group["ns_dtype"] = _ns_dtype(group["ns_dtype"])
         if group["adjust_lr"] not in ADJUST_LR_MODES:
             raise ValueError(f"unknown adjust_lr mode {group['adjust_lr']!r}; known: {ADJUST_LR_MODES}")
         if group["ns_eps"] is not None and not group["ns_eps"] >= 0:
@@ -226,7 +238,8 @@ class MuonAdamW(torch.optim.Optimizer):
     def _muon_step(self, group: dict) -> None:
         preset = coeffs.resolve(group["ns_coefficients"])
         eps = preset.eps if group["ns_eps"] is None else float(group["ns_eps"])
-        ns_args = (coeffs.flatten(preset.coefficients), group["ns_steps"], eps, preset.norm_scale, False, group["ns_dtype"])
+        steps = group["ns_steps"]
+        ns_args = (preset.op_coefficients(steps), steps, eps, preset.norm_scale, False, group["ns_dtype"])
         decay = 1 - group["lr"] * group["weight_decay"]
         for i, p in enumerate(group["params"]):
             if p.grad is None:

@@ -98,8 +98,8 @@ def newton_schulz(
         x: 2-D matrix or 3-D batch; a tall matrix is handled through its transpose. A
             DTensor is handled by its layout (see :mod:`muon_compile.routing`); the
             result has the same placements.
-        coefficients: ``"keller"``, ``"polar_express"``, one ``(a, b, c)`` triple, or a
-            list of per-iteration triples (the last one repeats).
+        coefficients: a preset name (:mod:`muon_compile.coefficients`), one ``(a, b, c)``
+            triple, or a list of per-iteration triples (the last one repeats).
         steps: number of iterations.
         eps: added to the scaled Frobenius norm before dividing (default: the preset's).
         compute_dtype: dtype of the iteration's matmuls (bf16 by default; fp32 allowed).
@@ -111,7 +111,7 @@ def newton_schulz(
     preset = coeffs.resolve(coefficients)
     return newton_schulz_any(
         x,
-        coeffs.flatten(preset.coefficients),
+        preset.op_coefficients(steps),
         steps,
         preset.eps if eps is None else float(eps),
         preset.norm_scale,

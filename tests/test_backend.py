@@ -29,6 +29,11 @@ def test_compiled_matches_eager(ns_dtype, preset, nesterov):
     assert muon_compile.counters["bucket.buckets"] in (0, 5)  # 0 on an FX-cache hit
 
 
+def test_cycled_coefficient_set_compiles():
+    # "quintic" cycles its five triples: 7 steps use triples 0-4, 0, 1
+    compare_steps(muon(lr=0.05, ns_coefficients="quintic", ns_steps=7, ns_dtype="fp32"), MIXED_SHAPES, rtol=NS_RTOL[torch.float32])
+
+
 def test_bf16_params_and_adamw_groups_compile():
     def make(params):
         return muon_compile.MuonAdamW(

@@ -226,3 +226,22 @@ def test_params_without_grad_are_skipped():
     opt.step()
     assert not torch.equal(params[0].detach(), before[0])
     assert torch.equal(params[1].detach(), before[1])
+
+
+@pytest.mark.parametrize("preset", ["simple", "quintic", "aol"])
+def test_megatron_coefficient_sets_by_name(preset):
+    """Megatron's coefficient_type sets: "simple" repeats one triple, "quintic" and "aol"
+    cycle through theirs (7 steps: 5 + 2 and 4 + 3)."""
+    p = coeffs.PRESETS[preset]
+    steps = 7
+    schedule = [p.coefficients[i % len(p.coefficients)] for i in range(steps)]
+    g = torch.randn(6, 10, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    got = muon_compile.newton_schulz(g, preset, steps, compute_dtype=torch.float64)
+    torch.testing.assert_close(got, textbook_ns(g, schedule, steps, p.eps, p.norm_scale), rtol=1e-10, atol=1e-12)
+
+
+def test_ns_dtype_by_name():
+    opt = muon_compile.Muon(_params([(4, 6)]), ns_dtype="fp32")
+    assert opt.param_groups[0]["ns_dtype"] is torch.float32
+    with pytest.raises(ValueError, match="ns_dtype"):
+        muon_compile.Muon(_params([(4, 6)]), ns_dtype="fp8")
