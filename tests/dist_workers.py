@@ -44,7 +44,11 @@ def step_grads(shapes, step):
 
 
 def make_optimizer(kind, params, opt_kw):
-    """``muon_compile.Muon`` (``kind="muon_compile"``) or the unmodified ``torch.optim.Muon`` (``"torch"``)."""
+    """``muon_compile.Muon`` (``kind="muon_compile"``), the unmodified ``torch.optim.Muon``
+    (``"torch"``), or ``muon_compile.MuonAdamW`` with AdamW on the last parameter (``"muon_adamw"``)."""
+    if kind == "muon_adamw":
+        groups = [{"params": params[:-1], "kind": "muon"}, {"params": params[-1:], "kind": "adamw"}]
+        return muon_compile.MuonAdamW(groups, **opt_kw)
     return {"muon_compile": muon_compile.Muon, "torch": torch.optim.Muon}[kind](params, **opt_kw)
 
 
@@ -115,8 +119,11 @@ def fsdp_muon(rank, world, shapes, steps, strategy, opt_kw, mesh_shape=None, opt
     :func:`make_optimizer`) with fixed global gradients, and return the full weights, this
     rank's post-pass graph's collectives, the collectives launched per step and the pass
     counters."""
+    from torch._dynamo.utils import counters as dynamo_counters
+
     params = sharded_stack(shapes, device_mesh(world, mesh_shape))
     opt = make_optimizer(optimizer, params, opt_kw)
+    dynamo_counters.clear()
     with tempfile.TemporaryDirectory() as dump, config.override(strategy=strategy, dump_dir=dump):
         step = torch.compile(opt.step, backend="muon")
         for s in range(steps):
@@ -132,6 +139,12 @@ def fsdp_muon(rank, world, shapes, steps, strategy, opt_kw, mesh_shape=None, opt
         "launched": launched,
         "counters": dict(muon_compile.counters),
         "graph": last,
+        "graphs_compiled": dynamo_counters["stats"]["unique_graphs"],
+        # each state tensor laid out like its parameter (sharded state, no gather needed)
+        "state_like_params": all(
+            v.placements == p.placements and v.to_local().shape == p.to_local().shape
+            for p in params for v in opt.state[p].values() if v.dim() > 0
+        ),
     }
 
 
@@ -233,3 +246,58 @@ def layout_reference(steps):
             params[k].grad = g
         opt.step()
     return {k: p.detach() for k, p in params.items()}
+
+
+CHECKPOINT_SHAPES = [(24, 16), (7, 16), (1, 16), (12, 40)]
+
+
+def _checkpoint_model(world, shapes):
+    """An FSDP2 Stack of ``shapes``; MuonAdamW with Muon on all but the last weight (AdamW)."""
+    from torch.distributed.fsdp import fully_shard
+
+    model = Stack(shapes)
+    with torch.no_grad():
+        for layer, w in zip(model.layers, initial_weights(shapes)):
+            layer.weight.copy_(w)
+    fully_shard(model, mesh=device_mesh(world))
+    params = [layer.weight for layer in model.layers]
+    groups = [{"params": params[:-1], "kind": "muon"}, {"params": params[-1:], "kind": "adamw"}]
+    return model, params, muon_compile.MuonAdamW(groups, lr=0.05, weight_decay=0.1, ns_dtype=torch.float32)
+
+
+def dcp_resume(rank, world, steps_before):
+    """Train ``steps_before`` compiled steps, save model and optimizer with
+    torch.distributed.checkpoint, take one more step; then load the checkpoint into a fresh
+    model and optimizer and take that step again. Returns whether each weight is
+    bit-identical between the two, and the resumed optimizer's state keys."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    shapes = CHECKPOINT_SHAPES
+    model, params, opt = _checkpoint_model(world, shapes)
+    step = torch.compile(opt.step, backend="muon")
+    for s in range(steps_before):
+        set_step_grads(params, shapes, s)
+        step()
+    with tempfile.TemporaryDirectory() as local:
+        path = [local]
+        torch.distributed.broadcast_object_list(path, 0)  # rank 0's directory for every rank
+        model_sd, optim_sd = get_state_dict(model, opt)
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=path[0])
+        set_step_grads(params, shapes, steps_before)
+        step()
+        uninterrupted = [p.full_tensor() for p in params]
+
+        model2, params2, opt2 = _checkpoint_model(world, shapes)
+        model_sd2, optim_sd2 = get_state_dict(model2, opt2)
+        state = {"model": model_sd2, "optim": optim_sd2}
+        dcp.load(state, checkpoint_id=path[0])
+        set_state_dict(model2, opt2, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        torch.distributed.barrier()  # rank 0 removes the directory on leaving
+    set_step_grads(params2, shapes, steps_before)
+    torch.compile(opt2.step, backend="muon")()
+    resumed = [p.full_tensor() for p in params2]
+    return {
+        "identical": [bool(torch.equal(a, b)) for a, b in zip(resumed, uninterrupted)],
+        "state_keys": sorted(k for p in params2 for k in opt2.state[p]),
+    }

@@ -19,7 +19,7 @@ from dist_workers import (
     mixed_layouts,
     reference_run,
 )
-from numerics import NS_RTOL, assert_rel_close, assert_rewrite_close
+from numerics import FP32_RTOL, NS_RTOL, assert_rel_close, assert_rewrite_close
 
 STEPS = 3
 OPT = dict(lr=0.05, momentum=0.9, weight_decay=0.1)
@@ -74,6 +74,21 @@ def test_fsdp2_unmodified_torch_optim_muon_is_bucketed():
         for i, (got, e, x, s) in enumerate(zip(result["weights"], eager, exact, initial)):
             assert_rewrite_close(got - s, e - s, x - s, torch.bfloat16, f"rank {rank} matrix {i} {shapes[i]}")
     assert_same_collectives([r["collectives"] for r in results])
+
+
+def test_fsdp2_adamw_part_compiles_into_the_same_step_without_collectives():
+    """MuonAdamW on FSDP2: the AdamW parameter's update is in the same compiled graph,
+    its state stays sharded like the parameter, and it adds no collective."""
+    results = run_world(fsdp_muon, 2, FSDP_SHAPES, STEPS, "all_to_all", OPT, None, "muon_adamw")
+    reference = reference_run(FSDP_SHAPES, STEPS, "muon_adamw", **OPT)
+    initial = reference_run(FSDP_SHAPES, 0)
+    for rank, result in enumerate(results):
+        assert result["graphs_compiled"] == 1
+        assert result["state_like_params"]
+        assert result["launched"] == 2 and result["counters"]["distribute.matrices"] == len(FSDP_SHAPES) - 1
+        for i, (got, want, start) in enumerate(zip(result["weights"], reference, initial)):
+            rtol = NS_RTOL[torch.bfloat16] if i < len(FSDP_SHAPES) - 1 else FP32_RTOL  # the last one is AdamW
+            assert_rel_close(got - start, want - start, rtol, f"rank {rank} param {i}")
 
 
 def test_shared_cache_dir_across_ranks_and_runs():
