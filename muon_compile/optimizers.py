@@ -18,11 +18,13 @@ from typing import Any
 
 import torch
 from torch import Tensor
+from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor import zeros as dtensor_zeros
 
 from . import coefficients as coeffs
 from .routing import Kind, layout_of
 from .stats import counters
-from .updates import ADJUST_LR_MODES, adamw_update, lr_ratio, muon_update
+from .updates import ADJUST_LR_MODES, adamw_update, lr_ratio, muon_update, second_moment_shape
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +54,18 @@ def _ns_dtype(value: Any) -> torch.dtype:
     if dtype not in NS_DTYPES.values():
         raise ValueError(f"ns_dtype must be one of {list(NS_DTYPES)} or the matching torch dtype, got {value!r}")
     return dtype
+
+
+def _zeros_like_factored(p: Tensor) -> Tensor:
+    """A zero NorMuon second moment for ``p`` (see :func:`second_moment_shape`); for a DTensor,
+    sharded like ``p`` except along the dimension it averages over (replicated there)."""
+    shape = second_moment_shape(p.shape)
+    dtype = torch.promote_types(p.dtype, torch.float32)  # at least fp32, also for bf16 params
+    if not isinstance(p, DTensor):
+        return torch.zeros(shape, dtype=dtype, device=p.device)
+    reduced = p.dim() - 1 if shape[-1] == 1 else p.dim() - 2  # the dimension the moment averages over
+    placements = [Replicate() if isinstance(pl, Shard) and pl.dim % p.dim() == reduced else pl for pl in p.placements]
+    return dtensor_zeros(shape, dtype=dtype, device_mesh=p.device_mesh, placements=placements)
 
 
 def _value(x: Any) -> float:
@@ -89,6 +103,13 @@ class MuonAdamW(torch.optim.Optimizer):
             ``"match_rms_adamw"`` 0.2 sqrt(max(rows, cols)), ``"spectral"`` sqrt(max(rows,
             cols)) or ``"none"``. Rows and cols are the last two dimensions.
         extra_scale_factor: a further constant multiplier of the Muon step.
+        normuon_beta2: turn on NorMuon-style variance reduction (nanochat): a factored
+            second moment (one value per row of a matrix with rows >= cols, else per
+            column), an EMA with this beta of the orthogonalised update's mean square,
+            divides the update, which is then rescaled to its Frobenius norm. ``None``
+            (default) is off; nanochat uses 0.95.
+        cautious_weight_decay: apply the weight decay only where the update and the
+            parameter have the same sign (nanochat). Off by default.
         adamw_lr, adamw_betas, adamw_eps, adamw_weight_decay: AdamW group defaults.
 
     Muon parameters must be real 2-D matrices or 3-D stacks of matrices (the leading
@@ -109,6 +130,8 @@ class MuonAdamW(torch.optim.Optimizer):
         ns_eps: float | None = None,
         adjust_lr: str = "original",
         extra_scale_factor: float = 1.0,
+        normuon_beta2: float | None = None,
+        cautious_weight_decay: bool = False,
         adamw_lr: float = 3e-4,
         adamw_betas: tuple[float, float] = (0.9, 0.95),
         adamw_eps: float = 1e-8,
@@ -126,6 +149,8 @@ class MuonAdamW(torch.optim.Optimizer):
                 ns_eps=ns_eps,
                 adjust_lr=adjust_lr,
                 extra_scale_factor=extra_scale_factor,
+                normuon_beta2=normuon_beta2,
+                cautious_weight_decay=cautious_weight_decay,
             ),
             "adamw": dict(lr=adamw_lr, betas=adamw_betas, eps=adamw_eps, weight_decay=adamw_weight_decay),
         }
@@ -157,6 +182,10 @@ class MuonAdamW(torch.optim.Optimizer):
             raise ValueError(f"ns_eps must be >= 0, got {group['ns_eps']!r}")
         for key in _MUON_SCALARS:
             group[key] = _scalar(group[key], key)
+        if group["normuon_beta2"] is not None:
+            group["normuon_beta2"] = _scalar(group["normuon_beta2"], "normuon_beta2")
+            if not 0 <= _value(group["normuon_beta2"]) < 1:
+                raise ValueError(f"normuon_beta2 must be in [0, 1), got {_value(group['normuon_beta2'])}")
         self._check_ranges(group, momentum_key="momentum")
         for i, p in enumerate(group["params"]):
             if p.dim() not in (2, 3):
@@ -170,6 +199,8 @@ class MuonAdamW(torch.optim.Optimizer):
                 log.info("Muon parameter %s: %s; %s (one collective per matrix)", _param_name(group, i), layout.reason, layout.kind.value)
                 counters["route.dtensor_fallback"] += 1
             self.state[p].setdefault("momentum_buffer", torch.zeros_like(p, memory_format=torch.preserve_format))
+            if group["normuon_beta2"] is not None:
+                self.state[p].setdefault("second_moment", _zeros_like_factored(p))
 
     def _prepare_adamw_group(self, group: dict) -> None:
         for key in _ADAMW_SCALARS:
@@ -245,16 +276,20 @@ class MuonAdamW(torch.optim.Optimizer):
             if p.grad is None:
                 continue
             self._check_grad(group, i, p.grad)
+            state = self.state[p]
             muon_update(
                 p,
                 p.grad,
-                self.state[p]["momentum_buffer"],
+                state["momentum_buffer"],
                 beta=group["momentum"],
                 decay=decay,
                 lr=group["lr"],
                 nesterov=group["nesterov"],
                 ns_args=ns_args,
                 lr_scale=lr_ratio(p.shape[-2], p.shape[-1], group["adjust_lr"]) * group["extra_scale_factor"],
+                second_moment=state.get("second_moment"),
+                beta2=group["normuon_beta2"],
+                cautious=group["cautious_weight_decay"],
             )
 
     def _adamw_step(self, group: dict) -> None:

@@ -37,6 +37,26 @@ def lr_ratio(rows: int, cols: int, mode: str) -> float:
     raise ValueError(f"unknown adjust_lr mode {mode!r}; known: {ADJUST_LR_MODES}")
 
 
+def second_moment_shape(shape: torch.Size) -> tuple[int, ...]:
+    """NorMuon's factored second moment of a ``(..., rows, cols)`` update: one value per
+    row (``(..., rows, 1)``) when rows >= cols, else one per column (``(..., 1, cols)``)."""
+    rows, cols = shape[-2], shape[-1]
+    return (*shape[:-2], rows, 1) if rows >= cols else (*shape[:-2], 1, cols)
+
+
+def variance_normalize(update: Tensor, second_moment: Tensor, beta2: Tensor) -> Tensor:
+    """NorMuon-style variance reduction (nanochat): each row (or column, by the shape of
+    ``second_moment``) of the orthogonalised ``update`` is divided by the root of its
+    running mean square, then the whole is rescaled to ``update``'s Frobenius norm.
+    ``second_moment`` is updated in place (an EMA with ``beta2``)."""
+    reduce_dim = -1 if second_moment.shape[-1] == 1 else -2
+    u = update.to(second_moment.dtype)  # at least fp32
+    second_moment.lerp_(u.square().mean(dim=reduce_dim, keepdim=True).to(second_moment.dtype), 1 - beta2)
+    scaled = u * second_moment.clamp_min(1e-10).rsqrt()
+    norms = (u.norm(dim=(-2, -1), keepdim=True), scaled.norm(dim=(-2, -1), keepdim=True))
+    return (scaled * (norms[0] / norms[1].clamp_min(1e-10))).to(update.dtype)
+
+
 def muon_update(
     param: Tensor,
     grad: Tensor,
@@ -48,21 +68,33 @@ def muon_update(
     nesterov: bool,
     ns_args: tuple,
     lr_scale: float,
+    second_moment: Tensor | None = None,
+    beta2: Tensor | None = None,
+    cautious: bool = False,
 ) -> None:
-    """One Muon step on ``param``: momentum, Newton–Schulz, decoupled weight decay, update.
+    """One Muon step on ``param``: momentum, Newton–Schulz, optional NorMuon variance
+    reduction (when ``second_moment`` is given), decoupled weight decay (cautious: only
+    where the update and the parameter agree in sign), update.
 
-    ``beta`` is the momentum, ``decay`` the weight-decay factor ``1 - lr * wd`` (both 0-D
-    tensors computed once per group); ``ns_args`` are the op's arguments after ``x``.
+    ``beta`` (momentum), ``decay`` (the weight-decay factor ``1 - lr * wd``, computed once
+    per group), ``lr`` and ``beta2`` are 0-D tensors; ``ns_args`` are the op's arguments
+    after ``x``.
     """
     fresh = grad * (1 - beta)
     momentum_buffer.mul_(beta).add_(fresh)
     update = fresh + momentum_buffer * beta if nesterov else momentum_buffer
     ortho = newton_schulz_any(update, *ns_args)
+    if second_moment is not None:
+        ortho = variance_normalize(ortho, second_moment, beta2)
     if isinstance(ortho, DTensor) and ortho.placements != param.placements:
-        # A layout left to DTensor returns the whole (replicated) matrix; keep this rank's
-        # shard, a local slice (DTensor refuses it inside add_ when a shard is empty).
+        # A layout left to DTensor (or a NorMuon scale that DTensor replicated) gives the
+        # whole matrix; keep this rank's shard, a local slice (DTensor refuses the
+        # placement change inside an in-place op).
         ortho = ortho.redistribute(param.device_mesh, param.placements)
-    param.mul_(decay)
+    if cautious:
+        param.mul_(1 - (1 - decay) * (ortho * param >= 0))
+    else:
+        param.mul_(decay)
     param.add_(ortho * (lr * -lr_scale))
 
 

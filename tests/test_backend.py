@@ -34,6 +34,12 @@ def test_cycled_coefficient_set_compiles():
     compare_steps(muon(lr=0.05, ns_coefficients="quintic", ns_steps=7, ns_dtype="fp32"), MIXED_SHAPES, rtol=NS_RTOL[torch.float32])
 
 
+def test_normuon_and_cautious_weight_decay_compile():
+    opt = muon(lr=0.05, weight_decay=0.3, normuon_beta2=0.95, cautious_weight_decay=True, ns_dtype="fp32")
+    compare_steps(opt, MIXED_SHAPES, rtol=NS_RTOL[torch.float32], steps=3)
+    assert muon_compile.counters["bucket.buckets"] in (0, 5)  # NorMuon leaves the NS buckets as they were
+
+
 def test_bf16_params_and_adamw_groups_compile():
     def make(params):
         return muon_compile.MuonAdamW(

@@ -91,6 +91,20 @@ def test_fsdp2_adamw_part_compiles_into_the_same_step_without_collectives():
             assert_rel_close(got - start, want - start, rtol, f"rank {rank} param {i}")
 
 
+def test_fsdp2_normuon_and_cautious_weight_decay():
+    """NorMuon's per-row second moment stays sharded with the rows, the per-column one is
+    replicated; its norms and column means are DTensor reductions (small extra
+    collectives, not bucketed). Results equal the single-process reference."""
+    kw = dict(OPT, ns_dtype=torch.float32, normuon_beta2=0.95, cautious_weight_decay=True)
+    results = run_world(fsdp_muon, 2, FSDP_SHAPES, STEPS, "all_to_all", kw)
+    reference = reference_run(FSDP_SHAPES, STEPS, **kw)
+    initial = reference_run(FSDP_SHAPES, 0)
+    for rank, result in enumerate(results):
+        assert result["counters"]["distribute.buckets"] == 1
+        for i, (got, want, start) in enumerate(zip(result["weights"], reference, initial)):
+            assert_rel_close(got - start, want - start, NS_RTOL[torch.float32], f"rank {rank} matrix {i}")
+
+
 def test_shared_cache_dir_across_ranks_and_runs():
     """Stock torch keys a DTensor's cache entry by its global spec only; with uneven shards
     one rank loaded another's artifact and failed ('expected size 3==4'). The backend keys

@@ -245,3 +245,48 @@ def test_ns_dtype_by_name():
     assert opt.param_groups[0]["ns_dtype"] is torch.float32
     with pytest.raises(ValueError, match="ns_dtype"):
         muon_compile.Muon(_params([(4, 6)]), ns_dtype="fp8")
+
+
+def textbook_normuon_cautious_step(p, grad, buf, v, *, lr, momentum, wd, beta2, scale, steps=5):
+    """NorMuon + cautious weight decay written out in float64 (returns param, buffer, second moment)."""
+    buf = momentum * buf + (1 - momentum) * grad
+    update = (1 - momentum) * grad + momentum * buf
+    o = textbook_ns(update, KELLER.coefficients, steps, KELLER.eps, 1.0)
+    rows, cols = o.shape
+    per_row = rows >= cols
+    mean_sq = (o * o).sum(dim=1, keepdim=True) / cols if per_row else (o * o).sum(dim=0, keepdim=True) / rows
+    v = beta2 * v + (1 - beta2) * mean_sq
+    n = o / v.clamp_min(1e-10).sqrt()
+    n = n * (torch.linalg.norm(o) / torch.linalg.norm(n))
+    agree = (n * p >= 0).double()
+    return p - lr * wd * agree * p - lr * scale * n, buf, v
+
+
+def test_normuon_and_cautious_weight_decay_match_textbook_fp64():
+    shapes = [(6, 10), (10, 6), (7, 7)]
+    params = _params(shapes, torch.float64)
+    ref = [p.detach().clone() for p in params]
+    bufs = [torch.zeros_like(p) for p in ref]
+    vs = [torch.zeros((r, 1) if r >= c else (1, c), dtype=torch.float64) for r, c in shapes]
+    kw = dict(lr=0.05, momentum=0.9, weight_decay=0.3)
+    opt = muon_compile.Muon(params, **kw, normuon_beta2=0.95, cautious_weight_decay=True, ns_dtype=torch.float64)
+    assert [tuple(opt.state[p]["second_moment"].shape) for p in params] == [(1, 10), (10, 1), (7, 1)]
+    for step in range(3):
+        _set_grads(params, step)
+        for i, p in enumerate(params):
+            scale = math.sqrt(max(1.0, p.shape[0] / p.shape[1]))
+            ref[i], bufs[i], vs[i] = textbook_normuon_cautious_step(
+                ref[i], p.grad, bufs[i], vs[i], lr=0.05, momentum=0.9, wd=0.3, beta2=0.95, scale=scale
+            )
+        opt.step()
+    for p, r, v in zip(params, ref, vs):
+        torch.testing.assert_close(p.detach(), r, rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(opt.state[p]["second_moment"], v, rtol=1e-10, atol=1e-15)
+
+
+def test_normuon_and_cautious_are_off_by_default():
+    params = _params([(6, 10)])
+    opt = muon_compile.Muon(params, weight_decay=0.1)
+    assert set(opt.state[params[0]]) == {"momentum_buffer"}
+    with pytest.raises(ValueError, match="normuon_beta2"):
+        muon_compile.Muon(_params([(6, 10)]), normuon_beta2=1.5)
