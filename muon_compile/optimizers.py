@@ -68,6 +68,16 @@ def _zeros_like_factored(p: Tensor) -> Tensor:
     return dtensor_zeros(shape, dtype=dtype, device_mesh=p.device_mesh, placements=placements)
 
 
+def _row_blocks(split_rows: int | tuple[int, ...] | list[int] | None, rows: int) -> tuple[int, ...] | None:
+    """``split_rows`` as block sizes: ``None`` (whole matrix), ``k`` (blocks of k rows:
+    per head) or explicit sizes (Q, K, V)."""
+    if split_rows is None:
+        return None
+    if isinstance(split_rows, int):
+        return (split_rows,) * (rows // split_rows)
+    return tuple(split_rows)
+
+
 def _value(x: Any) -> float:
     return float(x.item()) if isinstance(x, Tensor) else float(x)
 
@@ -110,6 +120,10 @@ class MuonAdamW(torch.optim.Optimizer):
             (default) is off; nanochat uses 0.95.
         cautious_weight_decay: apply the weight decay only where the update and the
             parameter have the same sign (nanochat). Off by default.
+        split_rows: orthogonalise row blocks of each matrix on their own (Megatron's
+            ``split_qkv`` / ``qkv_split_shapes``): ``(q_rows, k_rows, v_rows)`` for a fused
+            QKV weight, or an int ``k`` for blocks of ``k`` rows (per-head NS). Each block
+            gets its own ``adjust_lr`` ratio. Meant for a group of its own (the QKV weights).
         adamw_lr, adamw_betas, adamw_eps, adamw_weight_decay: AdamW group defaults.
 
     Muon parameters must be real 2-D matrices or 3-D stacks of matrices (the leading
@@ -132,6 +146,7 @@ class MuonAdamW(torch.optim.Optimizer):
         extra_scale_factor: float = 1.0,
         normuon_beta2: float | None = None,
         cautious_weight_decay: bool = False,
+        split_rows: int | tuple[int, ...] | None = None,
         adamw_lr: float = 3e-4,
         adamw_betas: tuple[float, float] = (0.9, 0.95),
         adamw_eps: float = 1e-8,
@@ -151,6 +166,7 @@ class MuonAdamW(torch.optim.Optimizer):
                 extra_scale_factor=extra_scale_factor,
                 normuon_beta2=normuon_beta2,
                 cautious_weight_decay=cautious_weight_decay,
+                split_rows=split_rows,
             ),
             "adamw": dict(lr=adamw_lr, betas=adamw_betas, eps=adamw_eps, weight_decay=adamw_weight_decay),
         }
@@ -188,6 +204,8 @@ class MuonAdamW(torch.optim.Optimizer):
                 raise ValueError(f"normuon_beta2 must be in [0, 1), got {_value(group['normuon_beta2'])}")
         self._check_ranges(group, momentum_key="momentum")
         for i, p in enumerate(group["params"]):
+            if group["split_rows"] is not None and p.dim() in (2, 3):
+                self._check_split(group, i)
             if p.dim() not in (2, 3):
                 raise ValueError(
                     f"Muon parameter {_param_name(group, i)} has {p.dim()} dimension(s); Muon takes "
@@ -227,6 +245,15 @@ class MuonAdamW(torch.optim.Optimizer):
             raise ValueError(f"momentum must be in [0, 1), got {_value(group[momentum_key])}")
         if "betas" in group and not all(0 <= _value(b) < 1 for b in group["betas"]):
             raise ValueError(f"betas must be in [0, 1), got {[_value(b) for b in group['betas']]}")
+
+    @staticmethod
+    def _check_split(group: dict, index: int) -> None:
+        split, rows = group["split_rows"], group["params"][index].shape[-2]
+        sizes = split if isinstance(split, (tuple, list)) else None
+        if sizes is None and not (isinstance(split, int) and split > 0 and rows % split == 0):
+            raise ValueError(f"split_rows={split!r} does not divide the {rows} rows of Muon parameter {_param_name(group, index)}")
+        if sizes is not None and (not all(isinstance(r, int) and r > 0 for r in sizes) or sum(sizes) != rows):
+            raise ValueError(f"split_rows={split!r} does not sum to the {rows} rows of Muon parameter {_param_name(group, index)}")
 
     @staticmethod
     def _check_real(group: dict, index: int) -> None:
@@ -277,6 +304,7 @@ class MuonAdamW(torch.optim.Optimizer):
                 continue
             self._check_grad(group, i, p.grad)
             state = self.state[p]
+            split = _row_blocks(group["split_rows"], p.shape[-2])
             muon_update(
                 p,
                 p.grad,
@@ -286,7 +314,9 @@ class MuonAdamW(torch.optim.Optimizer):
                 lr=group["lr"],
                 nesterov=group["nesterov"],
                 ns_args=ns_args,
-                lr_scale=lr_ratio(p.shape[-2], p.shape[-1], group["adjust_lr"]) * group["extra_scale_factor"],
+                lr_scale=group["extra_scale_factor"] * (1.0 if split else lr_ratio(p.shape[-2], p.shape[-1], group["adjust_lr"])),
+                split=split,
+                adjust_lr=group["adjust_lr"],
                 second_moment=state.get("second_moment"),
                 beta2=group["normuon_beta2"],
                 cautious=group["cautious_weight_decay"],

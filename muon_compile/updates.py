@@ -57,6 +57,24 @@ def variance_normalize(update: Tensor, second_moment: Tensor, beta2: Tensor) -> 
     return (scaled * (norms[0] / norms[1].clamp_min(1e-10))).to(update.dtype)
 
 
+def split_orthogonalize(update: Tensor, split: tuple[int, ...], ns_args: tuple, adjust_lr: str) -> Tensor:
+    """Newton–Schulz of each row block of ``update`` on its own (Megatron's ``split_qkv``;
+    equal blocks = per-head), each block scaled by its own ``adjust_lr`` ratio.
+
+    Equal blocks become one batched call on ``(..., blocks, rows, cols)`` reshaped to a
+    3-D batch; unequal ones (Q, K, V of grouped-query attention) one call each. Under the
+    backend either joins the buckets of its shape like any other matrix.
+    """
+    cols = update.shape[-1]
+    if len(set(split)) == 1:
+        rows = split[0]
+        blocks = update.reshape(-1, rows, cols)
+        out = newton_schulz_any(blocks, *ns_args) * lr_ratio(rows, cols, adjust_lr)
+        return out.reshape(update.shape)
+    parts = update.split(list(split), dim=-2)
+    return torch.cat([newton_schulz_any(b, *ns_args) * lr_ratio(b.shape[-2], cols, adjust_lr) for b in parts], dim=-2)
+
+
 def muon_update(
     param: Tensor,
     grad: Tensor,
@@ -68,6 +86,8 @@ def muon_update(
     nesterov: bool,
     ns_args: tuple,
     lr_scale: float,
+    split: tuple[int, ...] | None = None,
+    adjust_lr: str = "original",
     second_moment: Tensor | None = None,
     beta2: Tensor | None = None,
     cautious: bool = False,
@@ -78,12 +98,17 @@ def muon_update(
 
     ``beta`` (momentum), ``decay`` (the weight-decay factor ``1 - lr * wd``, computed once
     per group), ``lr`` and ``beta2`` are 0-D tensors; ``ns_args`` are the op's arguments
-    after ``x``.
+    after ``x``; ``lr_scale`` multiplies the step. With ``split`` (row block sizes) each
+    block is orthogonalised and scaled by its ``adjust_lr`` ratio on its own
+    (:func:`split_orthogonalize`), and ``lr_scale`` is only the extra factor.
     """
     fresh = grad * (1 - beta)
     momentum_buffer.mul_(beta).add_(fresh)
     update = fresh + momentum_buffer * beta if nesterov else momentum_buffer
-    ortho = newton_schulz_any(update, *ns_args)
+    if split is None:
+        ortho = newton_schulz_any(update, *ns_args)
+    else:
+        ortho = split_orthogonalize(update, split, ns_args, adjust_lr)
     if second_moment is not None:
         ortho = variance_normalize(ortho, second_moment, beta2)
     if isinstance(ortho, DTensor) and ortho.placements != param.placements:

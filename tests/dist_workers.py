@@ -45,10 +45,13 @@ def step_grads(shapes, step):
 
 def make_optimizer(kind, params, opt_kw):
     """``muon_compile.Muon`` (``kind="muon_compile"``), the unmodified ``torch.optim.Muon``
-    (``"torch"``), or ``muon_compile.MuonAdamW`` with AdamW on the last parameter (``"muon_adamw"``)."""
+    (``"torch"``), ``muon_compile.MuonAdamW`` with AdamW on the last parameter
+    (``"muon_adamw"``), or Muon with the first parameter split as a fused QKV (``"split_qkv"``)."""
     if kind == "muon_adamw":
         groups = [{"params": params[:-1], "kind": "muon"}, {"params": params[-1:], "kind": "adamw"}]
         return muon_compile.MuonAdamW(groups, **opt_kw)
+    if kind == "split_qkv":  # the first (24-row) matrix as a fused QKV of 12 + 6 + 6 rows
+        return muon_compile.Muon([{"params": params[:1], "split_rows": (12, 6, 6)}, {"params": params[1:]}], **opt_kw)
     return {"muon_compile": muon_compile.Muon, "torch": torch.optim.Muon}[kind](params, **opt_kw)
 
 

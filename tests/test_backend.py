@@ -40,6 +40,27 @@ def test_normuon_and_cautious_weight_decay_compile():
     assert muon_compile.counters["bucket.buckets"] in (0, 5)  # NorMuon leaves the NS buckets as they were
 
 
+def test_split_rows_blocks_join_the_buckets_of_their_shape():
+    """A fused 24x8 QKV split into three 8x8 blocks and per-head 4x8 blocks of a 16x8 matrix
+    join the 8x8 and 4x8 buckets of the plain matrices."""
+
+    def make(params):
+        return muon_compile.Muon(
+            [
+                {"params": params[:1], "split_rows": (8, 8, 8)},
+                {"params": params[1:2], "split_rows": 4},
+                {"params": params[2:]},
+            ],
+            lr=0.05,
+            ns_dtype="fp32",
+        )
+
+    compare_steps(make, [(24, 8), (16, 8), (8, 8), (4, 8)], rtol=NS_RTOL[torch.float32])
+    if muon_compile.counters["bucket.buckets"]:  # 0 on an FX-cache hit
+        assert muon_compile.counters["bucket.buckets"] == 2  # 8x8 (3 blocks + 1), 4x8 (4 heads + 1)
+        assert muon_compile.counters["bucket.matrices"] == 9  # 3 + 1 of 8x8, 4 + 1 of 4x8
+
+
 def test_bf16_params_and_adamw_groups_compile():
     def make(params):
         return muon_compile.MuonAdamW(

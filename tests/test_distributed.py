@@ -105,6 +105,20 @@ def test_fsdp2_normuon_and_cautious_weight_decay():
             assert_rel_close(got - start, want - start, NS_RTOL[torch.float32], f"rank {rank} matrix {i}")
 
 
+def test_fsdp2_split_qkv():
+    """A row-sharded fused QKV split into Q, K, V blocks: DTensor gathers the matrix for the
+    split (the blocks do not follow the shard boundaries), the other matrices keep their
+    bucket. Results equal the single-process reference."""
+    kw = dict(OPT, ns_dtype=torch.float32)
+    results = run_world(fsdp_muon, 2, FSDP_SHAPES, STEPS, "all_to_all", kw, None, "split_qkv")
+    reference = reference_run(FSDP_SHAPES, STEPS, "split_qkv", **kw)
+    initial = reference_run(FSDP_SHAPES, 0)
+    for rank, result in enumerate(results):
+        assert result["counters"]["distribute.matrices"] == len(FSDP_SHAPES) - 1
+        for i, (got, want, start) in enumerate(zip(result["weights"], reference, initial)):
+            assert_rel_close(got - start, want - start, NS_RTOL[torch.float32], f"rank {rank} matrix {i}")
+
+
 def test_shared_cache_dir_across_ranks_and_runs():
     """Stock torch keys a DTensor's cache entry by its global spec only; with uneven shards
     one rank loaded another's artifact and failed ('expected size 3==4'). The backend keys

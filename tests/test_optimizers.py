@@ -290,3 +290,28 @@ def test_normuon_and_cautious_are_off_by_default():
     assert set(opt.state[params[0]]) == {"momentum_buffer"}
     with pytest.raises(ValueError, match="normuon_beta2"):
         muon_compile.Muon(_params([(6, 10)]), normuon_beta2=1.5)
+
+
+@pytest.mark.parametrize("split, blocks", [((8, 4, 4), [(0, 8), (8, 12), (12, 16)]), (4, [(0, 4), (4, 8), (8, 12), (12, 16)])])
+def test_split_rows_orthogonalise_blocks_on_their_own(split, blocks):
+    """Fused QKV (q 8, k 4, v 4 rows) and per-head (4 heads of 4 rows): each row block is
+    its own Newton–Schulz with its own shape ratio, against fp64 textbook Muon per block."""
+    (p,) = _params([(16, 6)], torch.float64)
+    start = p.detach().clone()
+    opt = muon_compile.Muon([p], lr=0.05, momentum=0.0, nesterov=False, ns_dtype=torch.float64, split_rows=split)
+    _set_grads([p], 0)
+    opt.step()
+    for lo, hi in blocks:
+        rows = hi - lo
+        want, _ = textbook_muon_step(
+            start[lo:hi], p.grad[lo:hi], torch.zeros(rows, 6, dtype=torch.float64),
+            lr=0.05, momentum=0.0, wd=0.0, nesterov=False, scale=math.sqrt(max(1.0, rows / 6)),
+        )
+        torch.testing.assert_close(p.detach()[lo:hi], want, rtol=1e-10, atol=1e-12)
+
+
+def test_split_rows_must_fit_the_matrix():
+    with pytest.raises(ValueError, match="split_rows=\\(8, 4\\) does not sum to the 16 rows of Muon parameter 'qkv'"):
+        muon_compile.Muon([("qkv", nn.Parameter(torch.zeros(16, 6)))], split_rows=(8, 4))
+    with pytest.raises(ValueError, match="does not divide"):
+        muon_compile.Muon([nn.Parameter(torch.zeros(16, 6))], split_rows=5)
