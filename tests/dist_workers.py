@@ -304,3 +304,70 @@ def dcp_resume(rank, world, steps_before):
         "identical": [bool(torch.equal(a, b)) for a, b in zip(resumed, uninterrupted)],
         "state_keys": sorted(k for p in params2 for k in opt2.state[p]),
     }
+
+
+class DenseAndExperts(nn.Module):
+    """Two dense layers and an expert stack ``(4, 8, 16)`` (name contains "experts")."""
+
+    def __init__(self):
+        super().__init__()
+        g = torch.Generator().manual_seed(5)
+        self.dense = nn.ModuleList(nn.Linear(16, o, bias=False) for o in (24, 10))
+        self.moe = nn.Module()
+        self.moe.experts = nn.Parameter(torch.randn(4, 8, 16, generator=g))
+        with torch.no_grad():
+            for layer in self.dense:
+                layer.weight.copy_(torch.randn(layer.weight.shape, generator=g))
+
+
+def expert_grads(model, step):
+    g = torch.Generator().manual_seed(500 + step)
+    return {n: torch.randn(p.shape, generator=g) for n, p in model.named_parameters()}
+
+
+def experts_run(model, steps, compiled):
+    opt = muon_compile.MuonAdamW(muon_compile.muon_param_groups(model, expert_keys=["experts"]), lr=0.05, ns_dtype=torch.float32)
+    step = torch.compile(opt.step, backend="muon") if compiled else opt.step
+    for s in range(steps):
+        grads = expert_grads(model, s)
+        for n, p in model.named_parameters():
+            p.grad = distribute_like(grads[n], p)
+        step()
+    return step
+
+
+def distribute_like(tensor, like):
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    return distribute_tensor(tensor, like.device_mesh, like.placements) if isinstance(like, DTensor) else tensor
+
+
+def experts_own_group(rank, world, steps):
+    """Dense layers FSDP2-sharded on the world mesh, the expert stack on a separate expert
+    data-parallel group (its own process group, sharded on the expert dimension)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
+
+    model = DenseAndExperts()
+    expert_mesh = DeviceMesh.from_group(dist.new_group(list(range(world))), "cpu")
+    fully_shard(model.moe, mesh=expert_mesh)
+    fully_shard(model, mesh=device_mesh(world))
+    muon_compile.counters.clear()
+    with tempfile.TemporaryDirectory() as dump, config.override(dump_dir=dump):
+        step = experts_run(model, steps, compiled=True)
+        graphs = dumped_graphs(dump)
+    return {
+        "weights": {n: p.full_tensor() for n, p in model.named_parameters()},
+        "counters": dict(muon_compile.counters),
+        "launched": count_collectives(step),
+        "expert_group": model.moe.experts.device_mesh.get_group().group_name,
+        "dense_group": model.dense[0].weight.device_mesh.get_group().group_name,
+        "collectives": collective_sequence(graphs.get("lower_after", "")),
+    }
+
+
+def experts_reference(steps):
+    model = DenseAndExperts()
+    experts_run(model, steps, compiled=False)
+    return {n: p.detach() for n, p in model.named_parameters()}

@@ -119,6 +119,25 @@ def test_fsdp2_split_qkv():
             assert_rel_close(got - start, want - start, NS_RTOL[torch.float32], f"rank {rank} matrix {i}")
 
 
+def test_experts_on_their_own_data_parallel_group():
+    """Expert stacks selected by name (muon_param_groups(expert_keys=...)) and sharded on the
+    expert dimension over a separate process group: batched local NS, no collective, never
+    in the dense matrices' bucket; the dense matrices keep their all-to-all pair."""
+    from dist_workers import DenseAndExperts, experts_own_group, experts_reference
+
+    results = run_world(experts_own_group, 2, STEPS)
+    reference = experts_reference(STEPS)
+    initial = {n: p.detach() for n, p in DenseAndExperts().named_parameters()}
+    for rank, result in enumerate(results):
+        assert result["expert_group"] != result["dense_group"]
+        assert result["counters"]["distribute.matrices"] == 2  # the dense ones only
+        assert result["launched"] == 2
+        assert all(args.rsplit(", ", 1)[1].strip("'") == result["dense_group"] for _, _, args in result["collectives"])
+        for n, want in reference.items():
+            got = result["weights"][n]
+            assert_rel_close(got - initial[n], want - initial[n], NS_RTOL[torch.float32], f"rank {rank} {n}")
+
+
 def test_shared_cache_dir_across_ranks_and_runs():
     """Stock torch keys a DTensor's cache entry by its global spec only; with uneven shards
     one rank loaded another's artifact and failed ('expected size 3==4'). The backend keys

@@ -150,6 +150,17 @@ def test_muon_param_groups_split(tie):
     assert {g["kind"] for g in opt.param_groups} == {"muon", "adamw"}
 
 
+def test_muon_param_groups_expert_keys():
+    model = TinyGPT(tie=False)
+    model.router_table = nn.Parameter(torch.randn(2, 3, 4))  # 3-D but not an expert stack
+    groups = muon_compile.muon_param_groups(model, expert_keys=["experts"])
+    experts = [g for g in groups if g.get("experts")]
+    assert [[n for n, _ in g["params"]] for g in experts] == [["experts"]]
+    adamw = next(g for g in groups if g["kind"] == "adamw")
+    assert "router_table" in [n for n, _ in adamw["params"]]
+    muon_compile.MuonAdamW(groups)
+
+
 def test_state_exists_from_construction_and_hyperparameters_are_tensors():
     params = _params([(4, 6), (3,)])
     opt = muon_compile.MuonAdamW([{"params": params[:1], "kind": "muon"}, {"params": params[1:], "kind": "adamw"}])
