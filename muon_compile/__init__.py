@@ -10,12 +10,15 @@ from .coefficients import PRESETS
 from .routing import newton_schulz
 from .optimizers import Muon, MuonAdamW
 from .param_groups import muon_param_groups
+from .qk_clip import QKClip, QKClipLayer
 from .stats import counters
 
 __all__ = [
     "PRESETS",
     "Muon",
     "MuonAdamW",
+    "QKClip",
+    "QKClipLayer",
     "config",
     "counters",
     "muon_param_groups",

@@ -22,6 +22,8 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor import zeros as dtensor_zeros
 
 from . import coefficients as coeffs
+from . import qk_clip as qk_clip_mod
+from .qk_clip import QKClip
 from .routing import Kind, layout_of
 from .stats import counters
 from .updates import ADJUST_LR_MODES, adamw_update, lr_ratio, muon_update, second_moment_shape
@@ -120,6 +122,10 @@ class MuonAdamW(torch.optim.Optimizer):
             (default) is off; nanochat uses 0.95.
         cautious_weight_decay: apply the weight decay only where the update and the
             parameter have the same sign (nanochat). Off by default.
+        qk_clip: QK-clip (MuonClip): a :class:`muon_compile.QKClip` naming each attention
+            layer's query and key weights (parameters must be given with names); then
+            ``step(qk_logits={layer: max_logit_per_head})`` rescales the heads above the
+            threshold after the update. See :mod:`muon_compile.qk_clip`.
         split_rows: orthogonalise row blocks of each matrix on their own (Megatron's
             ``split_qkv`` / ``qkv_split_shapes``): ``(q_rows, k_rows, v_rows)`` for a fused
             QKV weight, or an int ``k`` for blocks of ``k`` rows (per-head NS). Each block
@@ -147,6 +153,7 @@ class MuonAdamW(torch.optim.Optimizer):
         normuon_beta2: float | None = None,
         cautious_weight_decay: bool = False,
         split_rows: int | tuple[int, ...] | None = None,
+        qk_clip: QKClip | None = None,
         adamw_lr: float = 3e-4,
         adamw_betas: tuple[float, float] = (0.9, 0.95),
         adamw_eps: float = 1e-8,
@@ -171,6 +178,11 @@ class MuonAdamW(torch.optim.Optimizer):
             "adamw": dict(lr=adamw_lr, betas=adamw_betas, eps=adamw_eps, weight_decay=adamw_weight_decay),
         }
         super().__init__(params, defaults={})
+        self._qk_clip = qk_clip
+        self._qk_targets = None
+        if qk_clip is not None:
+            named = {n: p for g in self.param_groups for n, p in zip(g.get("param_names", ()), g["params"])}
+            self._qk_targets = qk_clip_mod.resolve(qk_clip, named)
 
     # ----------------------------------------------------------------- param groups
     def add_param_group(self, param_group: dict) -> None:
@@ -280,8 +292,14 @@ class MuonAdamW(torch.optim.Optimizer):
 
     # ------------------------------------------------------------------------ step
     @torch.no_grad()
-    def step(self, closure=None):
-        """Perform one optimisation step; ``closure`` re-evaluates the loss, as in ``torch.optim``."""
+    def step(self, closure=None, qk_logits: dict[str, Tensor] | None = None):
+        """Perform one optimisation step; ``closure`` re-evaluates the loss, as in ``torch.optim``.
+
+        ``qk_logits`` (with ``qk_clip`` configured): per attention layer name, the largest
+        pre-softmax logit of each head in this step's batch, shape ``(heads,)``, the same on
+        every rank (all-reduce it with MAX under data parallelism). Heads above the
+        threshold get their query and key rows rescaled after the update.
+        """
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -291,6 +309,10 @@ class MuonAdamW(torch.optim.Optimizer):
                 self._muon_step(group)
             else:
                 self._adamw_step(group)
+        if qk_logits is not None:
+            if self._qk_targets is None:
+                raise ValueError("step(qk_logits=...) needs the optimizer built with qk_clip=QKClip(...)")
+            qk_clip_mod.apply(self._qk_targets, qk_logits, self._qk_clip.threshold)
         return loss
 
     def _muon_step(self, group: dict) -> None:

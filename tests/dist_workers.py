@@ -371,3 +371,29 @@ def experts_reference(steps):
     model = DenseAndExperts()
     experts_run(model, steps, compiled=False)
     return {n: p.detach() for n, p in model.named_parameters()}
+
+
+def qk_clip_run(rank, world, steps, rope_dim):
+    """QK-clip on FSDP2 (``world`` > 1) or in one process (``world`` = 0): the weights after
+    ``steps`` compiled (FSDP2) or eager steps with fixed per-head logits."""
+    from torch.distributed.fsdp import fully_shard
+
+    from muon_compile import QKClip, QKClipLayer
+
+    heads, head_dim, d = 3, 4, 16
+    model = Stack([(heads * head_dim, d), (heads * (head_dim - rope_dim), d), (32, d)])  # query, key, MLP
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=g))
+    if world:
+        fully_shard(model, mesh=device_mesh(world))
+    layer = QKClipLayer("layer0", query="layers.0.weight", key="layers.1.weight", heads=heads, head_dim=head_dim, rope_dim=rope_dim)
+    opt = muon_compile.Muon(list(model.named_parameters()), lr=0.05, ns_dtype=torch.float32, qk_clip=QKClip(10.0, [layer]))
+    step = torch.compile(opt.step, backend="muon") if world else opt.step
+    for s in range(steps):
+        gen = torch.Generator().manual_seed(40 + s)
+        for p in model.parameters():
+            p.grad = distribute_like(torch.randn(p.shape, generator=gen), p)
+        step(qk_logits={"layer0": torch.tensor([5.0, 40.0, 12.0]) * (s + 1)})
+    return {n: (p.full_tensor() if world else p.detach()) for n, p in model.named_parameters()}
