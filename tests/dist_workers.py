@@ -397,3 +397,59 @@ def qk_clip_run(rank, world, steps, rope_dim):
             p.grad = distribute_like(torch.randn(p.shape, generator=gen), p)
         step(qk_logits={"layer0": torch.tensor([5.0, 40.0, 12.0]) * (s + 1)})
     return {n: (p.full_tensor() if world else p.detach()) for n, p in model.named_parameters()}
+
+
+FORM_SHAPES = [(24, 16), (10, 16), (7, 16), (40, 12), (12, 40)]  # no matrix with fewer rows than ranks
+
+
+@torch.no_grad()
+def hand_written_step(params, bufs, form, dtype, lr=0.05, momentum=0.9):
+    """A hand-written Muon step around one of tests/ns_forms.py's Newton–Schulz loops."""
+    for p, buf in zip(params, bufs):
+        buf.lerp_(p.grad, 1 - momentum)
+        update = form(p.grad.lerp(buf, momentum), dtype=dtype)
+        p.add_(update.to(p.dtype), alpha=-lr)
+
+
+def hand_written_run(rank, world, steps, form_name, dtype=torch.bfloat16):
+    """Weights after ``steps`` hand-written Muon steps with the Newton–Schulz form
+    ``form_name``: compiled with backend="muon" on FSDP2 (``world`` > 1, also returning the
+    collectives launched per step and the counters), or eager in one process (``world`` = 0)."""
+    from ns_forms import FORMS
+
+    form = FORMS[form_name]
+    shapes = FORM_SHAPES
+    if world:
+        params = sharded_stack(shapes, device_mesh(world))
+    else:
+        params = [nn.Parameter(w) for w in initial_weights(shapes)]
+    bufs = [torch.zeros_like(p) for p in params]
+    step = lambda: hand_written_step(params, bufs, form, dtype)  # noqa: E731
+    if world:
+        muon_compile.counters.clear()
+        step = torch.compile(step, backend="muon")
+    for s in range(steps):
+        if world:
+            set_step_grads(params, shapes, s)
+        else:
+            for p, g in zip(params, step_grads(shapes, s)):
+                p.grad = g.to(p.dtype)
+        step()
+    if not world:
+        return [p.detach() for p in params]
+    return {
+        "weights": [p.full_tensor() for p in params],
+        "launched": count_collectives(step),
+        "counters": dict(muon_compile.counters),
+    }
+
+
+def hand_written_forms(rank, world, steps):
+    """:func:`hand_written_run` for every form of tests/ns_forms.py, one after another."""
+    from ns_forms import FORMS
+
+    out = {}
+    for name in FORMS:
+        torch._dynamo.reset()
+        out[name] = hand_written_run(rank, world, steps, name)
+    return out
