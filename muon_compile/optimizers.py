@@ -22,6 +22,7 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor import zeros as dtensor_zeros
 
 from . import coefficients as coeffs
+from . import offload
 from . import qk_clip as qk_clip_mod
 from .qk_clip import QKClip
 from .routing import Kind, layout_of
@@ -126,6 +127,9 @@ class MuonAdamW(torch.optim.Optimizer):
             layer's query and key weights (parameters must be given with names); then
             ``step(qk_logits={layer: max_logit_per_head})`` rescales the heads above the
             threshold after the update. See :mod:`muon_compile.qk_clip`.
+        offload_state: keep the optimizer state in host memory between steps (pinned when
+            CUDA is available); each step copies it to the parameters' device and back.
+            Results are identical to no offload. See :mod:`muon_compile.offload`.
         split_rows: orthogonalise row blocks of each matrix on their own (Megatron's
             ``split_qkv`` / ``qkv_split_shapes``): ``(q_rows, k_rows, v_rows)`` for a fused
             QKV weight, or an int ``k`` for blocks of ``k`` rows (per-head NS). Each block
@@ -154,6 +158,7 @@ class MuonAdamW(torch.optim.Optimizer):
         cautious_weight_decay: bool = False,
         split_rows: int | tuple[int, ...] | None = None,
         qk_clip: QKClip | None = None,
+        offload_state: bool = False,
         adamw_lr: float = 3e-4,
         adamw_betas: tuple[float, float] = (0.9, 0.95),
         adamw_eps: float = 1e-8,
@@ -177,6 +182,7 @@ class MuonAdamW(torch.optim.Optimizer):
             ),
             "adamw": dict(lr=adamw_lr, betas=adamw_betas, eps=adamw_eps, weight_decay=adamw_weight_decay),
         }
+        self._offload = bool(offload_state)  # read while the groups below are added
         super().__init__(params, defaults={})
         self._qk_clip = qk_clip
         self._qk_targets = None
@@ -231,6 +237,7 @@ class MuonAdamW(torch.optim.Optimizer):
             self.state[p].setdefault("momentum_buffer", torch.zeros_like(p, memory_format=torch.preserve_format))
             if group["normuon_beta2"] is not None:
                 self.state[p].setdefault("second_moment", _zeros_like_factored(p))
+            self._offload_state_of(p)
 
     def _prepare_adamw_group(self, group: dict) -> None:
         for key in _ADAMW_SCALARS:
@@ -246,6 +253,7 @@ class MuonAdamW(torch.optim.Optimizer):
             state.setdefault("step", torch.tensor(0.0, dtype=torch.float32))
             state.setdefault("exp_avg", torch.zeros_like(p, memory_format=torch.preserve_format))
             state.setdefault("exp_avg_sq", torch.zeros_like(p, memory_format=torch.preserve_format))
+            self._offload_state_of(p)
 
     @staticmethod
     def _check_ranges(group: dict, momentum_key: str | None) -> None:
@@ -280,9 +288,33 @@ class MuonAdamW(torch.optim.Optimizer):
         if torch.is_complex(grad):
             raise ValueError(f"parameter {_param_name(group, index)} has a complex gradient; it is not supported")
 
+    def _offload_state_of(self, p: Tensor) -> None:
+        """With ``offload_state``: move ``p``'s state (but 0-D entries) to host memory."""
+        if self._offload:
+            state = self.state[p]
+            for key, value in state.items():
+                if value.dim() > 0:
+                    state[key] = offload.to_host(value)
+
+    def _step_state(self, p: Tensor) -> dict:
+        """The state a step updates: ``p``'s own, or with ``offload_state`` its copy on ``p``'s device."""
+        state = self.state[p]
+        if not self._offload:
+            return state
+        return {k: offload.stage(v, p.device) if v.dim() > 0 else v for k, v in state.items()}
+
+    def _end_step_state(self, p: Tensor, staged: dict) -> None:
+        if self._offload:
+            for key, value in self.state[p].items():
+                if value.dim() > 0:
+                    offload.write_back(value, staged[key])
+
     def load_state_dict(self, state_dict: dict) -> None:
-        """Load like ``torch.optim.Optimizer``, then restore 0-D tensor hyper-parameters."""
+        """Load like ``torch.optim.Optimizer``, then restore 0-D tensor hyper-parameters
+        (and, with ``offload_state``, put the state back in host memory)."""
         super().load_state_dict(state_dict)
+        for p in self.state:
+            self._offload_state_of(p)
         for group in self.param_groups:
             keys = _MUON_SCALARS if group["kind"] == "muon" else _ADAMW_SCALARS
             for key in keys:
@@ -325,7 +357,7 @@ class MuonAdamW(torch.optim.Optimizer):
             if p.grad is None:
                 continue
             self._check_grad(group, i, p.grad)
-            state = self.state[p]
+            state = self._step_state(p)
             split = _row_blocks(group["split_rows"], p.shape[-2])
             muon_update(
                 p,
@@ -343,6 +375,7 @@ class MuonAdamW(torch.optim.Optimizer):
                 beta2=group["normuon_beta2"],
                 cautious=group["cautious_weight_decay"],
             )
+            self._end_step_state(p, state)
 
     def _adamw_step(self, group: dict) -> None:
         beta1, beta2 = group["betas"]
@@ -350,7 +383,7 @@ class MuonAdamW(torch.optim.Optimizer):
             if p.grad is None:
                 continue
             self._check_grad(group, i, p.grad)
-            state = self.state[p]
+            state = self._step_state(p)
             adamw_update(
                 p,
                 p.grad,
@@ -363,6 +396,7 @@ class MuonAdamW(torch.optim.Optimizer):
                 eps=group["eps"],
                 weight_decay=group["weight_decay"],
             )
+            self._end_step_state(p, state)
 
 
 class Muon(MuonAdamW):

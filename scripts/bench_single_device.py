@@ -17,6 +17,12 @@ Arms (``--arms`` takes the keys, or the long names, comma-separated):
     muon            muon muon_compile.Muon       torch.compile(opt.step, backend="muon")
     muon-torch      muon torch.optim.Muon        torch.compile(opt.step, backend="muon"):
                                                  unmodified, its loops canonicalised
+    muon-offload    muon ..., offload_state      the muon arm with the state in host memory
+                                                 between steps (copied in and out each step)
+
+After each table: the optimizer state that stays on the parameters' device between
+steps, without and with ``offload_state`` (the memory offload saves there; zero on a
+CPU-only machine, where parameters and state share the host memory).
     hand-stacked    hand-stacked (nanochat)      same-shape params stacked by hand, one
                                                  torch.compile'd momentum+NS+update per shape
     roofline        roofline                     bare bf16 bmm's of the same NS FLOPs
@@ -144,6 +150,17 @@ def our_muon_step(workload: Workload) -> Step:
     return muon_compile.Muon(make_params(workload), lr=LR).step
 
 
+def our_muon_offload_step(workload: Workload) -> Step:
+    return muon_compile.Muon(make_params(workload), lr=LR, offload_state=True).step
+
+
+def state_bytes_on_param_device(offload_state: bool, workload: Workload) -> int:
+    """Bytes of optimizer state that stay on the parameters' device between steps."""
+    params = make_params(workload)
+    opt = muon_compile.Muon(params, lr=LR, offload_state=offload_state)
+    return sum(v.nbytes for p in params for v in opt.state[p].values() if v.device == p.device)
+
+
 _KELLER = (3.4445, -4.7750, 2.0315)
 
 
@@ -234,6 +251,7 @@ ARMS = (
     Arm("inductor-ours", "inductor muon_compile.Muon", our_muon_step, "inductor"),
     Arm("muon", "muon muon_compile.Muon", our_muon_step, "muon"),
     Arm("muon-torch", "muon torch.optim.Muon", torch_muon_step, "muon"),
+    Arm("muon-offload", "muon muon_compile.Muon, offload_state", our_muon_offload_step, "muon"),
     Arm("hand-stacked", "hand-stacked (nanochat)", hand_stacked_step),
     Arm("roofline", "roofline", roofline_step),
 )
@@ -476,7 +494,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         for arm in args.arms:
             print(f"[{workload.name}] {arm.name} ...", file=sys.stderr, flush=True)
             results.append(measure(arm, workload, args.warmup, args.reps))
-        print(report(workload, results, machine, args.warmup, args.reps) + "\n", flush=True)
+        print(report(workload, results, machine, args.warmup, args.reps), flush=True)
+        kept = [state_bytes_on_param_device(o, workload) / 2**20 for o in (False, True)]
+        print(
+            f"optimizer state on the parameters' device between steps: {kept[0]:.1f} MiB, "
+            f"{kept[1]:.1f} MiB with offload_state=True (saved {kept[0] - kept[1]:.1f} MiB)\n",
+            flush=True,
+        )
         output["workloads"].append(to_json(workload, results))
     if args.json:
         with open(args.json, "w") as f:
