@@ -119,13 +119,17 @@ def torch_muon(**kw):
 
 
 def run_torch_muon(shapes, steps, compiled, **opt_kw):
-    """Weights after ``steps`` steps of torch.optim.Muon (eager, or ``backend="muon"``)."""
+    """Weights after ``steps`` steps of torch.optim.Muon (eager, or ``backend="muon"`` with an
+    empty Inductor cache, so the post-grad passes run and count)."""
+    from torch._inductor.utils import fresh_cache
+
     params = make_params(shapes)
     opt = torch.optim.Muon(params, **opt_kw)
     step = torch.compile(opt.step, backend="muon") if compiled else opt.step
-    for s in range(steps):
-        set_grads(params, 100 + s)
-        step()
+    with fresh_cache():
+        for s in range(steps):
+            set_grads(params, 100 + s)
+            step()
     return [p.detach() for p in params]
 
 
