@@ -14,11 +14,7 @@ import torch
 from torch import Tensor
 from torch.distributed.tensor import DTensor
 
-
-def _rewrap(local: Tensor, like: Tensor) -> Tensor:
-    if not isinstance(like, DTensor):
-        return local
-    return DTensor.from_local(local, like.device_mesh, like.placements, run_check=False, shape=like.shape, stride=like.stride())
+from .routing import wrap_like
 
 
 def _local(t: Tensor) -> Tensor:
@@ -30,12 +26,12 @@ def to_host(t: Tensor) -> Tensor:
     local = _local(t).to("cpu", copy=True)
     if torch.cuda.is_available():
         local = local.pin_memory()
-    return _rewrap(local, t)
+    return wrap_like(local, t)
 
 
 def stage(host: Tensor, device: torch.device) -> Tensor:
     """A copy of the host state ``host`` on ``device`` (always a copy, also when the device is the host)."""
-    return _rewrap(_local(host).to(device, non_blocking=True, copy=True), host)
+    return wrap_like(_local(host).to(device, non_blocking=True, copy=True), host)
 
 
 def write_back(host: Tensor, staged: Tensor) -> None:

@@ -61,6 +61,14 @@ def layout_of(x: Tensor) -> Layout:
     return Layout(Kind.DTENSOR, reason=f"Shard({placement.dim}) of a {x.dim()}-D tensor")
 
 
+def wrap_like(local: Tensor, like: Tensor) -> Tensor:
+    """``local`` as a DTensor with ``like``'s mesh, placements, global shape and stride
+    (``local`` itself when ``like`` is a plain tensor)."""
+    if not isinstance(like, DTensor):
+        return local
+    return DTensor.from_local(local, like.device_mesh, like.placements, run_check=False, shape=like.shape, stride=like.stride())
+
+
 def newton_schulz_any(
     x: Tensor,
     coefficients: list[float],
@@ -80,7 +88,7 @@ def newton_schulz_any(
         out = newton_schulz_op(local, *ns_args)
     else:
         out = sharded_newton_schulz_op(local, x.shape[0], layout.group_name, layout.group_size, *ns_args)
-    return DTensor.from_local(out, x.device_mesh, x.placements, run_check=False, shape=x.shape, stride=x.stride())
+    return wrap_like(out, x)
 
 
 def newton_schulz(

@@ -51,6 +51,7 @@ from muon_compile import routing
 from muon_compile.ns_op import NEWTON_SCHULZ
 from muon_compile.stats import counters
 
+from .graph_utils import local_value
 from .ns_algebra import ONE, Odd, next_iterate, poly_trim
 from .ns_walk import Chain, example_value, node_kind, walk_graph
 
@@ -146,7 +147,7 @@ def _call(graph: fx.Graph, op: str, target: Any, args: tuple) -> fx.Node:
     """A new node with its fake ``example_value`` computed like Dynamo's."""
     node = graph.create_node(op, target, args)
     values = [example_value(a) if isinstance(a, fx.Node) else a for a in args]
-    with _fake_mode(values[0]):
+    with local_value(values[0]).fake_mode:
         fn = getattr(values[0], target) if op == "call_method" else target
         node.meta["example_value"] = fn(*values[1:]) if op == "call_method" else fn(*values)
     return node
@@ -179,6 +180,3 @@ def reject_log(rejected: list[Chain]) -> None:
         counters["canonicalize.rejected"] += 1
         log.info("canonicalize: left %s as it was: %s", chain.start.name, chain.reason)
 
-
-def _fake_mode(t: torch.Tensor) -> Any:
-    return (t._local_tensor if isinstance(t, DTensor) else t).fake_mode

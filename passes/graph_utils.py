@@ -28,6 +28,7 @@ __all__ = [
     "check_contract",
     "alias_pattern",
     "escapes_to_output",
+    "local_value",
     "ns_nodes",
     "splice_trace",
     "stable_topological_sort",
@@ -36,6 +37,11 @@ __all__ = [
 
 class GraphContractError(RuntimeError):
     """A pass left the graph in a state the pipeline promises never to produce."""
+
+
+def local_value(t: torch.Tensor) -> torch.Tensor:
+    """A fake value's local tensor: the DTensor's shard, or the tensor itself."""
+    return t._local_tensor if isinstance(t, DTensor) else t
 
 
 def ns_nodes(graph: fx.Graph, targets: Sequence = NS_TARGETS) -> list[fx.Node]:
@@ -136,9 +142,7 @@ def check_contract(graph: fx.Graph, pass_name: str, aliasing_before: tuple, meta
         val = node.meta.get(meta_key)
         if val is None and node.users:
             raise GraphContractError(f"pass {pass_name!r} left node {node.name} without meta[{meta_key!r}]")
-        if isinstance(val, DTensor):
-            val = val._local_tensor
-        if isinstance(val, torch.Tensor) and not isinstance(val, FakeTensor):
+        if isinstance(val, torch.Tensor) and not isinstance(local_value(val), FakeTensor):
             raise GraphContractError(f"pass {pass_name!r} left a real tensor in {node.name}.meta[{meta_key!r}]")
     if alias_pattern(graph) != aliasing_before:
         raise GraphContractError(f"pass {pass_name!r} changed how the graph outputs alias inputs or each other")

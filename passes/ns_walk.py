@@ -18,9 +18,9 @@ from typing import Any
 
 import torch
 import torch.fx as fx
-from torch.distributed.tensor import DTensor
 from torch.multiprocessing.reductions import StorageWeakRef
 
+from .graph_utils import local_value
 from .ns_algebra import GRAM, ONE, Gram, Odd, Value, combine, next_iterate, product, scaled
 
 __all__ = ["Chain", "NormOf", "example_value", "node_kind", "walk_graph"]
@@ -76,15 +76,11 @@ def example_value(node: Any) -> Any:
     return node.meta.get("example_value") if isinstance(node, fx.Node) else None
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return t._local_tensor if isinstance(t, DTensor) else t
-
-
 def _storage(node: Any) -> StorageWeakRef | None:
     t = example_value(node)
     if not isinstance(t, torch.Tensor):
         return None
-    return StorageWeakRef(_local(t).untyped_storage())
+    return StorageWeakRef(local_value(t).untyped_storage())
 
 
 def _reads_metadata(node: fx.Node) -> bool:
@@ -216,7 +212,7 @@ class _Walk:
             # other alias of a known storage stays unoriented, so a chain read through it escapes
             src = node.args[0] if node.args else None
             same = isinstance(src, fx.Node) and src in self.orient and _storage(src) == s
-            if same and example_value(src).shape == example_value(node).shape and _local(example_value(src)).stride() == _local(example_value(node)).stride():
+            if same and example_value(src).shape == example_value(node).shape and local_value(example_value(src)).stride() == local_value(example_value(node)).stride():
                 self.orient[node] = self.orient[src]
             return
         self.root[s], self.version[s], self.orient[node] = node, 0, False

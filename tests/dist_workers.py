@@ -108,12 +108,17 @@ def sharded_stack(shapes, mesh):
     return [layer.weight for layer in model.layers]
 
 
+def distribute_like(tensor, like):
+    """``tensor`` sharded like the DTensor ``like`` (``tensor`` itself when ``like`` is plain)."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    return distribute_tensor(tensor, like.device_mesh, like.placements) if isinstance(like, DTensor) else tensor
+
+
 def set_step_grads(params, shapes, step):
     """Give the sharded ``params`` the global gradients of ``step``, sharded like them."""
-    from torch.distributed.tensor import distribute_tensor
-
     for p, g in zip(params, step_grads(shapes, step)):
-        p.grad = distribute_tensor(g, p.device_mesh, p.placements)
+        p.grad = distribute_like(g, p)
 
 
 def fsdp_muon(rank, world, shapes, steps, strategy, opt_kw, mesh_shape=None, optimizer="muon_compile"):
@@ -334,12 +339,6 @@ def experts_run(model, steps, compiled):
             p.grad = distribute_like(grads[n], p)
         step()
     return step
-
-
-def distribute_like(tensor, like):
-    from torch.distributed.tensor import DTensor, distribute_tensor
-
-    return distribute_tensor(tensor, like.device_mesh, like.placements) if isinstance(like, DTensor) else tensor
 
 
 def experts_own_group(rank, world, steps):
