@@ -10,11 +10,10 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch._inductor.compile_fx import compile_fx
-from torch.distributed.tensor import DTensor
 
 from . import config
+from .cache_key import rank_key
 from .passes import MuonGraphPass, new_dump_name, run_torch_passes
 
 # Inductor's fusion search tries each node against the next N nodes that read the same
@@ -41,7 +40,11 @@ def muon_backend(
     ``gm`` itself (Newton–Schulz loops become the op), the others on its post-grad graph.
 
     ``mode`` and ``options`` are Inductor's (as in ``torch.compile(mode=..., options=...)``);
-    the passes' own settings come from :mod:`muon_compile.config`.
+    the passes' own settings come from :mod:`muon_compile.config`. A
+    ``post_grad_custom_post_pass`` in ``options`` (or, without one there, in
+    ``torch._inductor.config``), one pass or a list, runs after this package's passes; the
+    FX graph cache stays on only if each such pass is a ``CustomGraphPass`` with a
+    ``uuid()``, as with plain Inductor.
     """
     cfg = config.current()
     dump_name = new_dump_name()
@@ -50,21 +53,6 @@ def muon_backend(
     if mode is not None:
         patches.update(torch._inductor.list_mode_options(mode))
     patches.update(options or {})
-    if "post_grad_custom_post_pass" in patches:
-        raise ValueError("the muon backend owns post_grad_custom_post_pass; do not set it in options")
-    patches["post_grad_custom_post_pass"] = MuonGraphPass(cfg, rank_key(example_inputs), dump_name)
+    user_passes = patches.pop("post_grad_custom_post_pass", torch._inductor.config.post_grad_custom_post_pass)
+    patches["post_grad_custom_post_pass"] = MuonGraphPass(cfg, rank_key(example_inputs), dump_name, user_passes)
     return compile_fx(gm, example_inputs, config_patches=patches)
-
-
-def rank_key(example_inputs: Sequence[Any]) -> tuple:
-    """What makes this rank's compiled graph its own: the rank and the local shard shapes.
-
-    The passes bake the rank into the graph (which matrices it orthogonalises, which rows
-    it keeps), and torch 2.13 keys a DTensor's cache entry by its global spec only, so
-    without this a shared cache directory hands one rank another rank's artifact. It is
-    part of the passes' ``uuid()``, hence of the FX-graph and AOTAutograd cache keys.
-    """
-    shards = [tuple(t._local_tensor.shape) for t in example_inputs if isinstance(t, DTensor)]
-    if not shards or not dist.is_initialized():
-        return ()
-    return (dist.get_rank(), tuple(shards))

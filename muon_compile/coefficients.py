@@ -23,17 +23,18 @@ and the other published sets that Megatron's ``coefficient_type`` offers (its
   triple ``i mod 5``;
 * ``"aol"`` — four triples from Thibaut Boissin's flash-newton-schulz (Turbo-Muon), cycled.
 
-A schedule is *cycled* (``Preset.cycle``) or repeats its last triple; the op always
-receives the expanded per-step schedule of a cycled preset (:meth:`Preset.op_coefficients`).
+A schedule is *cycled* (``Preset.cycle``) or repeats its last triple;
+:func:`ns_args` expands it to one triple per iteration, the form :class:`NSArgs` holds.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
-Triple = tuple[float, float, float]
+import torch
+
+from .ns_args import NSArgs, Triple, as_triple, check_steps, repeat_last
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,11 +47,11 @@ class Preset:
     eps: float = 1e-7
     cycle: bool = False
 
-    def op_coefficients(self, steps: int) -> list[float]:
-        """The op's flat ``coefficients`` argument for ``steps`` iterations of this schedule."""
+    def schedule(self, steps: int) -> tuple[Triple, ...]:
+        """The triple of each of ``steps`` iterations (cycled, or the last one repeating)."""
         if not self.cycle:
-            return flatten(self.coefficients)
-        return flatten(self.coefficients[i % len(self.coefficients)] for i in range(steps))
+            return repeat_last(self.coefficients, steps)
+        return tuple(self.coefficients[i % len(self.coefficients)] for i in range(steps))
 
 
 def _with_safety(raw: Sequence[Triple], safety: float) -> tuple[Triple, ...]:
@@ -103,17 +104,6 @@ PRESETS: dict[str, Preset] = {
 CoefficientSpec = str | Sequence[float] | Sequence[Sequence[float]]
 
 
-def _triple(value: object, where: str) -> Triple:
-    if not isinstance(value, Sequence) or isinstance(value, str) or len(value) != 3:
-        raise ValueError(f"{where}: expected a triple (a, b, c), got {value!r}")
-    out = []
-    for v in value:
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-            raise ValueError(f"{where}: coefficients must be finite numbers, got {value!r}")
-        out.append(float(v))
-    return (out[0], out[1], out[2])
-
-
 def resolve(spec: CoefficientSpec) -> Preset:
     """Turn a preset name, one ``(a, b, c)`` triple, or a list of triples into a :class:`Preset`.
 
@@ -130,25 +120,26 @@ def resolve(spec: CoefficientSpec) -> Preset:
     if not isinstance(spec, Sequence) or len(spec) == 0:
         raise ValueError(f"ns_coefficients must be a preset name, a triple or a list of triples, got {spec!r}")
     if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in spec):
-        return Preset("custom", (_triple(spec, "ns_coefficients"),))
-    triples = tuple(_triple(t, f"ns_coefficients[{i}]") for i, t in enumerate(spec))
+        return Preset("custom", (as_triple(spec, "ns_coefficients"),))
+    triples = tuple(as_triple(t, f"ns_coefficients[{i}]") for i, t in enumerate(spec))
     return Preset("custom", triples)
 
 
-def flatten(coefficients: Iterable[Triple]) -> list[float]:
-    """``((a, b, c), ...)`` -> ``[a, b, c, ...]``, the op's argument form."""
-    return [float(v) for t in coefficients for v in t]
-
-
-def unflatten(flat: Sequence[float]) -> tuple[Triple, ...]:
-    """Inverse of :func:`flatten`; raises ``ValueError`` unless the length is a positive multiple of 3."""
-    if len(flat) == 0 or len(flat) % 3:
-        raise ValueError(
-            f"newton_schulz coefficients must hold 3*k values (k >= 1), got {len(flat)}: {list(flat)!r}"
-        )
-    return tuple((float(flat[i]), float(flat[i + 1]), float(flat[i + 2])) for i in range(0, len(flat), 3))
-
-
-def schedule(coefficients: Sequence[Triple], steps: int) -> tuple[Triple, ...]:
-    """The triple used at each of ``steps`` iterations (the last triple repeats)."""
-    return tuple(coefficients[min(i, len(coefficients) - 1)] for i in range(steps))
+def ns_args(
+    spec: CoefficientSpec,
+    steps: int,
+    *,
+    eps: float | None = None,
+    compute_dtype: torch.dtype = torch.bfloat16,
+    clamp_eps: bool = False,
+) -> NSArgs:
+    """The :class:`NSArgs` of ``steps`` iterations of ``spec`` (a preset name, a triple or a
+    list of triples), with the preset's norm scale and, unless given, its eps."""
+    preset = resolve(spec)
+    return NSArgs(
+        preset.schedule(check_steps(steps)),
+        eps=preset.eps if eps is None else eps,
+        norm_scale=preset.norm_scale,
+        clamp_eps=clamp_eps,
+        compute_dtype=compute_dtype,
+    )

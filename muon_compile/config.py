@@ -9,8 +9,8 @@ arguments taken from :func:`current`. Tests and tools change settings with
 variable                   default      meaning
 =========================  ===========  ==============================================
 MUON_COMPILE_BUCKET_MB     64           size cap of one bucket's stacked input, MiB
-MUON_COMPILE_STRATEGY      auto         distributed strategy: auto|all_to_all|all_gather
-                                        (auto: all_to_all)
+MUON_COMPILE_STRATEGY      all_to_all   distributed strategy (:class:`Strategy`):
+                                        all_to_all | all_gather
 MUON_COMPILE_PREFETCH      1            distributed buckets whose collective is issued
                                         ahead of the current bucket's compute
 MUON_COMPILE_PAD_WASTE     0            largest fraction of a padded bucket's NS FLOPs
@@ -25,12 +25,30 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import enum
 import os
 from collections.abc import Iterator, Mapping
 
 # The passes a user may switch on or off, in pipeline order.
 PASS_NAMES = ("canonicalize", "distribute", "bucket", "schedule", "lower")
-STRATEGIES = ("auto", "all_to_all", "all_gather")
+
+
+class Strategy(enum.Enum):
+    """How the buckets of row-sharded matrices are orthogonalised across ranks."""
+
+    ALL_TO_ALL = "all_to_all"  # owner-compute: each rank orthogonalises ~1/W of the matrices
+    ALL_GATHER = "all_gather"  # every rank orthogonalises every matrix, keeps its rows
+
+    @classmethod
+    def parse(cls, value: Strategy | str) -> Strategy:
+        """``value`` as a :class:`Strategy` (a member or its name); ``ValueError`` otherwise."""
+        if isinstance(value, cls):
+            return value
+        try:
+            return cls(value)
+        except ValueError:
+            known = [s.value for s in cls]
+            raise ValueError(f"MUON_COMPILE_STRATEGY must be one of {known}, got {value!r}") from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,7 +56,7 @@ class Config:
     """One immutable set of tuning values; see the module docstring for each field."""
 
     bucket_mb: float = 64.0
-    strategy: str = "auto"
+    strategy: Strategy = Strategy.ALL_TO_ALL
     prefetch: int = 1
     pad_waste: float = 0.0
     passes: tuple[str, ...] = PASS_NAMES
@@ -47,8 +65,8 @@ class Config:
     def __post_init__(self) -> None:
         if not self.bucket_mb > 0:
             raise ValueError(f"MUON_COMPILE_BUCKET_MB must be > 0, got {self.bucket_mb!r}")
-        if self.strategy not in STRATEGIES:
-            raise ValueError(f"MUON_COMPILE_STRATEGY must be one of {STRATEGIES}, got {self.strategy!r}")
+        if not isinstance(self.strategy, Strategy):
+            raise ValueError(f"strategy must be a muon_compile.config.Strategy, got {self.strategy!r}")
         if self.prefetch < 0:
             raise ValueError(f"MUON_COMPILE_PREFETCH must be >= 0, got {self.prefetch!r}")
         if not 0.0 <= self.pad_waste < 1.0:
@@ -102,7 +120,7 @@ def from_env(env: Mapping[str, str] | None = None) -> Config:
     env = os.environ if env is None else env
     return Config(
         bucket_mb=_number(env, "MUON_COMPILE_BUCKET_MB", float, Config.bucket_mb),
-        strategy=env.get("MUON_COMPILE_STRATEGY", "").strip() or Config.strategy,
+        strategy=Strategy.parse(env.get("MUON_COMPILE_STRATEGY", "").strip() or Config.strategy),
         prefetch=_number(env, "MUON_COMPILE_PREFETCH", int, Config.prefetch),
         pad_waste=_number(env, "MUON_COMPILE_PAD_WASTE", float, Config.pad_waste),
         passes=parse_passes(env.get("MUON_COMPILE_PASSES", "")),
@@ -123,11 +141,14 @@ def current() -> Config:
 
 @contextlib.contextmanager
 def override(**changes: object) -> Iterator[Config]:
-    """Temporarily replace fields of the active configuration, e.g. ``override(pad_waste=0.2)``."""
+    """Temporarily replace fields of the active configuration, e.g. ``override(pad_waste=0.2)``
+    (``passes`` and ``strategy`` may be given as their environment-variable spelling)."""
     global _current
     previous = current()
     if isinstance(changes.get("passes"), str):
         changes["passes"] = parse_passes(changes["passes"])  # type: ignore[arg-type]
+    if "strategy" in changes:
+        changes["strategy"] = Strategy.parse(changes["strategy"])  # type: ignore[arg-type]
     _current = dataclasses.replace(previous, **changes)  # type: ignore[arg-type]
     try:
         yield _current

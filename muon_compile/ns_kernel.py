@@ -3,23 +3,13 @@ function the ``lower`` pass traces into the graph, so both compute the same thin
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 from torch import Tensor
 
-from .coefficients import Triple, schedule
+from .ns_args import NSArgs
 
 
-def orthogonalize(
-    x: Tensor,
-    coefficients: Sequence[Triple],
-    steps: int,
-    eps: float,
-    norm_scale: float,
-    clamp_eps: bool,
-    compute_dtype: torch.dtype,
-) -> Tensor:
+def orthogonalize(x: Tensor, args: NSArgs) -> Tensor:
     """Approximate the orthogonal polar factor of each matrix in ``x`` (2-D, or 3-D batched).
 
     1. A tall matrix (rows > cols) is transposed so the Gram matrix is the small one.
@@ -28,7 +18,7 @@ def orthogonalize(
        gives exactly the per-matrix result), then ``X0 = X / (||X||_F * norm_scale + eps)``
        (or ``/ max(||X||_F * norm_scale, eps)`` when ``clamp_eps``), evaluated in at
        least fp32 and rounded once to ``compute_dtype``.
-    3. ``steps`` times: ``A = X X^T; B = c A A + b A + a I; X = B X``: three plain bmm
+    3. For each iteration's ``(a, b, c)``: ``A = X X^T; B = c A A + b A + a I; X = B X``: three plain bmm
        and one small (rows x rows) pointwise step, summed in at least fp32 and rounded
        once. Folding ``a X`` into ``B``'s diagonal keeps the big product a plain bmm: on
        CPU ``baddbmm`` first copies its input into the output and adds an epilogue pass,
@@ -41,16 +31,17 @@ def orthogonalize(
     tall = batch.size(-2) > batch.size(-1)
     if tall:
         batch = batch.mT
+    compute_dtype = args.compute_dtype
     acc = torch.promote_types(compute_dtype, torch.float32)
     X = batch.to(compute_dtype).to(acc)
     norm = torch.linalg.vector_norm(X, dim=(-2, -1), keepdim=True)
-    if norm_scale != 1.0:
-        norm = norm * norm_scale
-    denom = norm.clamp_min(eps) if clamp_eps else norm + eps
+    if args.norm_scale != 1.0:
+        norm = norm * args.norm_scale
+    denom = norm.clamp_min(args.eps) if args.clamp_eps else norm + args.eps
     X = (X / denom).to(compute_dtype)
     index = torch.arange(X.size(-2), device=X.device)  # int64: torch.eye's uint16 index stops vectorisation
     eye = (index[:, None] == index[None, :]).to(acc)
-    for a, b, c in schedule(coefficients, steps):
+    for a, b, c in args.coefficients:
         A = torch.bmm(X, X.mT)
         B = (c * torch.bmm(A, A).to(acc) + b * A.to(acc) + a * eye).to(compute_dtype)
         X = torch.bmm(B, X)

@@ -2,65 +2,75 @@
 
 Schema::
 
-    newton_schulz(Tensor x, float[] coefficients, int steps, float eps,
-                  float norm_scale, bool clamp_eps, ScalarType compute_dtype) -> Tensor
+    newton_schulz(Tensor x, <NSArgs.SCHEMA>) -> Tensor
 
-``coefficients`` is the flat ``[a0, b0, c0, a1, b1, c1, ...]`` schedule (the last triple
-repeats); ``x`` is one matrix (2-D) or a batch of matrices (3-D, each orthogonalised
-on its own). The result has ``x``'s shape and dtype. The op is functional, has a fake
-implementation for tracing, and a DTensor sharding rule that asks for a replicated
-input (a batch may also stay sharded on its batch dimension).
+``x`` is one matrix (2-D) or a batch of matrices (3-D, each orthogonalised on its own);
+the arguments after it are :class:`muon_compile.ns_args.NSArgs` in its flat form. The
+result has ``x``'s shape and dtype. The op is functional, has a fake implementation for
+tracing, and a DTensor sharding rule that asks for a replicated input (a batch may also
+stay sharded on its batch dimension).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor
 
-from . import coefficients as coeffs
+from .ns_args import NSArgs
 from .ns_kernel import orthogonalize
 
-_COMPUTE_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
+_QUALNAME = "muon_compile::newton_schulz"
 
 
-def check_args(x: Tensor, coefficients: list[float], steps: int, eps: float, compute_dtype: torch.dtype) -> None:
+def check_input(x: Tensor) -> None:
     """Raise ``ValueError`` for an input the op does not define a result for."""
     if x.dim() not in (2, 3):
         raise ValueError(f"newton_schulz expects a 2-D matrix or a 3-D batch, got shape {tuple(x.shape)}")
     if not x.dtype.is_floating_point:
         raise ValueError(f"newton_schulz expects a real floating-point tensor, got {x.dtype}")
-    coeffs.unflatten(coefficients)
-    if steps < 1:
-        raise ValueError(f"newton_schulz steps must be >= 1, got {steps}")
-    if not eps >= 0:
-        raise ValueError(f"newton_schulz eps must be >= 0, got {eps}")
-    if compute_dtype not in _COMPUTE_DTYPES:
-        raise ValueError(f"newton_schulz compute_dtype must be one of {_COMPUTE_DTYPES}, got {compute_dtype}")
 
 
-@torch.library.custom_op("muon_compile::newton_schulz", mutates_args=())
-def newton_schulz_op(
-    x: Tensor,
-    coefficients: list[float],
-    steps: int,
-    eps: float,
-    norm_scale: float,
-    clamp_eps: bool,
-    compute_dtype: torch.dtype,
-) -> Tensor:
-    check_args(x, coefficients, steps, eps, compute_dtype)
-    return orthogonalize(
-        x, coeffs.unflatten(coefficients), steps, eps, norm_scale, clamp_eps, compute_dtype
-    )
+torch.library.define(_QUALNAME, f"(Tensor x, {NSArgs.SCHEMA}) -> Tensor")
 
 
-@newton_schulz_op.register_fake
-def _newton_schulz_fake(x, coefficients, steps, eps, norm_scale, clamp_eps, compute_dtype):
-    check_args(x, coefficients, steps, eps, compute_dtype)
+@torch.library.impl(_QUALNAME, "CompositeExplicitAutograd")
+def _newton_schulz_impl(x: Tensor, *flat: object) -> Tensor:
+    args = NSArgs.from_op(flat)
+    check_input(x)
+    return orthogonalize(x, args)
+
+
+@torch.library.register_fake(_QUALNAME)
+def _newton_schulz_fake(x: Tensor, *flat: object) -> Tensor:
+    NSArgs.from_op(flat)
+    check_input(x)
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
+def register_no_derivative(qualname: str) -> None:
+    """Make backpropagating through op ``qualname`` an error (it has no derivative)
+    instead of autograd's silent fallback."""
+
+    def backward(ctx: object, grad: Tensor) -> None:
+        raise RuntimeError(f"{qualname} has no derivative: Newton–Schulz is applied to optimizer updates, not backpropagated")
+
+    torch.library.register_autograd(qualname, backward, setup_context=lambda ctx, inputs, output: None)
+
+
+register_no_derivative(_QUALNAME)
 NEWTON_SCHULZ = torch.ops.muon_compile.newton_schulz.default
+
+
+def newton_schulz_op(x: Tensor, args: NSArgs) -> Tensor:
+    """Call the op on ``x`` with ``args`` (its flat form is :meth:`NSArgs.to_op`)."""
+    return NEWTON_SCHULZ(x, *args.to_op())
+
+
+def split_args(args: Sequence[object]) -> tuple[object, NSArgs]:
+    """An op call's arguments as ``(x, NSArgs)``."""
+    return args[0], NSArgs.from_op(args[1:])
 
 
 def _register_sharding() -> None:
@@ -69,8 +79,8 @@ def _register_sharding() -> None:
     from torch.distributed.tensor.experimental import register_sharding
 
     @register_sharding(NEWTON_SCHULZ)
-    def _ns_sharding(x, coefficients, steps, eps, norm_scale, clamp_eps, compute_dtype):
-        no_args = [None] * 6
+    def _ns_sharding(x, *flat):
+        no_args = [None] * len(flat)
         strategies = [([Replicate()], [Replicate(), *no_args])]
         if len(x.shape) == 3:
             strategies.append(([Shard(0)], [Shard(0), *no_args]))
@@ -79,4 +89,3 @@ def _register_sharding() -> None:
 
 if torch.distributed.is_available():
     _register_sharding()
-

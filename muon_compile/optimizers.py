@@ -348,10 +348,9 @@ class MuonAdamW(torch.optim.Optimizer):
         return loss
 
     def _muon_step(self, group: dict) -> None:
-        preset = coeffs.resolve(group["ns_coefficients"])
-        eps = preset.eps if group["ns_eps"] is None else float(group["ns_eps"])
-        steps = group["ns_steps"]
-        ns_args = (preset.op_coefficients(steps), steps, eps, preset.norm_scale, False, group["ns_dtype"])
+        ns_args = coeffs.ns_args(
+            group["ns_coefficients"], group["ns_steps"], eps=group["ns_eps"], compute_dtype=group["ns_dtype"]
+        )
         decay = 1 - group["lr"] * group["weight_decay"]
         for i, p in enumerate(group["params"]):
             if p.grad is None:

@@ -21,8 +21,9 @@ from torch import Tensor
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from . import coefficients as coeffs
+from .ns_args import NSArgs
 from .ns_op import newton_schulz_op
-from .sharded_ns import sharded_newton_schulz_op
+from .sharded_ns import ShardGroup, sharded_newton_schulz_op
 
 
 class Kind(enum.Enum):
@@ -69,26 +70,23 @@ def wrap_like(local: Tensor, like: Tensor) -> Tensor:
     return DTensor.from_local(local, like.device_mesh, like.placements, run_check=False, shape=like.shape, stride=like.stride())
 
 
-def newton_schulz_any(
-    x: Tensor,
-    coefficients: list[float],
-    steps: int,
-    eps: float,
-    norm_scale: float,
-    clamp_eps: bool,
-    compute_dtype: torch.dtype,
-) -> Tensor:
+def newton_schulz_any(x: Tensor, args: NSArgs) -> Tensor:
     """``newton_schulz`` of ``x`` with the op its layout needs; the result has ``x``'s layout."""
-    ns_args = (coefficients, steps, eps, norm_scale, clamp_eps, compute_dtype)
     layout = layout_of(x)
     if not isinstance(x, DTensor) or layout.kind is Kind.DTENSOR:
-        return newton_schulz_op(x, *ns_args)
+        return newton_schulz_op(x, args)
     local = x.to_local()
     if layout.kind is Kind.LOCAL:
-        out = newton_schulz_op(local, *ns_args)
+        out = newton_schulz_op(local, args)
     else:
-        out = sharded_newton_schulz_op(local, x.shape[0], layout.group_name, layout.group_size, *ns_args)
+        out = sharded_newton_schulz_op(local, ShardGroup(x.shape[0], layout.group_name, layout.group_size), args)
     return wrap_like(out, x)
+
+
+def newton_schulz_routed(x: Tensor, *flat: object) -> Tensor:
+    """:func:`newton_schulz_any` with the op's flat arguments: the call ``canonicalize``
+    puts in a Dynamo graph for a DTensor (graph arguments stay plain values)."""
+    return newton_schulz_any(x, NSArgs.from_op(flat))
 
 
 def newton_schulz(
@@ -116,13 +114,5 @@ def newton_schulz(
     Returns:
         A tensor with ``x``'s shape and dtype.
     """
-    preset = coeffs.resolve(coefficients)
-    return newton_schulz_any(
-        x,
-        preset.op_coefficients(steps),
-        steps,
-        preset.eps if eps is None else float(eps),
-        preset.norm_scale,
-        clamp_eps,
-        compute_dtype,
-    )
+    args = coeffs.ns_args(coefficients, steps, eps=eps, compute_dtype=compute_dtype, clamp_eps=clamp_eps)
+    return newton_schulz_any(x, args)

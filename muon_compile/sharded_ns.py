@@ -3,8 +3,7 @@
 Schema::
 
     sharded_newton_schulz(Tensor local, int global_rows, str group_name, int group_size,
-                          float[] coefficients, int steps, float eps, float norm_scale,
-                          bool clamp_eps, ScalarType compute_dtype) -> Tensor
+                          <NSArgs.SCHEMA>) -> Tensor
 
 Every rank of the process group ``group_name`` calls it with its ``torch.chunk`` row
 shard (FSDP2's ``Shard(0)`` layout: ``ceil(rows / W)`` rows per rank, the last shards
@@ -26,9 +25,20 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import coefficients as coeffs
+from .ns_args import NSArgs
 from .ns_kernel import orthogonalize
-from .ns_op import check_args
+from .ns_op import check_input, register_no_derivative
+
+_QUALNAME = "muon_compile::sharded_newton_schulz"
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardGroup:
+    """A row-sharded matrix's global row count and the process group its rows are spread over."""
+
+    global_rows: int
+    group_name: str
+    group_size: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,19 +63,7 @@ def group_rank(group_name: str) -> int:
     return dist.get_rank(group)
 
 
-def gather_orthogonalize_slice(
-    local: Tensor,
-    global_rows: int,
-    group_name: str,
-    group_size: int,
-    rank: int,
-    coefficients: Sequence[coeffs.Triple],
-    steps: int,
-    eps: float,
-    norm_scale: float,
-    clamp_eps: bool,
-    compute_dtype: torch.dtype,
-) -> Tensor:
+def gather_orthogonalize_slice(local: Tensor, group: ShardGroup, rank: int, args: NSArgs) -> Tensor:
     """The reference algorithm, one collective per matrix (the passes batch it).
 
     1. Cast the shard to the compute dtype (Newton–Schulz's own first step, so the
@@ -74,53 +72,57 @@ def gather_orthogonalize_slice(
     2. All-gather the padded shards, trim the padding rows.
     3. Orthogonalise the whole matrix; return this rank's rows in the shard's dtype.
     """
-    shard = row_shard(global_rows, group_size, rank)
-    padded = F.pad(local.to(compute_dtype), (0, 0, 0, shard.rows_per_shard - local.size(0)))
-    gathered = torch.ops._c10d_functional.all_gather_into_tensor(padded, group_size, group_name)
-    full = torch.ops._c10d_functional.wait_tensor(gathered)[:global_rows]
-    ortho = orthogonalize(full, coefficients, steps, eps, norm_scale, clamp_eps, compute_dtype)
+    shard = row_shard(group.global_rows, group.group_size, rank)
+    padded = F.pad(local.to(args.compute_dtype), (0, 0, 0, shard.rows_per_shard - local.size(0)))
+    gathered = torch.ops._c10d_functional.all_gather_into_tensor(padded, group.group_size, group.group_name)
+    full = torch.ops._c10d_functional.wait_tensor(gathered)[: group.global_rows]
+    ortho = orthogonalize(full, args)
     return ortho[shard.start : shard.start + shard.local_rows].to(local.dtype)
 
 
-def check_shard(local: Tensor, global_rows: int, group_size: int, rank: int) -> None:
+def check_shard(local: Tensor, group: ShardGroup, rank: int) -> None:
     """Raise ``ValueError`` unless ``local`` is this rank's ``torch.chunk`` row shard."""
     if local.dim() != 2:
         raise ValueError(f"sharded_newton_schulz expects a 2-D row shard, got shape {tuple(local.shape)}")
-    expected = row_shard(global_rows, group_size, rank).local_rows
+    expected = row_shard(group.global_rows, group.group_size, rank).local_rows
     if local.size(0) != expected:
         raise ValueError(
-            f"sharded_newton_schulz: rank {rank} of {group_size} holds {local.size(0)} rows of a "
-            f"{global_rows}-row matrix; torch.chunk sharding gives it {expected}"
+            f"sharded_newton_schulz: rank {rank} of {group.group_size} holds {local.size(0)} rows of a "
+            f"{group.global_rows}-row matrix; torch.chunk sharding gives it {expected}"
         )
 
 
-@torch.library.custom_op("muon_compile::sharded_newton_schulz", mutates_args=())
-def sharded_newton_schulz_op(
-    local: Tensor,
-    global_rows: int,
-    group_name: str,
-    group_size: int,
-    coefficients: list[float],
-    steps: int,
-    eps: float,
-    norm_scale: float,
-    clamp_eps: bool,
-    compute_dtype: torch.dtype,
-) -> Tensor:
-    rank = group_rank(group_name)
-    check_shard(local, global_rows, group_size, rank)
-    check_args(local, coefficients, steps, eps, compute_dtype)
-    return gather_orthogonalize_slice(
-        local, global_rows, group_name, group_size, rank,
-        coeffs.unflatten(coefficients), steps, eps, norm_scale, clamp_eps, compute_dtype,
-    )
+torch.library.define(
+    _QUALNAME, f"(Tensor local, int global_rows, str group_name, int group_size, {NSArgs.SCHEMA}) -> Tensor"
+)
 
 
-@sharded_newton_schulz_op.register_fake
-def _sharded_fake(local, global_rows, group_name, group_size, coefficients, steps, eps, norm_scale, clamp_eps, compute_dtype):
-    check_args(local, coefficients, steps, eps, compute_dtype)
+def split_args(args: Sequence[object]) -> tuple[object, ShardGroup, NSArgs]:
+    """An op call's arguments as ``(local, ShardGroup, NSArgs)``."""
+    return args[0], ShardGroup(*args[1:4]), NSArgs.from_op(args[4:])  # type: ignore[arg-type]
+
+
+@torch.library.impl(_QUALNAME, "CompositeExplicitAutograd")
+def _sharded_impl(local: Tensor, *rest: object) -> Tensor:
+    _, group, args = split_args((local, *rest))
+    rank = group_rank(group.group_name)
+    check_shard(local, group, rank)
+    check_input(local)
+    return gather_orthogonalize_slice(local, group, rank, args)
+
+
+@torch.library.register_fake(_QUALNAME)
+def _sharded_fake(local: Tensor, *rest: object) -> Tensor:
+    split_args((local, *rest))
+    check_input(local)
     return torch.empty_like(local, memory_format=torch.contiguous_format)
 
 
+register_no_derivative(_QUALNAME)
 SHARDED_NEWTON_SCHULZ = torch.ops.muon_compile.sharded_newton_schulz.default
 torch.fx.node.has_side_effect(SHARDED_NEWTON_SCHULZ)
+
+
+def sharded_newton_schulz_op(local: Tensor, group: ShardGroup, args: NSArgs) -> Tensor:
+    """Call the op on this rank's row shard ``local`` of a matrix sharded over ``group``."""
+    return SHARDED_NEWTON_SCHULZ(local, group.global_rows, group.group_name, group.group_size, *args.to_op())

@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 from torch.distributed.tensor import DTensor
 
+from .ns_args import NSArgs
 from .routing import newton_schulz_any
 
 ADJUST_LR_MODES = ("original", "match_rms_adamw", "spectral", "none")
@@ -57,7 +58,7 @@ def variance_normalize(update: Tensor, second_moment: Tensor, beta2: Tensor) -> 
     return (scaled * (norms[0] / norms[1].clamp_min(1e-10))).to(update.dtype)
 
 
-def split_orthogonalize(update: Tensor, split: tuple[int, ...], ns_args: tuple, adjust_lr: str) -> Tensor:
+def split_orthogonalize(update: Tensor, split: tuple[int, ...], ns_args: NSArgs, adjust_lr: str) -> Tensor:
     """Newton–Schulz of each row block of ``update`` on its own (Megatron's ``split_qkv``;
     equal blocks = per-head), each block scaled by its own ``adjust_lr`` ratio.
 
@@ -69,10 +70,10 @@ def split_orthogonalize(update: Tensor, split: tuple[int, ...], ns_args: tuple, 
     if len(set(split)) == 1:
         rows = split[0]
         blocks = update.reshape(-1, rows, cols)
-        out = newton_schulz_any(blocks, *ns_args) * lr_ratio(rows, cols, adjust_lr)
+        out = newton_schulz_any(blocks, ns_args) * lr_ratio(rows, cols, adjust_lr)
         return out.reshape(update.shape)
     parts = update.split(list(split), dim=-2)
-    return torch.cat([newton_schulz_any(b, *ns_args) * lr_ratio(b.shape[-2], cols, adjust_lr) for b in parts], dim=-2)
+    return torch.cat([newton_schulz_any(b, ns_args) * lr_ratio(b.shape[-2], cols, adjust_lr) for b in parts], dim=-2)
 
 
 def muon_update(
@@ -84,7 +85,7 @@ def muon_update(
     decay: Tensor,
     lr: Tensor,
     nesterov: bool,
-    ns_args: tuple,
+    ns_args: NSArgs,
     lr_scale: float,
     split: tuple[int, ...] | None = None,
     adjust_lr: str = "original",
@@ -97,16 +98,16 @@ def muon_update(
     where the update and the parameter agree in sign), update.
 
     ``beta`` (momentum), ``decay`` (the weight-decay factor ``1 - lr * wd``, computed once
-    per group), ``lr`` and ``beta2`` are 0-D tensors; ``ns_args`` are the op's arguments
-    after ``x``; ``lr_scale`` multiplies the step. With ``split`` (row block sizes) each
-    block is orthogonalised and scaled by its ``adjust_lr`` ratio on its own
+    per group), ``lr`` and ``beta2`` are 0-D tensors; ``ns_args`` says how to orthogonalise;
+    ``lr_scale`` multiplies the step. With ``split`` (row block sizes) each block is
+    orthogonalised and scaled by its ``adjust_lr`` ratio on its own
     (:func:`split_orthogonalize`), and ``lr_scale`` is only the extra factor.
     """
     fresh = grad * (1 - beta)
     momentum_buffer.mul_(beta).add_(fresh)
     update = fresh + momentum_buffer * beta if nesterov else momentum_buffer
     if split is None:
-        ortho = newton_schulz_any(update, *ns_args)
+        ortho = newton_schulz_any(update, ns_args)
     else:
         ortho = split_orthogonalize(update, split, ns_args, adjust_lr)
     if second_moment is not None:

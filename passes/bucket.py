@@ -33,7 +33,7 @@ from muon_compile.ns_op import newton_schulz_op
 from muon_compile.stats import counters
 
 from .graph_utils import splice_trace, stable_topological_sort
-from .plan import Bucket, BucketPlan
+from .plan_buckets import Bucket, BucketPlan
 
 log = logging.getLogger(__name__)
 
@@ -68,10 +68,8 @@ def unstack_members(y: torch.Tensor, bucket: Bucket, like: Sequence[torch.Tensor
 def _rewrite(graph: fx.Graph, nodes: list[fx.Node], bucket: Bucket) -> None:
     members = [nodes[m.site] for m in bucket.members]
     inputs = [n.args[0] for n in members]
-    op_args = bucket.args.op_args()
-
     def batched(*xs: torch.Tensor) -> list[torch.Tensor]:
-        y = newton_schulz_op(stack_members(xs, bucket), *op_args)
+        y = newton_schulz_op(stack_members(xs, bucket), bucket.args)
         return unstack_members(y, bucket, xs)
 
     order = {n: i for i, n in enumerate(graph.nodes)}

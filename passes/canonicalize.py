@@ -16,12 +16,13 @@ Algorithm:
      The Gram product of a new odd value ``P(L) X_k`` with itself starts iteration k+1:
      ``P`` (degree 1 or 2: ``a + b L + c L^2``) is step k.
   4. A read of a chain value by a node that is not an iteration step (the parameter
-     update, the graph output) is an escape. The chain is recognised when every escape
-     is the last iterate (up to a transpose or a scalar factor), every member has the
-     iterate's dtype, and no intermediate is read after its iteration.
+     update, the graph output) is an escape. The matcher's verdict on a chain is a
+     :class:`Match` when every escape is the last iterate (up to a transpose or a scalar
+     factor), every member has the iterate's dtype, and no intermediate is read after its
+     iteration; otherwise a :class:`Rejection` with the reason.
   5. Plan, then apply: each recognised chain becomes one op call, right after the
      division, on the node holding ``M`` (a DTensor goes through
-     :func:`muon_compile.routing.newton_schulz_any`, which picks the op for its layout)
+     :func:`muon_compile.routing.newton_schulz_routed`, which picks the op for its layout)
      with the read-off coefficients, step count, eps, norm scale and dtype; the escapes
      read the op's result (transposed / scaled as they were); the loop's nodes are erased.
 
@@ -48,6 +49,7 @@ import torch.fx as fx
 from torch.distributed.tensor import DTensor
 
 from muon_compile import routing
+from muon_compile.ns_args import NSArgs
 from muon_compile.ns_op import NEWTON_SCHULZ
 from muon_compile.stats import counters
 
@@ -59,54 +61,71 @@ log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
+class Replacement:
+    """``user`` reads ``scale * newton_schulz(...)`` (transposed if ``transposed``) instead of ``arg``."""
+
+    user: fx.Node
+    arg: fx.Node
+    transposed: bool
+    scale: float
+
+
+@dataclasses.dataclass(frozen=True)
 class Match:
-    """A recognised loop: ``escape users`` read ``newton_schulz(source, ...)`` instead."""
+    """A recognised loop: its escapes read ``newton_schulz(chain.source, args)`` instead."""
 
     chain: Chain
-    coefficients: tuple[float, ...]
-    steps: int
-    replacements: tuple[tuple[fx.Node, fx.Node, bool, float], ...]  # (user, old arg, transposed, scale)
+    args: NSArgs
+    replacements: tuple[Replacement, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Rejection:
+    """A loop that looked like Newton–Schulz (it formed a Gram matrix), left as it was."""
+
+    chain: Chain
+    reason: str
 
 
 # ------------------------------------------------------------------------- the plan
 
-def plan_canonical(graph: fx.Graph) -> tuple[list[Match], list[Chain]]:
+def plan_canonical(graph: fx.Graph) -> tuple[list[Match], list[Rejection]]:
     """Recognised loops and rejected ones (those that formed a Gram matrix), as plain data."""
     matches, rejected = [], []
     for chain in walk_graph(graph):
-        match = _match(chain)
-        if match is not None:
-            matches.append(match)
+        verdict = match_chain(chain)
+        if isinstance(verdict, Match):
+            matches.append(verdict)
         elif chain.iterates:
-            rejected.append(chain)
+            rejected.append(verdict)
     return matches, rejected
 
 
-def _match(chain: Chain) -> Match | None:
-    """Step 4: the chain as a :class:`Match`, or None with ``chain.reason`` set."""
-    if chain.reason is None and not chain.escapes:
-        chain.reject("its result is never used")
-    final_it = chain.it
-    finals = []
-    for user, arg, value in chain.escapes:
-        v = value
-        while v is not None and v.it < final_it:
+def match_chain(chain: Chain) -> Match | Rejection:
+    """Step 4: the verdict on one chain (the first reason found, if it is no match)."""
+    if chain.reason is not None:
+        return Rejection(chain, chain.reason)
+    if not chain.escapes:
+        return Rejection(chain, "its result is never used")
+    finals: list[Odd] = []
+    for escape in chain.escapes:
+        v: Odd | None = escape.value
+        while v is not None and v.it < len(chain.steps):
             v = next_iterate(v, chain.steps[v.it])
         if v is None:
-            chain.reject(f"{user.name} reads an intermediate iterate ({arg.name})")
-        else:
-            finals.append((user, arg, v))
-    polys = {v.poly for _, _, v in finals}
+            return Rejection(chain, f"{escape.user.name} reads an intermediate iterate ({escape.arg.name})")
+        finals.append(v)
+    polys = {v.poly for v in finals}
     if len(polys) > 1:
-        chain.reject("the loop's results differ by more than a transpose or a scale")
-    last = next(iter(polys)) if polys else ONE
-    if chain.reason is None and (last == ONE or not 2 <= len(last) <= 3):
-        chain.reject(f"the last step is a polynomial of degree {len(last) - 1}, not 1 or 2")
-    if chain.reason is not None:
-        return None
-    triples = [tuple(p) + (0.0,) * (3 - len(p)) for p in (*chain.steps, poly_trim(last))]
-    coefficients = tuple(c for triple in triples for c in triple)
-    return Match(chain, coefficients, len(triples), tuple((u, a, v.t, v.scale) for u, a, v in finals))
+        return Rejection(chain, "the loop's results differ by more than a transpose or a scale")
+    (last,) = polys
+    if last == ONE or not 2 <= len(last) <= 3:
+        return Rejection(chain, f"the last step is a polynomial of degree {len(last) - 1}, not 1 or 2")
+    triples = tuple(tuple(p) + (0.0,) * (3 - len(p)) for p in (*chain.steps, poly_trim(last)))
+    norm = chain.norm
+    args = NSArgs(triples, eps=norm.eps, norm_scale=norm.scale, clamp_eps=norm.clamp, compute_dtype=chain.dtype)
+    replacements = tuple(Replacement(e.user, e.arg, v.t, v.scale) for e, v in zip(chain.escapes, finals))
+    return Match(chain, args, replacements)
 
 
 # ------------------------------------------------------------------------ the apply
@@ -119,28 +138,23 @@ def apply_canonical(graph: fx.Graph, matches: list[Match]) -> None:
             x = chain.source
             if example_value(x).dtype != chain.dtype:
                 x = _call(graph, "call_method", "to", (x, chain.dtype))
-            ns_args = (list(match.coefficients), match.steps, chain.norm.eps, chain.norm.scale, chain.norm.clamp, chain.dtype)
-            target = routing.newton_schulz_any if isinstance(example_value(x), DTensor) else NEWTON_SCHULZ
-            ns = _call(graph, "call_function", target, (x, *ns_args))
+            target = routing.newton_schulz_routed if isinstance(example_value(x), DTensor) else NEWTON_SCHULZ
+            ns = _call(graph, "call_function", target, (x, *match.args.to_op()))
         made: dict[tuple[bool, float], fx.Node] = {}
-        for user, arg, transposed, scale in match.replacements:
-            key = (transposed, scale)
+        for r in match.replacements:
+            key = (r.transposed, r.scale)
             if key not in made:
                 with graph.inserting_before(ns.next):
                     out = ns
-                    if scale != 1.0:
-                        out = _call(graph, "call_function", operator.mul, (out, scale))
-                    if transposed:
+                    if r.scale != 1.0:
+                        out = _call(graph, "call_function", operator.mul, (out, r.scale))
+                    if r.transposed:
                         out = _call(graph, "call_function", torch.transpose, (out, -2, -1))
                 made[key] = out
-            user.replace_input_with(arg, made[key])
+            r.user.replace_input_with(r.arg, made[key])
         _erase(graph, chain)
         counters["canonicalize.matched"] += 1
-        log.debug(
-            "canonicalize: %s -> newton_schulz(%s, %d steps, coefficients %s, eps %g%s, norm scale %g, %s)",
-            chain.start.name, chain.source.name, match.steps, match.coefficients[:3], chain.norm.eps,
-            " clamped" if chain.norm.clamp else "", chain.norm.scale, chain.dtype,
-        )
+        log.debug("canonicalize: %s -> newton_schulz(%s): %s", chain.start.name, chain.source.name, match.args.describe())
 
 
 def _call(graph: fx.Graph, op: str, target: Any, args: tuple) -> fx.Node:
@@ -174,9 +188,9 @@ def _pure_helper(node: fx.Node) -> bool:
     )
 
 
-def reject_log(rejected: list[Chain]) -> None:
+def reject_log(rejected: list[Rejection]) -> None:
     """Count and log each loop that looked like Newton–Schulz but was left as it was."""
-    for chain in rejected:
+    for r in rejected:
         counters["canonicalize.rejected"] += 1
-        log.info("canonicalize: left %s as it was: %s", chain.start.name, chain.reason)
+        log.info("canonicalize: left %s as it was: %s", r.chain.start.name, r.reason)
 

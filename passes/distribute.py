@@ -14,7 +14,7 @@ Algorithm, per bucket (``all_to_all``, owner-compute):
   ``all_gather``: launch packs every member and all-gathers the bucket; compute waits,
   reassembles and orthogonalises every matrix and keeps this rank's rows (no finish).
   All stages go after the last input of all buckets, in bucket order, each node tagged
-  ``meta[STAGE_META] = (bucket, stage)`` for the ``schedule`` pass.
+  with its :class:`~.stages.StageTag` for the ``schedule`` pass.
 
 Before / after (W = 2, two members, both owned by rank 0)::
 
@@ -36,15 +36,16 @@ import torch.fx as fx
 import torch.nn.functional as F
 from torch import Tensor
 
+from muon_compile.config import Strategy
 from muon_compile.ns_op import newton_schulz_op
 from muon_compile.stats import counters
 
-from .graph_utils import STAGE_META, splice_trace, stable_topological_sort
-from .plan import DistBucket, DistMember, DistPlan, Strategy
+from .graph_utils import splice_trace, stable_topological_sort
+from .plan_distributed import DistBucket, DistMember, DistPlan
+from .stages import Stage, StageTag, tagged
 
 log = logging.getLogger(__name__)
 
-LAUNCH, COMPUTE, FINISH = "launch", "compute", "finish"
 _c10d = torch.ops._c10d_functional
 
 
@@ -68,13 +69,13 @@ def _orthogonalize(bucket: DistBucket, full: dict[int, Tensor]) -> dict[int, Ten
     result = {}
     for group in bucket.ns_groups():
         stacked = torch.stack([full[m.site].mT if m.rows > m.cols else full[m.site] for m in group])
-        ortho = newton_schulz_op(stacked, *bucket.args.op_args())
+        ortho = newton_schulz_op(stacked, bucket.args)
         for m, y in zip(group, ortho.unbind(0)):
             result[m.site] = y.mT if m.rows > m.cols else y
     return result
 
 
-def _stages(bucket: DistBucket, dtypes: Sequence[torch.dtype]) -> list[tuple[str, Callable]]:
+def _stages(bucket: DistBucket, dtypes: Sequence[torch.dtype]) -> list[tuple[Stage, Callable]]:
     """The traced stages of one bucket: ``[(name, fn)]``, each fn taking the previous one's outputs."""
     world, rank, group = bucket.group_size, bucket.rank, bucket.group_name
     cast = bucket.args.compute_dtype
@@ -97,7 +98,7 @@ def _stages(bucket: DistBucket, dtypes: Sequence[torch.dtype]) -> list[tuple[str
             start = {m.site: rank * m.rows_per_shard for m in bucket.members}
             return [result[m.site][start[m.site] : start[m.site] + m.local_rows].to(dtype[m.site]) for m in bucket.members]
 
-        return [(LAUNCH, launch), (COMPUTE, gather_compute)]
+        return [(Stage.LAUNCH, launch), (Stage.COMPUTE, gather_compute)]
 
     sizes = bucket.split_sizes()
     mine = sizes[rank]
@@ -126,7 +127,7 @@ def _stages(bucket: DistBucket, dtypes: Sequence[torch.dtype]) -> list[tuple[str
             offset += m.slot
         return [rows[m.site].to(dtype[m.site]) for m in bucket.members]
 
-    return [(LAUNCH, launch), (COMPUTE, compute), (FINISH, finish)]
+    return [(Stage.LAUNCH, launch), (Stage.COMPUTE, compute), (Stage.FINISH, finish)]
 
 
 def apply_distribution(graph: fx.Graph, nodes: list[fx.Node], plan: DistPlan) -> None:
@@ -141,7 +142,7 @@ def apply_distribution(graph: fx.Graph, nodes: list[fx.Node], plan: DistPlan) ->
         values: list[fx.Node] = [n.args[0] for n in sites]
         dtypes = [n.args[0].meta["val"].dtype for n in sites]
         for stage, fn in _stages(bucket, dtypes):
-            values = splice_trace(graph, fn, values, insert_before=anchor, meta={STAGE_META: (i, stage)})
+            values = splice_trace(graph, fn, values, insert_before=anchor, meta=tagged(StageTag(i, stage)))
         for old, new in zip(sites, values):
             old.replace_all_uses_with(new)
             graph.erase_node(old)

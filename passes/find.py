@@ -5,8 +5,9 @@ Algorithm:
      graph order. A sharded node is in every rank's graph (it is side-effecting), so the
      sharded sites are the same, in the same order, on every rank.
   2. For each, read the input's fake value (batch, rows, cols, dtype, device) and the
-     op's scalar arguments into an :class:`NSSite`; a sharded site also records its
-     process group, its size, this rank's place in it and the global row count.
+     op's :class:`~muon_compile.ns_args.NSArgs` into an :class:`NSSite`; a sharded site
+     also records its process group, its size, this rank's place in it and the global
+     row count.
   3. Record each site's level: the most NS ops on any path into its input. Sites of one
      level never depend on each other, so they may share a bucket.
   4. Mark a site as not bucketable, with its reason, when its shape is symbolic or its
@@ -23,26 +24,10 @@ import dataclasses
 import torch
 import torch.fx as fx
 
-from muon_compile.coefficients import unflatten
-from muon_compile.sharded_ns import SHARDED_NEWTON_SCHULZ, RowShard, group_rank, row_shard
+from muon_compile.ns_args import NSArgs
+from muon_compile.sharded_ns import RowShard, group_rank, row_shard
 
-from .graph_utils import NS_TARGETS, escapes_to_output, ns_nodes
-
-
-@dataclasses.dataclass(frozen=True)
-class NSArgs:
-    """The op's non-tensor arguments; sites with equal ``NSArgs`` compute the same function."""
-
-    coefficients: tuple[float, ...]
-    steps: int
-    eps: float
-    norm_scale: float
-    clamp_eps: bool
-    compute_dtype: torch.dtype
-
-    def op_args(self) -> tuple:
-        """The arguments after ``x``, in the op's order."""
-        return (list(self.coefficients), self.steps, self.eps, self.norm_scale, self.clamp_eps, self.compute_dtype)
+from .graph_utils import NS_TARGETS, escapes_to_output, ns_call, ns_nodes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,19 +71,15 @@ def _levels(graph: fx.Graph) -> dict[fx.Node, int]:
 
 
 def _site(index: int, node: fx.Node, level: int) -> NSSite:
-    x = node.args[0].meta["val"]
-    sharded = node.target is SHARDED_NEWTON_SCHULZ
-    ns_arg_nodes = node.args[4:10] if sharded else node.args[1:7]
-    coefficients, steps, eps, norm_scale, clamp_eps, compute_dtype = ns_arg_nodes
-    unflatten(coefficients)
-    args = NSArgs(tuple(float(c) for c in coefficients), int(steps), float(eps), float(norm_scale), bool(clamp_eps), compute_dtype)
+    call = ns_call(node)
+    x = call.input.meta["val"]
     shape = tuple(x.shape)
     sharding = None
-    if sharded:
-        global_rows, group_name, group_size = node.args[1:4]
-        rank = group_rank(group_name)
-        sharding = Sharding(group_name, group_size, rank, row_shard(global_rows, group_size, rank))
-        shape = (global_rows, shape[-1])
+    if call.group is not None:
+        group = call.group
+        rank = group_rank(group.group_name)
+        sharding = Sharding(group.group_name, group.group_size, rank, row_shard(group.global_rows, group.group_size, rank))
+        shape = (group.global_rows, shape[-1])
     reason = None
     if not all(isinstance(d, int) for d in shape):
         reason = f"symbolic shape {shape}"
@@ -113,7 +94,7 @@ def _site(index: int, node: fx.Node, level: int) -> NSSite:
         dims=len(shape),
         dtype=x.dtype,
         device=str(x.device),
-        args=args,
+        args=call.args,
         level=level,
         skip_reason=reason,
         sharding=sharding,
@@ -124,4 +105,4 @@ def find_ns_sites(graph: fx.Graph) -> tuple[list[fx.Node], list[NSSite]]:
     """The NS nodes in graph order and their descriptions (``sites[i].index == i``)."""
     nodes = ns_nodes(graph)
     levels = _levels(graph) if nodes else {}
-    return nodes, [_site(i, n, levels[n.args[0]]) for i, n in enumerate(nodes)]
+    return nodes, [_site(i, n, levels[ns_call(n).input]) for i, n in enumerate(nodes)]

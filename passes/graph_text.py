@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
-from .graph_utils import STAGE_META
+from .stages import stage_of
 
 _DTYPES = {
     torch.float32: "f32",
@@ -81,7 +81,7 @@ def graph_text(graph: fx.Graph) -> str:
             n_val += 1
             args = [_arg(a, names) for a in node.args]
             args += [f"{k}={_arg(v, names)}" for k, v in node.kwargs.items()]
-            stage = node.meta.get(STAGE_META)
-            tag = f"  # bucket {stage[0]} {stage[1]}" if stage else ""
+            stage = stage_of(node)
+            tag = f"  # {stage}" if stage else ""
             lines.append(f"{names[node]}: {_type(_val(node))} = {_target(node)}({', '.join(args)}){tag}")
     return "\n".join(lines) + "\n"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 
 import torch
@@ -14,21 +15,22 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.distributed.tensor import DTensor
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from muon_compile import ns_op, sharded_ns
+from muon_compile.ns_args import NSArgs
 from muon_compile.ns_op import NEWTON_SCHULZ
-from muon_compile.sharded_ns import SHARDED_NEWTON_SCHULZ
+from muon_compile.sharded_ns import SHARDED_NEWTON_SCHULZ, ShardGroup
 
 NS_TARGETS = (NEWTON_SCHULZ, SHARDED_NEWTON_SCHULZ)
-# node.meta key of the (bucket, stage) a distributed bucket's node belongs to
-STAGE_META = "muon_compile_stage"
 
 __all__ = [
     "NS_TARGETS",
-    "STAGE_META",
     "GraphContractError",
+    "NSCall",
     "check_contract",
     "alias_pattern",
     "escapes_to_output",
     "local_value",
+    "ns_call",
     "ns_nodes",
     "splice_trace",
     "stable_topological_sort",
@@ -48,6 +50,25 @@ def ns_nodes(graph: fx.Graph, targets: Sequence = NS_TARGETS) -> list[fx.Node]:
     """The call nodes of the Newton–Schulz ops in ``targets`` (default: both), in graph order."""
     found = {n for t in targets for n in graph.find_nodes(op="call_function", target=t)}
     return [n for n in graph.nodes if n in found]
+
+
+@dataclasses.dataclass(frozen=True)
+class NSCall:
+    """A Newton–Schulz op node's arguments: its input node, what it computes and, for the
+    sharded op, the group its rows are spread over (None for the plain op)."""
+
+    input: fx.Node
+    args: NSArgs
+    group: ShardGroup | None
+
+
+def ns_call(node: fx.Node) -> NSCall:
+    """The arguments of an NS op node (see :data:`NS_TARGETS`)."""
+    if node.target is SHARDED_NEWTON_SCHULZ:
+        x, group, args = sharded_ns.split_args(node.args)
+        return NSCall(x, args, group)  # type: ignore[arg-type]
+    x, args = ns_op.split_args(node.args)
+    return NSCall(x, args, None)  # type: ignore[arg-type]
 
 
 def splice_trace(

@@ -25,12 +25,12 @@ from collections.abc import Callable
 import torch
 import torch.fx as fx
 
-from muon_compile.coefficients import unflatten
 from muon_compile.ns_kernel import orthogonalize
-from muon_compile.sharded_ns import SHARDED_NEWTON_SCHULZ, gather_orthogonalize_slice, group_rank
+from muon_compile.sharded_ns import gather_orthogonalize_slice, group_rank
 from muon_compile.stats import counters
 
-from .graph_utils import STAGE_META, ns_nodes, splice_trace
+from .graph_utils import ns_call, ns_nodes, splice_trace
+from .stages import stage_of, tagged
 
 log = logging.getLogger(__name__)
 
@@ -38,9 +38,9 @@ log = logging.getLogger(__name__)
 def lower_ns_ops(graph: fx.Graph) -> None:
     """Lower all NS op nodes of ``graph`` (see the module docstring)."""
     for node in ns_nodes(graph):
-        log.debug("lowering %s on %s", node.name, tuple(node.args[0].meta["val"].shape))
-        stage = {STAGE_META: node.meta[STAGE_META]} if STAGE_META in node.meta else None
-        (out,) = splice_trace(graph, _kernel(node), [node.args[0]], insert_before=node, meta=stage)
+        call = ns_call(node)
+        log.debug("lowering %s on %s: %s", node.name, tuple(call.input.meta["val"].shape), call.args.describe())
+        (out,) = splice_trace(graph, _kernel(node), [call.input], insert_before=node, meta=tagged(stage_of(node)))
         node.replace_all_uses_with(out)
         graph.erase_node(node)
         counters["lower.ns_ops"] += 1
@@ -48,11 +48,8 @@ def lower_ns_ops(graph: fx.Graph) -> None:
 
 def _kernel(node: fx.Node) -> Callable[[torch.Tensor], list[torch.Tensor]]:
     """The pure function a node computes, closed over its non-tensor arguments."""
-    if node.target is SHARDED_NEWTON_SCHULZ:
-        _, global_rows, group_name, group_size, coefficients, *ns = node.args
-        rank = group_rank(group_name)
-        return lambda t: [
-            gather_orthogonalize_slice(t, global_rows, group_name, group_size, rank, unflatten(coefficients), *ns)
-        ]
-    _, coefficients, *ns = node.args
-    return lambda t: [orthogonalize(t, unflatten(coefficients), *ns)]
+    call = ns_call(node)
+    if call.group is not None:
+        group, rank = call.group, group_rank(call.group.group_name)
+        return lambda t: [gather_orthogonalize_slice(t, group, rank, call.args)]
+    return lambda t: [orthogonalize(t, call.args)]

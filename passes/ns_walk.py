@@ -1,7 +1,7 @@
 """The evaluation behind ``canonicalize``: one in-order walk of a Dynamo graph in the
 abstract values of :mod:`ns_algebra`, returning every candidate Newton–Schulz loop as a
-:class:`Chain` (plain data: its start, its input, its norm, its step polynomials, its
-members and escapes, or the reason it is not one).
+frozen :class:`Chain` (plain data: its start, its input, its norm, its step polynomials,
+its members and escapes, or the reason it is not one).
 
 Storage is tracked through the nodes' fake values: a transpose is a view of its input
 (same storage, flipped orientation), an in-place op writes a new value into the storage
@@ -23,7 +23,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from .graph_utils import local_value
 from .ns_algebra import GRAM, ONE, Gram, Odd, Value, combine, next_iterate, product, scaled
 
-__all__ = ["Chain", "NormOf", "example_value", "node_kind", "walk_graph"]
+__all__ = ["Chain", "Escape", "NormOf", "example_value", "node_kind", "walk_graph"]
 
 # --------------------------------------------------------------------------- node kinds
 
@@ -97,10 +97,18 @@ def _is_scalar(x: Any) -> bool:
 # ------------------------------------------------------------------ abstract values
 
 @dataclasses.dataclass(frozen=True)
-class Raw:
-    """A plain matrix: the content of storage ``origin = (root node, version)``, transposed if ``t``."""
+class Origin:
+    """One state of one storage: the node that created it, and how many in-place writes followed."""
 
-    origin: tuple[fx.Node, int]
+    root: fx.Node
+    version: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Raw:
+    """A plain matrix: the content of storage state ``origin``, transposed if ``t``."""
+
+    origin: Origin
     t: bool = False
 
 
@@ -109,7 +117,7 @@ class NormOf:
     """``||origin|| * scale + eps`` (or ``max(||origin|| * scale, eps)``); ``bad`` says why it is no
     per-matrix Frobenius norm."""
 
-    origin: tuple[fx.Node, int]
+    origin: Origin
     scale: float = 1.0
     eps: float = 0.0
     clamp: bool = False
@@ -129,25 +137,73 @@ class NormOf:
 _OPAQUE_VIEW = object()  # a chain value read through a view other than a transpose
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
+class View:
+    """A node that is a transpose view of ``source`` (``flip``: transposed relative to it)."""
+
+    source: fx.Node
+    flip: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class Escape:
+    """``user``, which is no iteration step, reads chain value ``value`` through its argument ``arg``."""
+
+    user: fx.Node
+    arg: fx.Node
+    value: Odd
+
+
+@dataclasses.dataclass(frozen=True)
 class Chain:
-    """One candidate Newton–Schulz loop (plain data once the walk is done)."""
+    """One candidate Newton–Schulz loop, as the walk found it.
+
+    ``steps`` holds the step polynomial of each finished iteration (the last step is read
+    off the escapes by the matcher); ``reason`` says why the walk already knows it is not
+    a recognisable loop (None if it does not).
+    """
 
     id: int
     start: fx.Node  # the division by the norm
     source: fx.Node  # the node whose storage holds M (the op's input)
     norm: NormOf
     dtype: torch.dtype
-    it: int = 0
+    steps: tuple[tuple[float, ...], ...]
+    iterates: bool  # a Gram matrix was formed: this looks like Newton–Schulz
+    members: tuple[fx.Node, ...]
+    escapes: tuple[Escape, ...]
+    reason: str | None
+
+
+@dataclasses.dataclass
+class _Loop:
+    """A :class:`Chain` while the walk builds it."""
+
+    id: int
+    start: fx.Node
+    source: fx.Node
+    norm: NormOf
+    dtype: torch.dtype
     steps: list[tuple[float, ...]] = dataclasses.field(default_factory=list)
-    iterates: bool = False  # a Gram matrix was formed: this looks like Newton–Schulz
+    iterates: bool = False
     members: list[fx.Node] = dataclasses.field(default_factory=list)
-    escapes: list[tuple[fx.Node, fx.Node, Odd]] = dataclasses.field(default_factory=list)
+    escapes: list[Escape] = dataclasses.field(default_factory=list)
     reason: str | None = None
+
+    @property
+    def it(self) -> int:
+        """The current iteration: the number of finished steps."""
+        return len(self.steps)
 
     def reject(self, reason: str) -> None:
         if self.reason is None:
             self.reason = reason
+
+    def freeze(self) -> Chain:
+        return Chain(
+            self.id, self.start, self.source, self.norm, self.dtype, tuple(self.steps), self.iterates,
+            tuple(self.members), tuple(self.escapes), self.reason,
+        )
 
 
 # ------------------------------------------------------------------------- the walk
@@ -161,7 +217,7 @@ class _Walk:
         self.root: dict[StorageWeakRef, fx.Node] = {}
         self.version: dict[StorageWeakRef, int] = {}
         self.state: dict[StorageWeakRef, Any] = {}  # Raw | NormOf | Odd | Gram, relative to the root
-        self.chains: list[Chain] = []
+        self.chains: list[_Loop] = []
         self.inputs = {_storage(n) for n in graph.nodes if n.op in ("placeholder", "get_attr")} - {None}
 
     # reads and writes ---------------------------------------------------------------
@@ -182,7 +238,7 @@ class _Walk:
         if o is None:
             return None
         if value is None:
-            return Raw((self.root[s], self.version[s]), o)
+            return Raw(Origin(self.root[s], self.version[s]), o)
         if isinstance(value, Raw):
             return dataclasses.replace(value, t=value.t ^ o)
         return value  # NormOf
@@ -240,16 +296,15 @@ class _Walk:
             else:  # placeholder, get_attr, call_module, output
                 self.escape_all(node)
                 self.define(node, None)
-        return self.chains
+        return [loop.freeze() for loop in self.chains]
 
     def visit(self, node: fx.Node) -> None:
         name, in_place = node_kind(node)
         args = [self.read(a) for a in node.args]
         kwargs = {k: self.read(v) for k, v in node.kwargs.items()}
         result = self.evaluate(node, name, args, kwargs) if name else None
-        if isinstance(result, tuple) and result[0] == "view":
-            _, src, flip = result
-            self.define(node, None, view_of=src, flip=flip)
+        if isinstance(result, View):
+            self.define(node, None, view_of=result.source, flip=result.flip)
             value = self.read(node)
             if isinstance(value, (Odd, Gram)):
                 self.chains[value.chain].members.append(node)
@@ -288,12 +343,12 @@ class _Walk:
                 chain = self.chains[value.chain]
                 if arg is mutated:
                     chain.reject(f"{user.name} updates the iterate in place")
-                chain.escapes.append((user, arg, value))
+                chain.escapes.append(Escape(user, arg, value))
 
     # evaluation of one node ---------------------------------------------------------
 
     def evaluate(self, node: fx.Node, name: str, args: list, kwargs: dict) -> Any:
-        """The node's abstract value, ``("view", source, flip)`` for a transpose, or None."""
+        """The node's abstract value, a :class:`View` for a transpose, or None."""
         x = args[0] if args else None
         if name in ("getattr", "transpose", "t", "mT"):
             return self._transpose(node, name)
@@ -347,7 +402,7 @@ class _Walk:
             ok = all(isinstance(d, int) for d in dims) and sorted(d % nd for d in dims) == [nd - 2, nd - 1]
         else:  # t() / mT()
             ok = nd == 2 or name == "mT"
-        return ("view", src, True) if ok else None
+        return View(src, True) if ok else None
 
     def _norm(self, node: fx.Node, name: str, x: Any) -> Any:
         if not isinstance(x, Raw):
@@ -420,7 +475,7 @@ class _Walk:
         t = example_value(source)
         if not isinstance(t, torch.Tensor) or t.dim() not in (2, 3) or not t.dtype.is_floating_point:
             return None
-        chain = Chain(len(self.chains), node, self.root[_storage(source)], norm, t.dtype)
+        chain = _Loop(len(self.chains), node, self.root[_storage(source)], norm, t.dtype)
         if norm.bad:
             chain.reject(norm.bad)
         elif norm.origin != x.origin:
@@ -443,7 +498,6 @@ class _Walk:
                     chain.reject(f"step {chain.it} is a polynomial of degree {len(p) - 1} in X X^T, not 1 or 2")
                     return None
                 chain.steps.append(p)
-                chain.it += 1
                 return Gram(chain.id, chain.it, GRAM, "R" if u.t else "L")
         return product(u, v)
 

@@ -1,5 +1,6 @@
 """The pipeline, top to bottom: canonicalize on the Dynamo graph (before AOTAutograd),
-then on the post-grad graph find -> plan -> distribute -> bucket -> schedule -> lower.
+then on the post-grad graph find -> plan -> distribute -> bucket -> schedule -> lower,
+then the user's own post-grad passes, if any (:class:`MuonGraphPass`).
 
 Each pass is named; with ``MUON_COMPILE_DUMP_DIR`` set, the graph before and after each
 pass is written there in the normalised text of :mod:`graph_text`; after each pass the
@@ -13,13 +14,17 @@ import itertools
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch.fx as fx
-from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
+from torch._inductor import custom_graph_pass
+from torch._inductor.custom_graph_pass import CustomGraphPass
 
+import muon_compile
 from muon_compile import config as config_mod
+from muon_compile.cache_key import sources_hash
 from muon_compile.stats import counters
 
 from .bucket import apply_buckets
@@ -29,7 +34,8 @@ from .find import find_ns_sites
 from .graph_text import graph_text
 from .graph_utils import alias_pattern, check_contract
 from .lower import lower_ns_ops
-from .plan import Strategy, plan_buckets, plan_distributed
+from .plan_buckets import plan_buckets
+from .plan_distributed import plan_distributed
 from .schedule import apply_schedule
 
 log = logging.getLogger(__name__)
@@ -90,8 +96,7 @@ def run_passes(graph: fx.Graph, cfg: config_mod.Config, dump_name: str | None = 
     dumper = _Dumper(cfg.dump_dir, dump_name)
     distributed = False
     if cfg.enabled("distribute"):
-        strategy = Strategy.ALL_GATHER if cfg.strategy == "all_gather" else Strategy.ALL_TO_ALL
-        dist_plan = plan_distributed(sites, bucket_mb=cfg.bucket_mb, strategy=strategy)
+        dist_plan = plan_distributed(sites, bucket_mb=cfg.bucket_mb, strategy=cfg.strategy)
         if dist_plan.buckets or dist_plan.skipped:
             log.debug("distribution plan:\n%s", dist_plan.describe())
             _run_pass("distribute", graph, dumper, lambda: apply_distribution(graph, nodes, dist_plan))
@@ -107,28 +112,49 @@ def run_passes(graph: fx.Graph, cfg: config_mod.Config, dump_name: str | None = 
         _run_pass("lower", graph, dumper, lambda: lower_ns_ops(graph))
 
 
-_SOURCES = tuple(
-    str(p)
-    for p in sorted(Path(__file__).parent.glob("*.py"))
-    + [Path(config_mod.__file__).parent / f for f in ("ns_kernel.py", "ns_op.py", "sharded_ns.py", "coefficients.py", "config.py")]
-)
+UserPasses = Callable[[fx.Graph], None] | Sequence[Callable[[fx.Graph], None]] | None
 
 
 class MuonGraphPass(CustomGraphPass):
-    """The pipeline as Inductor's ``post_grad_custom_post_pass``.
+    """The pipeline as Inductor's ``post_grad_custom_post_pass``, followed by the user's own
+    post-grad passes (``user_passes``: one callable, a list of them, or None).
 
-    ``uuid()`` hashes the pass sources, the configuration that changes the output and the
-    rank key (:func:`muon_compile.backend.rank_key`), so the FX graph cache stays valid,
-    hits when nothing changed, and never serves one rank another rank's graph.
+    ``uuid()`` combines a hash of every source file of this package, the configuration
+    that changes the output, the rank key (:func:`muon_compile.cache_key.rank_key`) and
+    the user passes' own ``uuid()``, so the FX graph cache stays valid, hits when nothing
+    changed, and never serves one rank another rank's graph. A user pass that is no
+    ``CustomGraphPass`` (or has no uuid) makes it None: Inductor then bypasses the cache,
+    as it does for such a pass on its own.
     """
 
-    def __init__(self, cfg: config_mod.Config, rank_key: tuple = (), dump_name: str | None = None) -> None:
+    def __init__(
+        self,
+        cfg: config_mod.Config,
+        rank_key: tuple = (),
+        dump_name: str | None = None,
+        user_passes: UserPasses = None,
+    ) -> None:
         self.cfg = cfg
         self.rank_key = rank_key
         self.dump_name = dump_name  # where the dumps go; not part of uuid()
+        if user_passes is None:
+            user_passes = ()
+        self.user_passes = tuple(user_passes) if isinstance(user_passes, (list, tuple)) else (user_passes,)
+        inference_aware = getattr(custom_graph_pass, "CustomInferenceAwareGraphPass", ())
+        for p in self.user_passes:
+            if not callable(p) or isinstance(p, inference_aware):
+                raise ValueError(
+                    f"post_grad_custom_post_pass must be a callable taking an fx.Graph (a CustomGraphPass "
+                    f"to keep the FX graph cache), got {p!r}"
+                )
 
     def __call__(self, graph: fx.Graph) -> None:
         run_passes(graph, self.cfg, self.dump_name)
+        for p in self.user_passes:
+            p(graph)
 
-    def uuid(self) -> bytes:
-        return get_hash_for_files(_SOURCES) + repr((self.cfg.cache_key(), self.rank_key)).encode()
+    def uuid(self) -> Any:
+        user_ids = tuple(p.uuid() if isinstance(p, CustomGraphPass) else None for p in self.user_passes)
+        if any(u is None for u in user_ids):
+            return None
+        return (sources_hash(muon_compile), repr(self.cfg.cache_key()), repr(self.rank_key), user_ids)

@@ -26,46 +26,48 @@ import torch.fx as fx
 
 from muon_compile.stats import counters
 
-from .distribute import COMPUTE, FINISH, LAUNCH
-from .graph_utils import STAGE_META, stable_topological_sort
+from .graph_utils import stable_topological_sort
+from .stages import Stage, StageTag, stage_of
 
 log = logging.getLogger(__name__)
 
 
-def stage_order(buckets: int, finish: bool, prefetch: int) -> list[tuple[int, str]]:
-    """The ``(bucket, stage)`` sequence for ``buckets`` buckets (see the module docstring)."""
+def stage_order(buckets: int, finish: bool, prefetch: int) -> list[StageTag]:
+    """The stage sequence for ``buckets`` buckets (see the module docstring)."""
+    launch, compute, end = Stage.LAUNCH, Stage.COMPUTE, Stage.FINISH
     if prefetch <= 0:
-        tail = [FINISH] if finish else []
-        return [(b, stage) for b in range(buckets) for stage in [LAUNCH, COMPUTE, *tail]]
-    order = [(b, LAUNCH) for b in range(min(prefetch, buckets))]
+        stages = [launch, compute, end] if finish else [launch, compute]
+        return [StageTag(b, stage) for b in range(buckets) for stage in stages]
+    order = [StageTag(b, launch) for b in range(min(prefetch, buckets))]
     for b in range(buckets):
         if b + prefetch < buckets:
-            order.append((b + prefetch, LAUNCH))
-        order.append((b, COMPUTE))
+            order.append(StageTag(b + prefetch, launch))
+        order.append(StageTag(b, compute))
         if finish and b >= 1:
-            order.append((b - 1, FINISH))
+            order.append(StageTag(b - 1, end))
     if finish and buckets:
-        order.append((buckets - 1, FINISH))
+        order.append(StageTag(buckets - 1, end))
     return order
 
 
 def apply_schedule(graph: fx.Graph, prefetch: int) -> None:
     """Reorder the tagged stage nodes of ``graph`` for ``prefetch`` (see the module docstring)."""
-    groups: dict[tuple[int, str], list[fx.Node]] = defaultdict(list)
+    groups: dict[StageTag, list[fx.Node]] = defaultdict(list)
     for node in graph.nodes:
-        if STAGE_META in node.meta:
-            groups[node.meta[STAGE_META]].append(node)
+        tag = stage_of(node)
+        if tag is not None:
+            groups[tag].append(node)
     if not groups:
         return
-    buckets = 1 + max(b for b, _ in groups)
-    finish = any(stage == FINISH for _, stage in groups)
-    order = [key for key in stage_order(buckets, finish, prefetch) if key in groups]
-    first = next(n for n in graph.nodes if STAGE_META in n.meta)
+    buckets = 1 + max(tag.bucket for tag in groups)
+    finish = any(tag.stage is Stage.FINISH for tag in groups)
+    order = [tag for tag in stage_order(buckets, finish, prefetch) if tag in groups]
+    first = next(n for n in graph.nodes if stage_of(n) is not None)
     cursor = first.prev
-    for key in order:
-        for node in groups[key]:
+    for tag in order:
+        for node in groups[tag]:
             cursor.append(node)
             cursor = node
     stable_topological_sort(graph)
-    log.debug("scheduled %d buckets with prefetch %d: %s", buckets, prefetch, order)
+    log.debug("scheduled %d buckets with prefetch %d: %s", buckets, prefetch, ", ".join(map(str, order)))
     counters["schedule.buckets"] += buckets

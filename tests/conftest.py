@@ -1,13 +1,32 @@
+"""Test-wide settings: a clean Dynamo state and exact pass counters for every test.
+
+Every test runs with Inductor's FX graph cache and the AOTAutograd cache switched off, so
+each compile runs the passes and the decision counters (``muon_compile.counters``) hold
+exactly what that compile decided: no assertion needs to accept "0 on a cache hit".
+Compiled C++ kernels are still reused within the session. A test about those caches
+themselves is marked ``graph_cache`` and runs inside its own fresh cache directory
+(``torch._inductor.utils.fresh_cache``) with the caches on.
+
+Markers: ``slow`` for multi-process tests and long compiles (``pytest -m "not slow"`` is
+the one-minute tier), ``graph_cache`` as above.
+"""
+
 import pytest
 import torch
 
 import muon_compile
 
+from helpers import graph_caches_off
+
 
 @pytest.fixture(autouse=True)
-def _fresh_dynamo():
+def _fresh_dynamo_and_exact_counters(request):
     """Each test compiles from a clean Dynamo state and counts its own pass decisions."""
     torch._dynamo.reset()
     muon_compile.counters.clear()
-    yield
+    if request.node.get_closest_marker("graph_cache"):
+        yield
+    else:
+        with graph_caches_off():
+            yield
     torch._dynamo.reset()

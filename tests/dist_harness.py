@@ -7,10 +7,13 @@ list of their return values (rank order). ``run_fake(fn, world, ranks, *args)`` 
 same for the listed ranks only, each alone in its process under the fake process group
 (``torch.testing._internal.distributed.fake_pg``): it traces any world size without
 peers. A hang or a crash fails the call: the processes are killed after ``timeout``.
+``fake_rank(fn, world, rank, *args)`` runs one fake rank in this process (no spawn: the
+fast tier's golden graphs), with the process group torn down afterwards.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import socket
@@ -42,15 +45,13 @@ def _worker(rank, world, port, fn, args, queue, cache_dir):
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache_dir
     try:
         if port is None:
-            from torch.testing._internal.distributed.fake_pg import FakeStore
-
-            dist.init_process_group("fake", rank=rank, world_size=world, store=FakeStore())
+            queue.put((rank, "ok", _to_bytes(fake_rank(fn, world, rank, *args))))
         else:
             dist.init_process_group("gloo", rank=rank, world_size=world)
-        try:
-            queue.put((rank, "ok", _to_bytes(fn(rank, world, *args))))
-        finally:
-            dist.destroy_process_group()
+            try:
+                queue.put((rank, "ok", _to_bytes(fn(rank, world, *args))))
+            finally:
+                dist.destroy_process_group()
     except BaseException:  # report any failure to the parent, which raises it
         queue.put((rank, "error", traceback.format_exc()))
 
@@ -61,6 +62,23 @@ def run_world(fn, world: int, *args, timeout: float = 600, cache_dir: str | None
     ``cache_dir`` sets TORCHINDUCTOR_CACHE_DIR for every rank (default: a fresh one).
     """
     return _spawn(fn, world, list(range(world)), args, timeout, cache_dir, fake=False)
+
+
+@contextlib.contextmanager
+def _fake_group(world: int, rank: int):
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", rank=rank, world_size=world, store=FakeStore())
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def fake_rank(fn, world: int, rank: int, *args):
+    """``fn(rank, world, *args)`` in this process under the fake process group."""
+    with _fake_group(world, rank):
+        return fn(rank, world, *args)
 
 
 def run_fake(fn, world: int, ranks, *args, timeout: float = 600) -> list:

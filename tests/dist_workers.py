@@ -14,7 +14,7 @@ from torch import nn
 import muon_compile
 from muon_compile import config
 
-from helpers import dumped_graphs
+from helpers import dumped_graphs, graph_caches_off
 
 # Rows chosen against W = 2 and 3: even (24), uneven (10, 7), fewer rows than ranks (1),
 # and a tall / wide pair that share a canonical shape (40x12, 12x40).
@@ -162,8 +162,6 @@ def fsdp_graphs(rank, world, shapes, mesh_shape=None, config_changes=None, optim
     group's name and size. Meant for the fake process group (``run_fake``): the step is
     compiled by the muon backend but run eagerly, because the fake group cannot execute
     an all-to-all whose input is empty on some rank."""
-    from torch._inductor.utils import fresh_cache
-
     from muon_compile.backend import muon_backend
 
     def graphs_only(gm, example_inputs):
@@ -174,7 +172,7 @@ def fsdp_graphs(rank, world, shapes, mesh_shape=None, config_changes=None, optim
     params = sharded_stack(shapes, mesh)
     set_step_grads(params, shapes, 0)
     opt = make_optimizer(optimizer, params, {})
-    with tempfile.TemporaryDirectory() as dump, fresh_cache(), config.override(dump_dir=dump, **(config_changes or {})):
+    with tempfile.TemporaryDirectory() as dump, graph_caches_off(), config.override(dump_dir=dump, **(config_changes or {})):
         torch.compile(opt.step, backend=graphs_only)()
         graphs = dumped_graphs(dump)
     return {**graphs, "groups": {mesh.get_group(d).group_name: mesh.size(d) for d in range(mesh.ndim)}}

@@ -1,5 +1,8 @@
 """Shared builders for tests that compile an optimizer step and compare it with eager."""
 
+import contextlib
+import dataclasses
+
 import torch
 from torch import nn
 
@@ -51,6 +54,14 @@ def compare_steps(make_opt, shapes, *, rtol, steps=2, dtype=torch.float32, backe
     return comp_params
 
 
+@contextlib.contextmanager
+def graph_caches_off():
+    """Inductor's FX graph cache and the AOTAutograd cache off: every compile runs the
+    passes, so their counters and dumps are exact (compiled C++ kernels are still reused)."""
+    with torch._inductor.config.patch(fx_graph_cache=False), torch._functorch.config.patch(enable_autograd_cache=False):
+        yield
+
+
 def muon(**kw):
     return lambda params: muon_compile.Muon(params, **kw)
 
@@ -65,19 +76,36 @@ def dumped_graphs(dump_dir):
     return {f.stem.split("_", 1)[1]: f.read_text() for f in sorted(graph_dirs[-1].glob("*.txt"))}
 
 
-def compile_with_dump(make_opt, shapes, tmp_path, dtype=torch.float32, **config_changes):
-    """Compile one step of ``make_opt(params)`` with an empty Inductor cache and the dump
-    directory set; return the dumped graph texts and the compiled optimizer's params."""
-    from torch._inductor.utils import fresh_cache
+@dataclasses.dataclass
+class OneStep:
+    """One optimizer step from the same start, compiled and eager: the parameters after it."""
 
+    start: list
+    compiled: list
+    eager: list
+
+    def assert_close(self, rtol):
+        """Each compiled update within ``rtol`` (relative Frobenius error) of the eager one."""
+        for i, (s, c, e) in enumerate(zip(self.start, self.compiled, self.eager)):
+            assert_rel_close(c - s, e - s, rtol, f"param {i} {tuple(s.shape)}")
+
+
+def compile_with_dump(make_opt, shapes, tmp_path, dtype=torch.float32, **config_changes):
+    """One step of ``make_opt(params)`` compiled with the graph caches off and the dump
+    directory set, and the same step eager; return the dumped graph texts and the
+    :class:`OneStep` (each test checks its numerics with its own tolerance)."""
     from muon_compile import config
 
-    params = make_params(shapes, dtype)
+    params, eager_params = make_params(shapes, dtype), make_params(shapes, dtype)
+    start = [p.detach().clone() for p in params]
     opt = make_opt(params)
     set_grads(params, 0)
-    with fresh_cache(), config.override(dump_dir=str(tmp_path), **config_changes):
+    set_grads(eager_params, 0)
+    with graph_caches_off(), config.override(dump_dir=str(tmp_path), **config_changes):
         torch.compile(opt.step, backend="muon")()
-    return dumped_graphs(tmp_path), params
+    make_opt(eager_params).step()
+    step = OneStep(start, [p.detach() for p in params], [p.detach() for p in eager_params])
+    return dumped_graphs(tmp_path), step
 
 
 def count_ns_calls(graph_text):

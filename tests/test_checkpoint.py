@@ -19,7 +19,7 @@ def _optimizer(params):
     return muon_compile.MuonAdamW(groups, lr=0.05, weight_decay=0.1, ns_dtype=torch.float32)
 
 
-@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+@pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["eager", "compiled"])
 def test_state_dict_resume_is_bit_identical(compiled):
     shapes = MIXED_SHAPES[:6] + [(8,), ()]
 
@@ -52,6 +52,7 @@ def test_state_dict_resume_is_bit_identical(compiled):
         assert torch.equal(a, b), f"param {i} {tuple(a.shape)}"
 
 
+@pytest.mark.slow
 def test_fsdp2_distributed_checkpoint_resume_is_bit_identical():
     for rank, result in enumerate(run_world(dcp_resume, 2, 2)):
         assert all(result["identical"]), (rank, result["identical"])

@@ -1,36 +1,51 @@
-"""Golden graphs of the single-device pipeline (see golden_graphs/README.md)."""
+"""Golden graphs of the single-device pipeline (see golden_graphs/README.md); each
+compiled step is also checked against the eager step."""
+
+import torch
 
 import muon_compile
 
 from golden import assert_golden
-from helpers import compile_with_dump, count_ns_calls, muon
+from helpers import compile_with_dump, count_ns_calls, make_params, muon, set_grads
+from ns_forms import exact_torch_muon
+from numerics import NS_RTOL, assert_rewrite_close
 
 # Per layer: qkv (3d x d), attention out (d x d), MLP up (4d x d), MLP down (d x 4d); d=16, 2 layers.
 GPT_SHAPES = [(48, 16), (16, 16), (64, 16), (16, 64)] * 2
 
 
 def test_gpt_single_device(tmp_path):
-    graphs, _ = compile_with_dump(muon(), GPT_SHAPES, tmp_path)
+    graphs, step = compile_with_dump(muon(), GPT_SHAPES, tmp_path)
     assert_golden("single_device_gpt.before.txt", graphs["bucket_before"])
     assert_golden("single_device_gpt.bucketed.txt", graphs["bucket_after"])
     assert_golden("single_device_gpt.lowered.txt", graphs["lower_after"])
     assert count_ns_calls(graphs["bucket_after"]) == 3  # 16x48 (qkv), 16x16, 16x64 (up and down)
+    step.assert_close(NS_RTOL[torch.bfloat16])
 
 
 def test_padding_merge(tmp_path):
     # 16x40 and the tall 40x16 pad into the 16x48 bucket (14% of its NS FLOPs wasted)
-    graphs, _ = compile_with_dump(muon(), [(16, 48), (16, 40), (40, 16)], tmp_path, pad_waste=0.2)
+    graphs, step = compile_with_dump(muon(), [(16, 48), (16, 40), (40, 16)], tmp_path, pad_waste=0.2)
     assert_golden("single_device_padded.bucketed.txt", graphs["bucket_after"])
     assert muon_compile.counters["bucket.padded_buckets"] == 1
+    step.assert_close(NS_RTOL[torch.bfloat16])
 
 
 def test_torch_optim_muon_single_device(tmp_path):
     """Unmodified torch.optim.Muon: canonicalize turns each 5-step addmm loop into the op,
     and the step is then bucketed exactly like muon_compile.Muon's."""
-    import torch
 
-    graphs, _ = compile_with_dump(lambda params: torch.optim.Muon(params, lr=0.02), GPT_SHAPES, tmp_path)
+    def make(params):
+        return torch.optim.Muon(params, lr=0.02)
+
+    graphs, step = compile_with_dump(make, GPT_SHAPES, tmp_path)
     assert_golden("torch_muon_gpt.canonical.txt", graphs["canonicalize_after"])
     assert_golden("torch_muon_gpt.lowered.txt", graphs["lower_after"])
     assert muon_compile.counters["canonicalize.matched"] == len(GPT_SHAPES)
     assert count_ns_calls(graphs["bucket_after"]) == 3  # the same three buckets as muon_compile.Muon
+    exact = make_params(GPT_SHAPES)
+    set_grads(exact, 0)
+    with exact_torch_muon():  # the same code with its Newton–Schulz in fp64
+        make(exact).step()
+    for i, (s, c, e, x) in enumerate(zip(step.start, step.compiled, step.eager, exact)):
+        assert_rewrite_close(c - s, e - s, x.detach() - s, torch.bfloat16, f"param {i} {GPT_SHAPES[i]}")

@@ -1,16 +1,18 @@
 """Golden graphs of the distributed pipeline under the fake process group (world 8,
 first and last rank; an HSDP 2x4 mesh), the rank symmetry of all 8 ranks' collectives,
-and the order the schedule pass gives the buckets' stages."""
+and the order the schedule pass gives the buckets' stages. One rank's graphs are traced
+in this process (fast); all 8 ranks are spawned (slow)."""
 
 import re
 
 import pytest
 
-from dist_harness import run_fake
+from dist_harness import fake_rank, run_fake
 from dist_workers import assert_same_collectives, collective_sequence, fsdp_graphs
 from golden import assert_golden
 
 from muon_compile.passes.schedule import stage_order
+from muon_compile.passes.stages import Stage, StageTag
 
 # GPT-like layers at d=16 (qkv, attention out, MLP up, MLP down) plus, against 8 ranks,
 # an uneven matrix (10 rows: ranks 5-7 hold nothing) and one with fewer rows than ranks.
@@ -22,28 +24,33 @@ def world8():
     return run_fake(fsdp_graphs, 8, range(8), W8_SHAPES)
 
 
-def test_world8_golden_first_and_last_rank(world8):
-    assert_golden("fsdp_w8_rank0.before.txt", world8[0]["distribute_before"])
-    assert_golden("fsdp_w8_rank0.scheduled.txt", world8[0]["schedule_after"])
+def test_world8_golden_rank0():
+    graphs = fake_rank(fsdp_graphs, 8, 0, W8_SHAPES)
+    assert_golden("fsdp_w8_rank0.before.txt", graphs["distribute_before"])
+    assert_golden("fsdp_w8_rank0.scheduled.txt", graphs["schedule_after"])
+    assert len(collective_sequence(graphs["lower_after"])) == 2  # one bucket: one all_to_all pair for six matrices
+
+
+@pytest.mark.slow
+def test_world8_golden_last_rank_and_the_same_collectives_on_every_rank(world8):
+    assert_golden("fsdp_w8_rank0.scheduled.txt", world8[0]["schedule_after"])  # spawned as traced in-process
     assert_golden("fsdp_w8_rank7.scheduled.txt", world8[7]["schedule_after"])
-
-
-def test_world8_ranks_issue_the_same_collectives(world8):
     sequences = [collective_sequence(world8[r]["lower_after"]) for r in range(8)]
-    assert len(sequences[0]) == 2  # one bucket: one all_to_all pair for six matrices
+    assert len(sequences[0]) == 2
     assert_same_collectives(sequences)
 
 
 def test_world8_torch_optim_muon():
     """Unmodified torch.optim.Muon on FSDP2 at world 8: the same single all_to_all pair as
     muon_compile.Muon, instead of DTensor's collectives per Gram matrix."""
-    (graphs,) = run_fake(fsdp_graphs, 8, [0], W8_SHAPES[:-1], None, None, "torch")
+    graphs = fake_rank(fsdp_graphs, 8, 0, W8_SHAPES[:-1], None, None, "torch")
     assert_golden("torch_muon_fsdp_w8_rank0.scheduled.txt", graphs["schedule_after"])
     assert len(collective_sequence(graphs["lower_after"])) == 2
 
 
+@pytest.mark.slow
 def test_hsdp_communicates_on_the_shard_submesh_only():
-    (graphs,) = run_fake(fsdp_graphs, 8, [0], W8_SHAPES, (2, 4))
+    graphs = fake_rank(fsdp_graphs, 8, 0, W8_SHAPES, (2, 4))
     assert_golden("hsdp_2x4_rank0.scheduled.txt", graphs["schedule_after"])
     sequence = collective_sequence(graphs["lower_after"])
     assert sequence
@@ -62,17 +69,17 @@ def _stage_lines(text):
     return out
 
 
-@pytest.mark.parametrize("prefetch", [0, 1, 2])
+@pytest.mark.parametrize("prefetch", [pytest.param(0, marks=pytest.mark.slow), pytest.param(1, marks=pytest.mark.slow), 2])
 def test_schedule_overlaps_collectives_with_compute(prefetch):
-    (graphs,) = run_fake(fsdp_graphs, 2, [0], W8_SHAPES, None, dict(bucket_mb=0.002, prefetch=prefetch))
+    graphs = fake_rank(fsdp_graphs, 2, 0, W8_SHAPES, None, dict(bucket_mb=0.002, prefetch=prefetch))
     text = graphs["schedule_after"]
     tagged = _stage_lines(text)
     buckets = 1 + max(b for _, b, _, _ in tagged)
     assert buckets >= 3
     seen = []
     for _, bucket, stage, _ in tagged:
-        if (bucket, stage) not in seen:
-            seen.append((bucket, stage))
+        if StageTag(bucket, Stage(stage)) not in seen:
+            seen.append(StageTag(bucket, Stage(stage)))
     assert seen == stage_order(buckets, True, prefetch)
     launch = {b: i for i, b, s, line in tagged if s == "launch" and "all_to_all_single" in line}
     compute = {}  # where each bucket's compute stage (wait, NS on the owned matrices, return) begins

@@ -8,6 +8,7 @@ import torch
 
 import muon_compile
 from muon_compile import coefficients as coeffs
+from muon_compile.ns_args import NSArgs
 from muon_compile.ns_op import NEWTON_SCHULZ, newton_schulz_op
 
 from numerics import NS_RTOL, assert_rel_close
@@ -39,10 +40,11 @@ def scalar_composition(sigma, triples, steps):
 
 
 def call(x, preset, steps, dtype, eps=None, clamp=False):
-    return newton_schulz_op(
-        x, coeffs.flatten(preset.coefficients), steps, preset.eps if eps is None else eps,
-        preset.norm_scale, clamp, dtype,
+    args = NSArgs.repeating(
+        preset.coefficients, steps, eps=preset.eps if eps is None else eps,
+        norm_scale=preset.norm_scale, clamp_eps=clamp, compute_dtype=dtype,
     )
+    return newton_schulz_op(x, args)
 
 
 SHAPES = [(16, 48), (48, 16), (24, 24), (1, 9), (9, 1)]
@@ -134,7 +136,7 @@ def test_presets_table():
     assert math.isclose(c, 17.300387312530933 / 1.01**5)
     assert POLAR.coefficients[-1] == (1.875, -1.25, 0.375) and POLAR.norm_scale == 1.01
     assert len(POLAR.coefficients) == 8
-    assert coeffs.schedule(POLAR.coefficients, 10)[9] == (1.875, -1.25, 0.375)
+    assert POLAR.schedule(10)[9] == (1.875, -1.25, 0.375)
 
 
 def test_public_function_resolves_presets_and_custom():
@@ -152,7 +154,8 @@ def test_public_function_resolves_presets_and_custom():
     ids=["wide", "tall", "batched", "bf16"],
 )
 def test_opcheck(x):
-    torch.library.opcheck(NEWTON_SCHULZ, (x, coeffs.flatten(POLAR.coefficients), 5, 1e-7, 1.01, False, torch.float32))
+    args = NSArgs.repeating(POLAR.coefficients, 5, norm_scale=1.01, compute_dtype=torch.float32)
+    torch.library.opcheck(NEWTON_SCHULZ, (x, *args.to_op()))
 
 
 @pytest.mark.parametrize(
@@ -177,4 +180,11 @@ def test_bad_input_raises_value_error(x, kwargs, match):
 
 def test_flat_coefficients_must_be_triples():
     with pytest.raises(ValueError, match="3\\*k values"):
-        newton_schulz_op(torch.randn(3, 3), [1.0, 2.0, 3.0, 4.0], 5, 1e-7, 1.0, False, torch.float32)
+        NEWTON_SCHULZ(torch.randn(3, 3), [1.0, 2.0, 3.0, 4.0], 5, 1e-7, 1.0, False, torch.float32)
+
+
+def test_backpropagating_through_the_op_is_an_error():
+    x = torch.randn(4, 6, requires_grad=True)
+    y = muon_compile.newton_schulz(x, compute_dtype=torch.float32)
+    with pytest.raises(RuntimeError, match="has no derivative"):
+        y.sum().backward()

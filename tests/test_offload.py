@@ -28,7 +28,7 @@ def _run(offload, compiled, steps=3):
     return params, state, held == {id(v) for p in params for v in opt.state[p].values()}
 
 
-@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+@pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["eager", "compiled"])
 def test_offloaded_state_gives_identical_steps(compiled):
     ref, ref_state, _ = _run(False, compiled)
     got, got_state, same_tensors = _run(True, compiled)
@@ -40,6 +40,7 @@ def test_offloaded_state_gives_identical_steps(compiled):
         assert torch.equal(a, b)
 
 
+@pytest.mark.slow
 def test_fsdp2_offloaded_state():
     """On FSDP2 the state stays DTensors laid out like their parameters (their local shards
     are what moves); results equal the single-process reference without offload."""

@@ -54,6 +54,7 @@ def test_heads_above_threshold_are_rescaled(rope_dim):
     torch.testing.assert_close(mlp.detach(), pm.detach(), rtol=0, atol=0)
 
 
+@pytest.mark.slow
 def test_compiled_matches_eager():
     eager, comp = _named_params(), _named_params()
     opt_e, opt_c = _optimizer(eager), _optimizer(comp)
@@ -81,6 +82,7 @@ def test_missing_layer_weight_is_named():
         opt.step(qk_logits={"layer9": LOGITS})
 
 
+@pytest.mark.slow
 def test_fsdp2_rows_of_each_rank_are_rescaled():
     """Query rows 12 (6 per rank), MLA key rows 9 (5 and 4): each rank scales the heads' rows
     it holds; the full weights equal the single-process run."""

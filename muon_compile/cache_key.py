@@ -1,0 +1,52 @@
+"""What the compiled artifacts of the ``muon`` backend are keyed by, besides Inductor's own key.
+
+The passes run inside Inductor as a ``CustomGraphPass``, whose ``uuid()`` enters the FX
+graph and AOTAutograd cache keys. It must change whenever the passes could produce
+another graph: when any source file of this package changes (:func:`package_sources`,
+found from the package's own directories, so a new module is covered without a list to
+keep), when the configuration changes, and from one rank to another (:func:`rank_key`).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import torch.distributed as dist
+from torch._inductor.custom_graph_pass import get_hash_for_files
+from torch.distributed.tensor import DTensor
+
+
+def package_sources(package: ModuleType) -> tuple[str, ...]:
+    """Every ``.py`` file under the directories of ``package`` and of its imported
+    subpackages, sorted.
+
+    A subpackage may live outside its parent's directory (this project maps the top-level
+    ``passes/`` folder to ``muon_compile.passes``; an editable install keeps that layout,
+    a wheel does not), so the directories are read from the packages' ``__path__``.
+    """
+    prefix = package.__name__ + "."
+    packages = [package] + [m for name, m in list(sys.modules.items()) if name.startswith(prefix)]
+    dirs = {Path(d).resolve() for m in packages for d in getattr(m, "__path__", ())}
+    return tuple(sorted({str(f) for d in dirs for f in d.rglob("*.py")}))
+
+
+def sources_hash(package: ModuleType) -> bytes:
+    """A hash of the contents of :func:`package_sources` (cached per set of files)."""
+    return get_hash_for_files(package_sources(package))
+
+
+def rank_key(example_inputs: Sequence[Any]) -> tuple:
+    """What makes this rank's compiled graph its own: the rank and the local shard shapes.
+
+    The passes bake the rank into the graph (which matrices it orthogonalises, which rows
+    it keeps), and torch 2.13 keys a DTensor's cache entry by its global spec only, so
+    without this a shared cache directory hands one rank another rank's artifact.
+    """
+    shards = [tuple(t._local_tensor.shape) for t in example_inputs if isinstance(t, DTensor)]
+    if not shards or not dist.is_initialized():
+        return ()
+    return (dist.get_rank(), tuple(shards))

@@ -1,0 +1,150 @@
+"""The arguments of a Newton–Schulz evaluation, owned by one frozen type: :class:`NSArgs`.
+
+The optimizers build one, ``canonicalize`` reads one off user code, the passes key their
+buckets by it, and the kernel runs it. It alone converts to and from the flat argument
+list of the custom ops' schema (:data:`NSArgs.SCHEMA`, after the tensor arguments)::
+
+    float[] coefficients, int steps, float eps, float norm_scale, bool clamp_eps,
+    ScalarType compute_dtype
+
+In the type, ``coefficients`` holds one ``(a, b, c)`` triple per iteration, so two
+evaluations of the same function compare equal whatever schedule spelling produced
+them. In the flat form the trailing repeats of the last triple are dropped (the op
+repeats the last triple), so Keller's five identical steps read ``[a, b, c], 5``.
+
+Adding a field (the algorithm that evaluates the polynomial, say) means adding it here,
+to :data:`NSArgs.SCHEMA`, :meth:`NSArgs.to_op` and :meth:`NSArgs.from_op`, and to this
+module's tests; the ops, the kernel and the passes receive it inside the type.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from typing import ClassVar
+
+import torch
+
+Triple = tuple[float, float, float]
+
+COMPUTE_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
+
+
+def as_triple(value: object, where: str) -> Triple:
+    """``value`` as a triple of finite floats, or ``ValueError`` naming ``where``."""
+    if not isinstance(value, Sequence) or isinstance(value, str) or len(value) != 3:
+        raise ValueError(f"{where}: expected a triple (a, b, c), got {value!r}")
+    out = []
+    for v in value:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise ValueError(f"{where}: coefficients must be finite numbers, got {value!r}")
+        out.append(float(v))
+    return (out[0], out[1], out[2])
+
+
+def check_steps(steps: object) -> int:
+    """``steps`` if it is an int >= 1, else ``ValueError``."""
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"newton_schulz steps must be >= 1, got {steps!r}")
+    return steps
+
+
+def repeat_last(triples: Sequence[Triple], steps: int) -> tuple[Triple, ...]:
+    """The triple of each of ``steps`` iterations when the last one repeats."""
+    return tuple(triples[min(i, len(triples) - 1)] for i in range(steps))
+
+
+@dataclasses.dataclass(frozen=True)
+class NSArgs:
+    """What one Newton–Schulz evaluation computes, besides its input.
+
+    Attributes:
+        coefficients: one ``(a, b, c)`` per iteration: ``X <- a X + b (X X^T) X + c (X X^T)^2 X``.
+        eps: added to the scaled Frobenius norm before dividing (or its floor, ``clamp_eps``).
+        norm_scale: the Frobenius norm is multiplied by this before ``eps`` is applied.
+        clamp_eps: divide by ``max(norm * norm_scale, eps)`` instead of ``norm * norm_scale + eps``.
+        compute_dtype: dtype of the iteration's matmuls.
+
+    Raises ``ValueError`` naming the offending value for anything the op does not define.
+    """
+
+    coefficients: tuple[Triple, ...]
+    eps: float = 1e-7
+    norm_scale: float = 1.0
+    clamp_eps: bool = False
+    compute_dtype: torch.dtype = torch.bfloat16
+
+    # The schema fragment of these arguments in the custom ops, after their tensor arguments.
+    SCHEMA: ClassVar[str] = (
+        "float[] coefficients, int steps, float eps, float norm_scale, bool clamp_eps, ScalarType compute_dtype"
+    )
+    ARITY: ClassVar[int] = 6  # entries of the flat form
+
+    def __post_init__(self) -> None:
+        if isinstance(self.coefficients, (str, bytes)) or not isinstance(self.coefficients, Sequence) or not self.coefficients:
+            raise ValueError(f"newton_schulz needs at least one (a, b, c) triple, got {self.coefficients!r}")
+        triples = tuple(as_triple(t, f"newton_schulz coefficients[{i}]") for i, t in enumerate(self.coefficients))
+        object.__setattr__(self, "coefficients", triples)
+        if isinstance(self.eps, bool) or not isinstance(self.eps, (int, float)) or not (math.isfinite(self.eps) and self.eps >= 0):
+            raise ValueError(f"newton_schulz eps must be >= 0, got {self.eps!r}")
+        if isinstance(self.norm_scale, bool) or not isinstance(self.norm_scale, (int, float)) or not (
+            math.isfinite(self.norm_scale) and self.norm_scale > 0
+        ):
+            raise ValueError(f"newton_schulz norm_scale must be a finite number > 0, got {self.norm_scale!r}")
+        if not isinstance(self.clamp_eps, bool):
+            raise ValueError(f"newton_schulz clamp_eps must be a bool, got {self.clamp_eps!r}")
+        if self.compute_dtype not in COMPUTE_DTYPES:
+            raise ValueError(f"newton_schulz compute_dtype must be one of {COMPUTE_DTYPES}, got {self.compute_dtype!r}")
+        object.__setattr__(self, "eps", float(self.eps))
+        object.__setattr__(self, "norm_scale", float(self.norm_scale))
+
+    @property
+    def steps(self) -> int:
+        """Number of iterations."""
+        return len(self.coefficients)
+
+    @classmethod
+    def repeating(cls, triples: Sequence[Sequence[float]], steps: int, **fields: object) -> NSArgs:
+        """``steps`` iterations of ``triples``, the last triple repeating (the op's rule)."""
+        check_steps(steps)
+        if not triples:
+            raise ValueError("newton_schulz needs at least one (a, b, c) triple")
+        checked = [as_triple(t, f"newton_schulz coefficients[{i}]") for i, t in enumerate(triples)]
+        return cls(repeat_last(checked, steps), **fields)  # type: ignore[arg-type]
+
+    # ------------------------------------------------------------------ flat op form
+
+    def to_op(self) -> tuple:
+        """The flat arguments of the custom ops (see the module docstring)."""
+        triples = list(self.coefficients)
+        while len(triples) > 1 and triples[-2] == triples[-1]:
+            triples.pop()
+        flat = [v for t in triples for v in t]
+        return (flat, self.steps, self.eps, self.norm_scale, self.clamp_eps, self.compute_dtype)
+
+    @classmethod
+    def from_op(cls, flat: Sequence[object]) -> NSArgs:
+        """Inverse of :meth:`to_op`: the ops' flat arguments (exactly :data:`ARITY` of them)."""
+        if len(flat) != cls.ARITY:
+            raise ValueError(f"newton_schulz takes {cls.ARITY} arguments after its tensors ({cls.SCHEMA}), got {len(flat)}")
+        coefficients, steps, eps, norm_scale, clamp_eps, compute_dtype = flat
+        values = list(coefficients)  # type: ignore[call-overload]
+        if not values or len(values) % 3:
+            raise ValueError(f"newton_schulz coefficients must hold 3*k values (k >= 1), got {len(values)}: {values!r}")
+        triples = [values[i : i + 3] for i in range(0, len(values), 3)]
+        return cls.repeating(triples, steps, eps=eps, norm_scale=norm_scale, clamp_eps=clamp_eps, compute_dtype=compute_dtype)  # type: ignore[arg-type]
+
+    def describe(self) -> str:
+        """One line for logs and plans, e.g. ``5 steps (3.4445, -4.775, 2.0315) x5, eps 1e-07, bf16``."""
+        runs: list[str] = []
+        i = 0
+        while i < self.steps:
+            j = i
+            while j + 1 < self.steps and self.coefficients[j + 1] == self.coefficients[i]:
+                j += 1
+            runs.append(f"{self.coefficients[i]}" + (f" x{j - i + 1}" if j > i else ""))
+            i = j + 1
+        norm = f"max(norm * {self.norm_scale:g}, {self.eps:g})" if self.clamp_eps else f"norm * {self.norm_scale:g} + {self.eps:g}"
+        return f"{self.steps} steps {', '.join(runs)}; divide by {norm}; {self.compute_dtype}"
+
