@@ -31,8 +31,13 @@ Triple = tuple[float, float, float]
 COMPUTE_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
 
 
-def as_triple(value: object, where: str) -> Triple:
-    """``value`` as a triple of finite floats, or ``ValueError`` naming ``where``."""
+def as_triple(value: object, where: str | int) -> Triple:
+    """``value`` as a triple of finite floats, or ``ValueError`` naming ``where`` (an int
+    ``i`` reads ``newton_schulz coefficients[i]``)."""
+    if isinstance(value, tuple) and len(value) == 3 and all(type(v) is float and math.isfinite(v) for v in value):
+        return value  # type: ignore[return-value]  # the common case, already exact
+    if isinstance(where, int):
+        where = f"newton_schulz coefficients[{where}]"
     if not isinstance(value, Sequence) or isinstance(value, str) or len(value) != 3:
         raise ValueError(f"{where}: expected a triple (a, b, c), got {value!r}")
     out = []
@@ -84,7 +89,8 @@ class NSArgs:
     def __post_init__(self) -> None:
         if isinstance(self.coefficients, (str, bytes)) or not isinstance(self.coefficients, Sequence) or not self.coefficients:
             raise ValueError(f"newton_schulz needs at least one (a, b, c) triple, got {self.coefficients!r}")
-        triples = tuple(as_triple(t, f"newton_schulz coefficients[{i}]") for i, t in enumerate(self.coefficients))
+        checked: dict[int, Triple] = {}  # a repeated triple object is checked once
+        triples = tuple(checked[id(t)] if id(t) in checked else checked.setdefault(id(t), as_triple(t, i)) for i, t in enumerate(self.coefficients))
         object.__setattr__(self, "coefficients", triples)
         if isinstance(self.eps, bool) or not isinstance(self.eps, (int, float)) or not (math.isfinite(self.eps) and self.eps >= 0):
             raise ValueError(f"newton_schulz eps must be >= 0, got {self.eps!r}")
@@ -110,7 +116,7 @@ class NSArgs:
         check_steps(steps)
         if not triples:
             raise ValueError("newton_schulz needs at least one (a, b, c) triple")
-        checked = [as_triple(t, f"newton_schulz coefficients[{i}]") for i, t in enumerate(triples)]
+        checked = [as_triple(t, i) for i, t in enumerate(triples)]
         return cls(repeat_last(checked, steps), **fields)  # type: ignore[arg-type]
 
     # ------------------------------------------------------------------ flat op form
@@ -132,7 +138,7 @@ class NSArgs:
         values = list(coefficients)  # type: ignore[call-overload]
         if not values or len(values) % 3:
             raise ValueError(f"newton_schulz coefficients must hold 3*k values (k >= 1), got {len(values)}: {values!r}")
-        triples = [values[i : i + 3] for i in range(0, len(values), 3)]
+        triples = [tuple(values[i : i + 3]) for i in range(0, len(values), 3)]
         return cls.repeating(triples, steps, eps=eps, norm_scale=norm_scale, clamp_eps=clamp_eps, compute_dtype=compute_dtype)  # type: ignore[arg-type]
 
     def describe(self) -> str:

@@ -229,3 +229,12 @@ def test_passes_switch(passes):
 def test_unknown_pass_name_is_rejected():
     with pytest.raises(ValueError, match="unknown pass"):
         config.parse_passes("-bucketing")
+
+
+def test_strategy_is_one_enum_in_the_configuration():
+    assert config.from_env({}).strategy is config.Strategy.ALL_TO_ALL
+    assert config.from_env({"MUON_COMPILE_STRATEGY": "all_gather"}).strategy is config.Strategy.ALL_GATHER
+    with pytest.raises(ValueError, match=r"MUON_COMPILE_STRATEGY must be one of \['all_to_all', 'all_gather'\], got 'auto'"):
+        config.from_env({"MUON_COMPILE_STRATEGY": "auto"})
+    with config.override(strategy="all_gather") as cfg:
+        assert cfg.strategy is config.Strategy.ALL_GATHER
