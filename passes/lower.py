@@ -29,7 +29,7 @@ from muon_compile.ns_kernel import orthogonalize
 from muon_compile.sharded_ns import gather_orthogonalize_slice, group_rank
 from muon_compile.stats import counters
 
-from .graph_utils import ns_call, ns_nodes, splice_trace
+from .graph_utils import NSCall, ns_call, ns_nodes, splice_trace
 from .stages import stage_of, tagged
 
 log = logging.getLogger(__name__)
@@ -40,15 +40,14 @@ def lower_ns_ops(graph: fx.Graph) -> None:
     for node in ns_nodes(graph):
         call = ns_call(node)
         log.debug("lowering %s on %s: %s", node.name, tuple(call.input.meta["val"].shape), call.args.describe())
-        (out,) = splice_trace(graph, _kernel(node), [call.input], insert_before=node, meta=tagged(stage_of(node)))
+        (out,) = splice_trace(graph, _kernel(call), [call.input], insert_before=node, meta=tagged(stage_of(node)))
         node.replace_all_uses_with(out)
         graph.erase_node(node)
         counters["lower.ns_ops"] += 1
 
 
-def _kernel(node: fx.Node) -> Callable[[torch.Tensor], list[torch.Tensor]]:
-    """The pure function a node computes, closed over its non-tensor arguments."""
-    call = ns_call(node)
+def _kernel(call: NSCall) -> Callable[[torch.Tensor], list[torch.Tensor]]:
+    """The pure function an NS node computes, closed over its non-tensor arguments."""
     if call.group is not None:
         group, rank = call.group, group_rank(call.group.group_name)
         return lambda t: [gather_orthogonalize_slice(t, group, rank, call.args)]
