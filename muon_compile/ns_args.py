@@ -89,9 +89,10 @@ class NSArgs:
     def __post_init__(self) -> None:
         if isinstance(self.coefficients, (str, bytes)) or not isinstance(self.coefficients, Sequence) or not self.coefficients:
             raise ValueError(f"newton_schulz needs at least one (a, b, c) triple, got {self.coefficients!r}")
-        checked: dict[int, Triple] = {}  # a repeated triple object is checked once
-        triples = tuple(checked[id(t)] if id(t) in checked else checked.setdefault(id(t), as_triple(t, i)) for i, t in enumerate(self.coefficients))
-        object.__setattr__(self, "coefficients", triples)
+        triples: list[Triple] = []
+        for i, t in enumerate(self.coefficients):  # a triple equal to the one before is checked once
+            triples.append(triples[-1] if i and t == self.coefficients[i - 1] else as_triple(t, i))
+        object.__setattr__(self, "coefficients", tuple(triples))
         if isinstance(self.eps, bool) or not isinstance(self.eps, (int, float)) or not (math.isfinite(self.eps) and self.eps >= 0):
             raise ValueError(f"newton_schulz eps must be >= 0, got {self.eps!r}")
         if isinstance(self.norm_scale, bool) or not isinstance(self.norm_scale, (int, float)) or not (

@@ -18,9 +18,10 @@ import enum
 
 import torch
 from torch import Tensor
-from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor import DTensor, Replicate
 
 from . import coefficients as coeffs
+from .compat import is_shard
 from .ns_args import NSArgs
 from .ns_op import newton_schulz_op
 from .sharded_ns import ShardGroup, sharded_newton_schulz_op
@@ -50,7 +51,7 @@ def layout_of(x: Tensor) -> Layout:
     if len(sharded) > 1:
         return Layout(Kind.DTENSOR, reason=f"placements {x.placements} shard several mesh dimensions")
     mesh_dim, placement = sharded[0]
-    if type(placement) is not Shard:
+    if not is_shard(placement):
         return Layout(Kind.DTENSOR, reason=f"placement {placement} is not a plain Shard")
     if placement.dim == 0 and x.dim() == 3:
         return Layout(Kind.LOCAL)

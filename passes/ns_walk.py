@@ -20,6 +20,8 @@ import torch
 import torch.fx as fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
+from muon_compile.compat import VIEW_ATTRIBUTE_OPS
+
 from .graph_utils import local_value
 from .ns_algebra import GRAM, ONE, Gram, Odd, Value, combine, next_iterate, product, scaled
 
@@ -40,6 +42,7 @@ _FUNCTIONS = {
     torch.linalg.vector_norm: "vector_norm", torch.linalg.matrix_norm: "matrix_norm",
     torch.clamp: "clamp", torch.clamp_min: "clamp_min",
     builtins.getattr: "getattr",
+    **VIEW_ATTRIBUTE_OPS,
 }
 _METHODS = {
     "mm": "matmul", "bmm": "matmul", "matmul": "matmul", "addmm": "addmm", "baddbmm": "addmm",

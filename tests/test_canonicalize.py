@@ -66,7 +66,7 @@ def test_form_becomes_one_op_per_matrix(form, dtype, tmp_path):
         assert_rewrite_close(g, e, x, dtype, f"matrix {i} {shapes[i]}")
 
 
-@pytest.mark.parametrize("steps", [1, 3, pytest.param(8, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("steps", [pytest.param(1, marks=pytest.mark.slow), 3, pytest.param(8, marks=pytest.mark.slow)])
 def test_any_number_of_steps(steps, tmp_path):
     got, eager, exact, graphs = _compile_form(FORMS["polar_express"], SHAPES_2D[:3], tmp_path, steps=steps)
     assert muon_compile.counters["canonicalize.matched"] == 3
@@ -160,6 +160,7 @@ def test_canonicalize_can_be_switched_off(tmp_path):
     step.assert_close(NS_RTOL[torch.bfloat16])  # the user's own loop, compiled as written
 
 
+@pytest.mark.slow
 def test_loop_on_a_tensor_that_requires_grad_is_left_to_autograd():
     """The op has no derivative: a Newton–Schulz loop inside a model's forward stays as it
     was, and its gradient is eager's."""

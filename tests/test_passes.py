@@ -112,6 +112,7 @@ def test_matmul_kernels_per_step_are_three_per_iteration_per_bucket():
         torch.testing.assert_close(p, e, rtol=NS_RTOL[torch.bfloat16], atol=1e-3)
 
 
+@pytest.mark.slow
 def test_padded_buckets_match_eager_in_fp32():
     shapes = [(8, 24), (8, 20), (6, 24), (20, 8)]
     with config.override(pad_waste=0.5):
