@@ -7,6 +7,7 @@ import torch
 from torch import Tensor
 
 from .ns_args import NSArgs
+from .rounding_cast import to_low_precision
 
 
 def orthogonalize(x: Tensor, args: NSArgs) -> Tensor:
@@ -15,7 +16,8 @@ def orthogonalize(x: Tensor, args: NSArgs) -> Tensor:
     1. A tall matrix (rows > cols) is transposed so the Gram matrix is the small one.
     2. ``X = x.to(compute_dtype)`` (the reference code's first step; casting commutes
        with stacking, transposing and zero-padding, so a batch of compute-dtype copies
-       gives exactly the per-matrix result), then ``X0 = X / (||X||_F * norm_scale + eps)``
+       gives exactly the per-matrix result; :func:`to_low_precision` keeps this rounding
+       where a torch version's fusion would drop it), then ``X0 = X / (||X||_F * norm_scale + eps)``
        (or ``/ max(||X||_F * norm_scale, eps)`` when ``clamp_eps``), evaluated in at
        least fp32 and rounded once to ``compute_dtype``.
     3. For each iteration's ``(a, b, c)``: ``A = X X^T; B = c A A + b A + a I; X = B X``: three plain bmm
@@ -33,7 +35,7 @@ def orthogonalize(x: Tensor, args: NSArgs) -> Tensor:
         batch = batch.mT
     compute_dtype = args.compute_dtype
     acc = torch.promote_types(compute_dtype, torch.float32)
-    X = batch.to(compute_dtype).to(acc)
+    X = to_low_precision(batch, compute_dtype).to(acc)
     norm = torch.linalg.vector_norm(X, dim=(-2, -1), keepdim=True)
     if args.norm_scale != 1.0:
         norm = norm * args.norm_scale
