@@ -6,6 +6,11 @@ available) between steps. A step copies each parameter's state to the parameter'
 device (:func:`stage`), updates the copies, and writes them back (:func:`write_back`).
 A DTensor's state stays a DTensor with the parameter's mesh and placements; only its
 local shard moves. 0-D state (AdamW's step count) stays where it is.
+
+On CUDA both copies are non-blocking (the host side is pinned), so they overlap with the
+step's kernels; the host state is complete once the stream reaches the end of the step:
+the next step's copies in are ordered after it on the stream, and the optimizers'
+``state_dict()`` waits for it before handing the tensors out.
 """
 
 from __future__ import annotations

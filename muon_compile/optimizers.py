@@ -309,6 +309,13 @@ class MuonAdamW(torch.optim.Optimizer):
                 if value.dim() > 0:
                     offload.write_back(value, staged[key])
 
+    def state_dict(self) -> dict:
+        """Like ``torch.optim.Optimizer.state_dict``; with ``offload_state`` on CUDA it first
+        waits for the last step's non-blocking copies into (pinned) host memory."""
+        if self._offload and torch.cuda.is_available():
+            torch.cuda.synchronize()
+        return super().state_dict()
+
     def load_state_dict(self, state_dict: dict) -> None:
         """Load like ``torch.optim.Optimizer``, then restore 0-D tensor hyper-parameters
         (and, with ``offload_state``, put the state back in host memory)."""

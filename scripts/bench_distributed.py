@@ -1,9 +1,13 @@
 """Distributed benchmark of one Muon step on FSDP2 (DTensor ``Shard(0)``) parameters.
 
     torchrun --nproc-per-node 2 scripts/bench_distributed.py [--workload all] [--reps 7]
+        [--backend gloo|nccl]
 
-Every rank builds the same FSDP2-sharded fp32 matrices with fixed gradients (gloo on
-127.0.0.1). Arms, all in one run, each on fresh parameters:
+Every rank builds the same FSDP2-sharded fp32 matrices with fixed gradients: with gloo
+(the default without one GPU per rank) on the CPU over 127.0.0.1, with nccl (the default
+when there is one) on GPU ``LOCAL_RANK``; the values are drawn on the CPU from one seeded
+generator and then moved, so both backends start from the same numbers. Arms, all in one
+run, each on fresh parameters:
 
     eager-torch     eager torch.optim.Muon on the DTensor parameters
     inductor-torch  the same, torch.compile'd with the default backend
@@ -16,10 +20,14 @@ Every rank builds the same FSDP2-sharded fp32 matrices with fixed gradients (glo
 An arm that fails (unmodified torch.optim.Muon cannot update a matrix with fewer rows
 than ranks) is reported with its error and measured again on the workload without such
 matrices. Per arm: the median over ``--reps`` steps (after ``--warmup``) of the slowest
-rank's step time (a barrier before each step), the cold compile time, and from one
-profiled step on every rank: gloo collectives per step, bytes each rank sends per step
-(all_to_all: the rows it sends to other ranks; all_gather: its input times W-1;
-all_reduce: 2(W-1)/W of its input; reduce_scatter: (W-1)/W), and matmul FLOPs per rank.
+rank's step time (a barrier before each step; on CUDA the wall clock from the barrier to
+the end of a ``torch.cuda.synchronize()`` after the step, so queued GPU work counts), the
+cold compile time (timed the same way), and from one profiled step on every rank (CPU-side
+events): the backend's collectives per step (its ``gloo:``/``nccl:`` profiler events,
+barriers excepted), bytes each rank sends per step (all_to_all: the rows it sends to other
+ranks; all_gather: its input times W-1; all_reduce: 2(W-1)/W of its input;
+reduce_scatter: (W-1)/W; "-" where a collective of another kind, or one recorded without
+its inputs, such as ``nccl:coalesced``, makes the total unknown), and matmul FLOPs per rank.
 """
 
 from __future__ import annotations
@@ -60,6 +68,23 @@ WORKLOADS: dict[str, list[Shape]] = {
 }
 
 
+# ---------------------------------------------------------------------------- devices
+def on_gpu() -> bool:
+    """Whether this run communicates with NCCL, each rank on its own GPU."""
+    return dist.get_backend() == "nccl"
+
+
+def rank_device() -> torch.device:
+    """Where this rank's tensors live: its GPU under NCCL, else the CPU."""
+    return torch.device("cuda", torch.cuda.current_device()) if on_gpu() else torch.device("cpu")
+
+
+def sync() -> None:
+    """Wait for this rank's queued GPU work (nothing is queued on the CPU)."""
+    if on_gpu():
+        torch.cuda.synchronize()
+
+
 # ------------------------------------------------------------------------- parameters
 class Stack(nn.Module):
     def __init__(self, shapes: list[Shape]) -> None:
@@ -68,16 +93,23 @@ class Stack(nn.Module):
 
 
 def sharded_params(shapes: list[Shape], mesh) -> list[nn.Parameter]:
-    """FSDP2-sharded weights with fixed values and gradients, the same on every run."""
+    """FSDP2-sharded weights with fixed values and gradients, the same on every run.
+
+    The values are drawn on the CPU (one seeded generator, whatever the backend) and then
+    moved to this rank's device.
+    """
+    device = rank_device()
     gen = torch.Generator().manual_seed(0)
     model = Stack(shapes)
     with torch.no_grad():
         for layer in model.layers:
             layer.weight.copy_(torch.randn(layer.weight.shape, generator=gen) * 0.02)
+    model.to(device)
     fully_shard(model, mesh=mesh)
     params = [layer.weight for layer in model.layers]
     for p in params:
-        p.grad = distribute_tensor(torch.randn(p.shape, generator=gen), mesh, p.placements)
+        grad = torch.randn(p.shape, generator=gen).to(device)
+        p.grad = distribute_tensor(grad, mesh, p.placements)
     return params
 
 
@@ -109,6 +141,7 @@ class HandAllToAllMuon:
             groups.setdefault(tuple(p.shape), []).append(p)
         self.groups = list(groups.items())
         self.bufs = {p: torch.zeros_like(p.to_local()) for p in params}
+        self.device = params[0].to_local().device
 
     @torch.no_grad()
     def step(self) -> None:
@@ -119,7 +152,7 @@ class HandAllToAllMuon:
         w, rank = self.world, self.rank
         per = math.ceil(rows / w)
         slots = math.ceil(len(params) / w)  # matrices per owner, zero-padded
-        send = torch.zeros(w, slots, per, cols, dtype=torch.bfloat16)
+        send = torch.zeros(w, slots, per, cols, dtype=torch.bfloat16, device=self.device)
         for i, p in enumerate(params):
             g, buf = p.grad.to_local(), self.bufs[p]
             buf.lerp_(g, 1 - MOMENTUM)
@@ -130,7 +163,7 @@ class HandAllToAllMuon:
         tall = rows > cols
         ortho = _ns_batched(full.mT if tall else full)
         ortho = ortho.mT if tall else ortho
-        back = torch.zeros(slots, w * per, cols, dtype=torch.bfloat16)
+        back = torch.zeros(slots, w * per, cols, dtype=torch.bfloat16, device=self.device)
         back[:, :rows] = ortho
         send_back = back.reshape(slots, w, per, cols).permute(1, 0, 2, 3).contiguous()
         dist.all_to_all_single(recv, send_back)
@@ -166,56 +199,91 @@ ARMS: dict[str, tuple[str, Callable, str | None, str | None]] = {
 
 # -------------------------------------------------------------------------- measuring
 def slowest(value: float) -> float:
-    t = torch.tensor(value, dtype=torch.float64)
+    """The largest ``value`` over the ranks (an all-reduce on this rank's device)."""
+    t = torch.tensor(value, dtype=torch.float64, device=rank_device())
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return t.item()
+
+
+def timed(step) -> float:
+    """Seconds of one ``step`` on the slowest rank, GPU work included, after a barrier."""
+    sync()
+    dist.barrier()
+    start = time.perf_counter()
+    step()
+    sync()
+    return slowest(time.perf_counter() - start)
 
 
 def timed_steps(step, warmup: int, reps: int) -> list[float]:
     for _ in range(warmup):
         step()
-    times = []
-    for _ in range(reps):
-        dist.barrier()
-        start = time.perf_counter()
-        step()
-        times.append(slowest(time.perf_counter() - start))
-    return times
+    return [timed(step) for _ in range(reps)]
 
 
 _ELEMENT = {"float": 4, "c10::BFloat16": 2, "c10::Half": 2, "double": 8}
 _OPERANDS = {"aten::mm": (0, 1), "aten::bmm": (0, 1), "aten::addmm": (1, 2), "aten::baddbmm": (1, 2)}
+# the kind of a collective from its profiler event name after "<backend>:", lower case and
+# without underscores: "_all_gather_base", "allgather", "all_gather_into_tensor_coalesced"
+# are all all_gather ("all_reduce_barrier", a barrier, is dropped before)
+_KINDS = {"alltoall": "all_to_all", "allgather": "all_gather", "reducescatter": "reduce_scatter", "allreduce": "all_reduce"}
 
 
-def _sent_bytes(kind: str, numel: int, itemsize: int, splits: list[int] | None, world: int, rank: int) -> float:
-    """Bytes this rank sends in one gloo collective (see the module docstring)."""
-    if kind == "gloo:all_to_all":
+def event_prefix() -> str:
+    """The prefix of the backend's own collective events in the profiler: "gloo:" or "nccl:"."""
+    return f"{dist.get_backend()}:"
+
+
+def collective_kind(name: str, prefix: str) -> str | None:
+    """all_to_all, all_gather, reduce_scatter or all_reduce for a collective event; None: other."""
+    part = name[len(prefix) :].strip().lower().replace("_", "")
+    return next((kind for key, kind in _KINDS.items() if key in part), None)
+
+
+def _input_bytes(event) -> int | None:
+    """Bytes of the tensors a collective event was recorded with; None if it has none."""
+    sizes = [
+        math.prod(shape) * _ELEMENT.get(dtype, 4)
+        for shape, dtype in zip(event.input_shapes, event.input_dtypes)
+        if dtype and all(isinstance(n, int) for n in shape)
+    ]
+    return sum(sizes) if sizes else None
+
+
+def _sent_bytes(kind: str | None, nbytes: int | None, splits: list[int] | None, world: int, rank: int) -> float:
+    """Bytes this rank sends in one collective of ``nbytes`` input (see the module docstring).
+
+    NaN (unknown) for a kind other than the four, or an event recorded without its inputs.
+    """
+    if kind is None or nbytes is None:
+        return math.nan
+    if kind == "all_to_all":
         if splits:
-            per = numel / max(sum(splits), 1)
-            return sum(s for j, s in enumerate(splits) if j != rank) * per * itemsize
-        return numel * itemsize * (world - 1) / world
-    if kind == "gloo:all_gather":
-        return numel * itemsize * (world - 1)
-    if kind == "gloo:all_reduce":
-        return 2 * (world - 1) / world * numel * itemsize
-    if kind == "gloo:reduce_scatter":
-        return (world - 1) / world * numel * itemsize
-    return numel * itemsize
+            return sum(s for j, s in enumerate(splits) if j != rank) * nbytes / max(sum(splits), 1)
+        return nbytes * (world - 1) / world
+    if kind == "all_gather":
+        return nbytes * (world - 1)
+    if kind == "all_reduce":
+        return 2 * (world - 1) / world * nbytes
+    return (world - 1) / world * nbytes  # reduce_scatter
 
 
 def profile_step(step, world: int, rank: int) -> dict:
-    """Collectives, bytes sent and matmul FLOPs of one step on this rank."""
-    with torch.profiler.profile(record_shapes=True) as prof:
+    """Collectives, bytes sent (NaN: unknown) and matmul FLOPs of one step on this rank."""
+    # the CPU-side events carry everything counted here, also under NCCL
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as prof:
         step()
+    sync()
     events = sorted(prof.events(), key=lambda e: e.time_range.start)
-    collectives = [e for e in events if e.name.startswith("gloo:") and "barrier" not in e.name]
-    # gloo's own events carry the sizes; all_to_all splits are on the c10d call, in the same order
+    prefix = event_prefix()
+    collectives = [e for e in events if e.name.startswith(prefix) and "barrier" not in e.name]
+    # the backend's own events carry the sizes; all_to_all splits are on the c10d call, in the same order
     splits = iter([e.concrete_inputs[4] for e in events if e.name == "c10d::alltoall_base_"])
     sent = 0.0
     for e in collectives:
-        numel, itemsize = math.prod(e.input_shapes[0]), _ELEMENT.get(e.input_dtypes[0], 4)
-        split = next(splits, None) if e.name == "gloo:all_to_all" else None
-        sent += _sent_bytes(e.name, numel, itemsize, split, world, rank)
+        kind = collective_kind(e.name, prefix)
+        split = next(splits, None) if kind == "all_to_all" else None
+        sent += _sent_bytes(kind, _input_bytes(e), split, world, rank)
     flops = 0
     for e in events:
         if e.name in _OPERANDS:
@@ -237,13 +305,11 @@ def measure(key: str, shapes: list[Shape], mesh, warmup: int, reps: int) -> dict
             step = build(sharded_params(shapes, mesh))
             if backend:
                 step = torch.compile(step, backend=backend)
-                dist.barrier()
-                start = time.perf_counter()
-                step()
-                result["compile_s"] = slowest(time.perf_counter() - start)
+                result["compile_s"] = timed(step)
             result["times"] = timed_steps(step, warmup, reps)
             stats = profile_step(step, world, rank)
-        totals = torch.tensor([stats["collectives"], stats["sent"], stats["flops"]], dtype=torch.float64)
+        values = [stats["collectives"], stats["sent"], stats["flops"]]
+        totals = torch.tensor(values, dtype=torch.float64, device=rank_device())
         per_rank = [torch.zeros_like(totals) for _ in range(world)]
         dist.all_gather(per_rank, totals)
         result["collectives"] = int(max(t[0].item() for t in per_rank))
@@ -273,9 +339,17 @@ def row(result: dict) -> str:
         return f"{result['arm']:<44} failed: {result['error']}"
     median = statistics.median(result["times"]) * 1e3
     compile_s = f"{result['compile_s']:.1f}" if "compile_s" in result else "-"
-    sent = "/".join(f"{m:.3f}" for m in result["sent_mb"])
+    sent = "/".join("-" if math.isnan(m) else f"{m:.3f}" for m in result["sent_mb"])
     flops = "/".join(f"{g:.2f}" for g in result["gflop"])
     return f"{result['arm']:<44} {median:9.2f} {min(result['times']) * 1e3:9.2f} {compile_s:>9} {result['collectives']:>6} {sent:>17} {flops:>17}"
+
+
+def machine() -> str:
+    """The CPU, and under NCCL the GPU and CUDA version, of this rank."""
+    cpu = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cpus"
+    if not on_gpu():
+        return cpu
+    return f"{cpu}, GPU {torch.cuda.get_device_name()} x{torch.cuda.device_count()}, CUDA {torch.version.cuda}"
 
 
 def report(name: str, shapes: list[Shape], results: list[dict], reps: int, warmup: int) -> str:
@@ -283,8 +357,8 @@ def report(name: str, shapes: list[Shape], results: list[dict], reps: int, warmu
     expected = [2 * (world - 1) / world * local_bytes(shapes, world, r) / 2**20 for r in range(world)]
     ns = sum(ns_flops(r, c, NS_STEPS) for r, c in shapes) / 1e9
     lines = [
-        f"=== {name}: {len(shapes)} fp32 matrices, {ns:.2f} GFLOP of NS per step, world {world} (gloo) ===",
-        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cpus, torch {torch.__version__}, "
+        f"=== {name}: {len(shapes)} fp32 matrices, {ns:.2f} GFLOP of NS per step, world {world} ({dist.get_backend()}) ===",
+        f"machine: {machine()}, torch {torch.__version__}, "
         f"{torch.get_num_threads()} threads per rank; median of {reps} steps after {warmup} warm-up (slowest rank)",
         f"2(W-1)/W of each rank's local Muon-param bytes in bf16: {'/'.join(f'{m:.3f}' for m in expected)} MiB",
         "",
@@ -298,16 +372,53 @@ def report(name: str, shapes: list[Shape], results: list[dict], reps: int, warmu
     return "\n".join(lines)
 
 
+def default_backend() -> str:
+    """nccl when CUDA has a GPU for every rank (torchrun's ``WORLD_SIZE``), else gloo."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    return "nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= world else "gloo"
+
+
+def nccl_problem() -> str | None:
+    """Why this rank cannot run on NCCL with GPU ``LOCAL_RANK``; None if it can."""
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if not dist.is_nccl_available():
+        return f"this torch {torch.__version__} has no NCCL (a CPU build?)"
+    if not torch.cuda.is_available():
+        return "CUDA is not available (no GPU or no driver)"
+    if torch.cuda.device_count() <= local_rank:
+        return f"LOCAL_RANK {local_rank} needs a GPU of its own, there are {torch.cuda.device_count()}"
+    return None
+
+
+def init_backend(backend: str) -> str:
+    """Start the process group: NCCL on GPU ``LOCAL_RANK``, or gloo on the CPU; the mesh's device."""
+    if backend == "gloo":
+        dist.init_process_group("gloo")
+        return "cpu"
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    torch.cuda.set_device(device)
+    dist.init_process_group("nccl", device_id=device)
+    return "cuda"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workload", choices=[*WORKLOADS, "all"], default="all")
     parser.add_argument("--arms", default=",".join(ARMS), help=f"comma list of {list(ARMS)}")
     parser.add_argument("--reps", type=int, default=7)
     parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument(
+        "--backend",
+        choices=["gloo", "nccl"],
+        default=default_backend(),
+        help="gloo on the CPU, or nccl with one GPU per rank (default here: %(default)s)",
+    )
     args = parser.parse_args()
-    dist.init_process_group("gloo")
+    if args.backend == "nccl" and (problem := nccl_problem()):
+        parser.error(f"--backend nccl: {problem}; use --backend gloo")
+    mesh_device = init_backend(args.backend)
     world = dist.get_world_size()
-    mesh = init_device_mesh("cpu", (world,))
+    mesh = init_device_mesh(mesh_device, (world,))
     names = list(WORKLOADS) if args.workload == "all" else [args.workload]
     for name in names:
         shapes = WORKLOADS[name]

@@ -3,10 +3,34 @@
 What is measured
 ----------------
 For each workload (a fixed list of fp32 matrices with fixed random gradients) and each
-arm below, one optimizer step is timed with ``time.perf_counter`` around the step call;
-the table reports the median and the minimum of ``--reps`` timed steps taken after
-``--warmup`` untimed ones. Gradients stay the same between steps. Every arm builds fresh
-parameters (same seed) and a fresh optimizer.
+arm below, one optimizer step is timed on the ``--device`` (``cuda`` when CUDA is
+available, else ``cpu``); the table reports the median and the minimum of ``--reps``
+timed steps taken after ``--warmup`` untimed ones. Gradients stay the same between steps.
+Every arm builds fresh parameters (same seed) and a fresh optimizer. Parameters and
+gradients are drawn on the CPU from one seeded generator and then moved to the device,
+so every device starts from the same values; everything else an arm creates (state,
+stacks, buffers, scalar tensors) is made on the device.
+
+How a step is timed depends on the device:
+
+* ``cpu``: ``time.perf_counter`` around the step call (the CPU runs the step to its end
+  before the call returns);
+* ``cuda``: a pair of CUDA events (``torch.cuda.Event(enable_timing=True)``) recorded on
+  the current stream right before and right after the step call, then
+  ``end.synchronize()`` and ``start.elapsed_time(end)``: the GPU time from the start of
+  the step's work to its end, including gaps where the GPU waits for the host to launch
+  kernels. The warm-up steps are followed by ``torch.cuda.synchronize()``, so no timed
+  step overlaps earlier work.
+
+Workloads (``--workload``):
+
+    gpt-small       6 layers of a d=384 GPT: fused QKV, attention out, MLP up and down
+    many-small      96 small matrices of 8 shapes (64 to 384 rows or columns)
+    llama-1b        16 layers of a 1B-parameter Llama: q, k, v, o 2048x2048; gate, up
+                    5632x2048; down 2048x5632 (large: about 43 NS TFLOP per step)
+
+A large workload takes hours on a CPU: ``--workload all`` runs it only on CUDA and says
+it skipped it on the CPU; naming it (``--workload llama-1b``) runs it on either device.
 
 Arms (``--arms`` takes the keys, or the long names, comma-separated):
 
@@ -19,16 +43,17 @@ Arms (``--arms`` takes the keys, or the long names, comma-separated):
                                                  unmodified, its loops canonicalised
     muon-offload    muon ..., offload_state      the muon arm with the state in host memory
                                                  between steps (copied in and out each step)
-
-After each table: the optimizer state that stays on the parameters' device between
-steps, without and with ``offload_state`` (the memory offload saves there; zero on a
-CPU-only machine, where parameters and state share the host memory).
     hand-stacked    hand-stacked (nanochat)      same-shape params stacked by hand, one
                                                  torch.compile'd momentum+NS+update per shape
     roofline        roofline                     bare bf16 bmm's of the same NS FLOPs
 
 Both optimizers run their defaults otherwise: Keller Jordan's coefficients, 5 Newton–Schulz
 iterations in bf16, Nesterov momentum 0.95.
+
+After each table: the optimizer state that stays on the parameters' device between
+steps, without and with ``offload_state`` (the memory offload saves there). On ``cuda``
+``offload_state`` keeps the state in (pinned) host memory, so the saving is the whole
+momentum; on ``cpu`` it is zero, as parameters and state share the host memory.
 
 ``hand-stacked`` is the by-hand design of nanochat's ``MuonAdamW``: parameters of one
 shape (no sharing between a shape and its transpose) are ``torch.stack``-ed each step,
@@ -49,10 +74,12 @@ Compile time (compiled arms only), all inside one ``torch._inductor.utils.fresh_
 * cold: ``torch._dynamo.reset()``, compile, time the first call;
 * warm: ``torch._dynamo.reset()``, compile again, time the first call (the FX graph cache hits).
 
-The steps are then timed on the warm-compiled step. Matmul kernel calls per step are
-counted by profiling one more step with ``torch.profiler`` and counting the events named
-``aten::mm``, ``aten::bmm``, ``aten::addmm`` and ``aten::baddbmm`` (not ``aten::matmul``,
-which dispatches to those).
+A first call is timed by the wall clock (``time.perf_counter``), on ``cuda`` up to a
+``torch.cuda.synchronize()`` after the call. The steps are then timed on the
+warm-compiled step. Matmul kernel calls per step are counted by profiling one more step
+with ``torch.profiler`` (host-side events, also on ``cuda``, synchronised before the
+profile ends) and counting the events named ``aten::mm``, ``aten::bmm``, ``aten::addmm``
+and ``aten::baddbmm`` (not ``aten::matmul``, which dispatches to those).
 
 An arm that raises is reported with its error and the run goes on.
 
@@ -61,6 +88,7 @@ Usage::
     python scripts/bench_single_device.py                      # all workloads and arms
     python scripts/bench_single_device.py --workload many-small --reps 3 --warmup 1 \\
         --arms eager-ours,muon,roofline --json /tmp/bench.json
+    python scripts/bench_single_device.py --device cuda --workload llama-1b
 """
 
 from __future__ import annotations
@@ -98,10 +126,14 @@ Step = Callable[[], object]
 # ----------------------------------------------------------------------------- workloads
 @dataclasses.dataclass(frozen=True)
 class Workload:
-    """A named list of matrix shapes, each one fp32 parameter with a random gradient."""
+    """A named list of matrix shapes, each one fp32 parameter with a random gradient.
+
+    ``large``: too big for a CPU (hours per arm); ``--workload all`` runs it only off the CPU.
+    """
 
     name: str
     shapes: tuple[Shape, ...]
+    large: bool = False
 
     @property
     def flops(self) -> int:
@@ -112,6 +144,11 @@ class Workload:
 def _gpt_small_shapes(d: int = 384, layers: int = 6) -> tuple[Shape, ...]:
     """Per layer: fused QKV (3d x d), attention out (d x d), MLP up (4d x d), MLP down (d x 4d)."""
     return ((3 * d, d), (d, d), (4 * d, d), (d, 4 * d)) * layers
+
+
+def _llama_shapes(d: int = 2048, hidden: int = 5632, layers: int = 16) -> tuple[Shape, ...]:
+    """Per layer: q, k, v, o (d x d), MLP gate and up (hidden x d), MLP down (d x hidden)."""
+    return ((d, d), (d, d), (d, d), (d, d), (hidden, d), (hidden, d), (d, hidden)) * layers
 
 
 def _cycled(shapes: Sequence[Shape], count: int) -> tuple[Shape, ...]:
@@ -126,37 +163,46 @@ WORKLOADS = {
             "many-small",
             _cycled(((64, 192), (192, 64), (96, 96), (128, 256), (256, 128), (64, 64), (128, 384), (384, 128)), 96),
         ),
+        Workload("llama-1b", _llama_shapes(), large=True),
     )
 }
 
 
-def make_params(workload: Workload) -> list[torch.nn.Parameter]:
-    """Fresh fp32 parameters with ``.grad`` set, identical for every call (fixed seed)."""
+def runs_by_default(workload: Workload, device: torch.device) -> bool:
+    """Whether ``--workload all`` runs ``workload`` on ``device``: a large one not on the CPU."""
+    return not (workload.large and device.type == "cpu")
+
+
+def make_params(workload: Workload, device: torch.device) -> list[torch.nn.Parameter]:
+    """Fresh fp32 parameters with ``.grad`` set on ``device``, identical for every call and device.
+
+    The values are drawn on the CPU (fixed seed) and then moved, so they do not depend on the device.
+    """
     gen = torch.Generator().manual_seed(SEED)
     params = []
     for shape in workload.shapes:
-        p = torch.nn.Parameter(torch.randn(shape, generator=gen) * 0.02)
-        p.grad = torch.randn(shape, generator=gen)
+        p = torch.nn.Parameter((torch.randn(shape, generator=gen) * 0.02).to(device))
+        p.grad = torch.randn(shape, generator=gen).to(device)
         params.append(p)
     return params
 
 
 # ---------------------------------------------------------------------------------- arms
-def torch_muon_step(workload: Workload) -> Step:
-    return torch.optim.Muon(make_params(workload), lr=LR, weight_decay=0.0).step
+def torch_muon_step(workload: Workload, device: torch.device) -> Step:
+    return torch.optim.Muon(make_params(workload, device), lr=LR, weight_decay=0.0).step
 
 
-def our_muon_step(workload: Workload) -> Step:
-    return muon_compile.Muon(make_params(workload), lr=LR).step
+def our_muon_step(workload: Workload, device: torch.device) -> Step:
+    return muon_compile.Muon(make_params(workload, device), lr=LR).step
 
 
-def our_muon_offload_step(workload: Workload) -> Step:
-    return muon_compile.Muon(make_params(workload), lr=LR, offload_state=True).step
+def our_muon_offload_step(workload: Workload, device: torch.device) -> Step:
+    return muon_compile.Muon(make_params(workload, device), lr=LR, offload_state=True).step
 
 
-def state_bytes_on_param_device(offload_state: bool, workload: Workload) -> int:
-    """Bytes of optimizer state that stay on the parameters' device between steps."""
-    params = make_params(workload)
+def state_bytes_on_param_device(offload_state: bool, workload: Workload, device: torch.device) -> int:
+    """Bytes of optimizer state that stay on the parameters' device (``device``) between steps."""
+    params = make_params(workload, device)
     opt = muon_compile.Muon(params, lr=LR, offload_state=offload_state)
     return sum(v.nbytes for p in params for v in opt.state[p].values() if v.device == p.device)
 
@@ -184,14 +230,14 @@ def _stacked_group_step(grads, params, momentum_buf, momentum, lr):
     params.sub_(x.float() * (lr * scale))
 
 
-def hand_stacked_step(workload: Workload) -> Step:
+def hand_stacked_step(workload: Workload, device: torch.device) -> Step:
     """Group same-shape parameters; per group stack, run one compiled fused step, copy back."""
-    params = make_params(workload)
+    params = make_params(workload, device)
     groups: dict[Shape, list[torch.nn.Parameter]] = {}
     for p in params:
         groups.setdefault(tuple(p.shape), []).append(p)
-    buffers = {shape: torch.zeros(len(ps), *shape) for shape, ps in groups.items()}
-    momentum, lr = torch.tensor(0.95), torch.tensor(LR)
+    buffers = {shape: torch.zeros(len(ps), *shape, device=device) for shape, ps in groups.items()}
+    momentum, lr = torch.tensor(0.95, device=device), torch.tensor(LR, device=device)
 
     def step() -> None:
         for shape, ps in groups.items():
@@ -207,19 +253,22 @@ def canonical_counts(shapes: Iterable[Shape]) -> Counter[Shape]:
     return Counter((min(r, c), max(r, c)) for r, c in shapes)
 
 
-def _roofline_buffers(m: int, n: int, k: int, gen: torch.Generator) -> tuple[torch.Tensor, ...]:
-    """``X [k, m, n]`` (each matrix of unit Frobenius norm, as NS starts) and the outputs A, A2, Y."""
-    x = torch.randn(k, m, n, generator=gen)
+def _roofline_buffers(m: int, n: int, k: int, gen: torch.Generator, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """``X [k, m, n]`` (each matrix of unit Frobenius norm, as NS starts) and the outputs A, A2, Y, on ``device``.
+
+    ``X`` is drawn on the CPU (``gen``) and then moved, as the parameters are.
+    """
+    x = torch.randn(k, m, n, generator=gen).to(device)
     x = (x / torch.linalg.vector_norm(x, dim=(-2, -1), keepdim=True)).to(NS_DTYPE)
-    gram = torch.empty(k, m, m, dtype=NS_DTYPE)
+    gram = torch.empty(k, m, m, dtype=NS_DTYPE, device=device)
     return x, gram, torch.empty_like(gram), torch.empty_like(x)
 
 
-def roofline_step(workload: Workload) -> Step:
+def roofline_step(workload: Workload, device: torch.device) -> Step:
     """Bare batched matmuls with the Newton–Schulz FLOPs of ``workload`` (see the module doc)."""
     gen = torch.Generator().manual_seed(SEED)
     counts = canonical_counts(workload.shapes)
-    buffers = [_roofline_buffers(m, n, k, gen) for (m, n), k in counts.items()]
+    buffers = [_roofline_buffers(m, n, k, gen, device) for (m, n), k in counts.items()]
     flops = sum(k * ns_flops(m, n, NS_STEPS) for (m, n), k in counts.items())
     assert flops == workload.flops, (flops, workload.flops)  # transposing keeps the FLOPs
 
@@ -235,11 +284,11 @@ def roofline_step(workload: Workload) -> Step:
 
 @dataclasses.dataclass(frozen=True)
 class Arm:
-    """A way to run the step: ``make_step`` builds it; ``backend`` is the torch.compile backend (None: eager)."""
+    """A way to run the step: ``make_step`` builds it on a device; ``backend`` is the torch.compile backend (None: eager)."""
 
     key: str
     name: str
-    make_step: Callable[[Workload], Step]
+    make_step: Callable[[Workload, torch.device], Step]
     backend: str | None = None
 
 
@@ -281,32 +330,69 @@ class ArmResult:
         return min(self.times_s) if self.times_s else None
 
 
-def timed_call(fn: Step) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
+class Clock:
+    """Times calls on the CPU: ``time.perf_counter`` around the call, which runs to its end before returning."""
+
+    def synchronize(self) -> None:
+        """Wait for all work queued so far (none is left queued on the CPU)."""
+
+    def wall_s(self, fn: Step) -> float:
+        """Wall-clock seconds of ``fn()`` from the end of earlier work to the end of its own (first calls: compile times)."""
+        self.synchronize()
+        start = time.perf_counter()
+        fn()
+        self.synchronize()
+        return time.perf_counter() - start
+
+    def step_s(self, fn: Step) -> float:
+        """Seconds of one timed step ``fn()``."""
+        return self.wall_s(fn)
 
 
-def time_steps(step: Step, warmup: int, reps: int) -> list[float]:
+class CudaClock(Clock):
+    """Times calls on CUDA: steps by a pair of CUDA events around the call, first calls by the
+    wall clock up to a ``torch.cuda.synchronize()`` (see the module doc)."""
+
+    def synchronize(self) -> None:
+        torch.cuda.synchronize()
+
+    def step_s(self, fn: Step) -> float:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3  # elapsed_time is in milliseconds
+
+
+def clock_for(device: torch.device) -> Clock:
+    """The clock that times steps on ``device``."""
+    return CudaClock() if device.type == "cuda" else Clock()
+
+
+def time_steps(step: Step, warmup: int, reps: int, clock: Clock) -> list[float]:
+    """Seconds of ``reps`` steps after ``warmup`` untimed ones (and a synchronize)."""
     for _ in range(warmup):
         step()
-    return [timed_call(step) for _ in range(reps)]
+    clock.synchronize()
+    return [clock.step_s(step) for _ in range(reps)]
 
 
-def count_matmul_calls(step: Step) -> int:
-    """Matmul kernel calls (``MATMUL_OPS`` profiler events) of one step."""
+def count_matmul_calls(step: Step, clock: Clock) -> int:
+    """Matmul kernel calls (``MATMUL_OPS`` profiler events, recorded on the host) of one step."""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         step()
+        clock.synchronize()
     return sum(1 for event in prof.events() if event.name in MATMUL_OPS)
 
 
-def compile_cold_then_warm(step: Step, backend: str, result: ArmResult) -> Step:
+def compile_cold_then_warm(step: Step, backend: str, result: ArmResult, clock: Clock) -> Step:
     """Compile ``step`` twice (cold, then warm from the FX graph cache), timing each first call."""
     torch._dynamo.reset()
-    result.cold_compile_s = timed_call(torch.compile(step, backend=backend))
+    result.cold_compile_s = clock.wall_s(torch.compile(step, backend=backend))
     torch._dynamo.reset()
     compiled = torch.compile(step, backend=backend)
-    result.warm_compile_s = timed_call(compiled)
+    result.warm_compile_s = clock.wall_s(compiled)
     return compiled
 
 
@@ -316,18 +402,19 @@ def error_summary(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
 
 
-def measure(arm: Arm, workload: Workload, warmup: int, reps: int) -> ArmResult:
-    """Run one arm on one workload; an exception is recorded in the result, not raised."""
+def measure(arm: Arm, workload: Workload, device: torch.device, warmup: int, reps: int) -> ArmResult:
+    """Run one arm on one workload on ``device``; an exception is recorded in the result, not raised."""
     result = ArmResult(arm.key, arm.name)
+    clock = clock_for(device)
     cache = fresh_cache() if arm.backend is not None else contextlib.nullcontext()
     try:
         with torch.no_grad(), cache:
             torch._dynamo.reset()
-            step = arm.make_step(workload)
+            step = arm.make_step(workload, device)
             if arm.backend is not None:
-                step = compile_cold_then_warm(step, arm.backend, result)
-            result.times_s = time_steps(step, warmup, reps)
-            result.matmul_calls = count_matmul_calls(step)
+                step = compile_cold_then_warm(step, arm.backend, result, clock)
+            result.times_s = time_steps(step, warmup, reps, clock)
+            result.matmul_calls = count_matmul_calls(step, clock)
     except Exception as exc:  # keep going: report the arm as failed
         traceback.print_exc(file=sys.stderr)
         result.error = error_summary(exc)
@@ -347,13 +434,29 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine() or "unknown CPU"
 
 
-def machine_info() -> dict:
-    return {
+def machine_info(device: torch.device) -> dict:
+    """The host, torch and the device the steps run on; on CUDA also the GPU and the CUDA version."""
+    info = {
+        "device": device.type,
         "cpu": cpu_model(),
         "cpu_count": os.cpu_count(),
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
     }
+    if device.type == "cuda":
+        info |= {"gpu": torch.cuda.get_device_name(device), "cuda": torch.version.cuda}
+    return info
+
+
+def machine_line(machine: dict) -> str:
+    """The report's 'machine:' line; on CUDA it starts with the device, the GPU and the CUDA version."""
+    host = (
+        f"{machine['cpu']}, os.cpu_count()={machine['cpu_count']}, torch {machine['torch']}, "
+        f"torch.get_num_threads()={machine['threads']}"
+    )
+    if machine["device"] == "cuda":
+        return f"machine: device cuda, {machine['gpu']}, CUDA {machine['cuda']}; host {host}"
+    return f"machine: {host}"
 
 
 def _ratio(x: float | None, y: float | None) -> float | None:
@@ -422,8 +525,7 @@ def report(workload: Workload, results: list[ArmResult], machine: dict, warmup: 
     lines = [
         f"=== workload {workload.name}: {len(workload.shapes)} fp32 matrices, "
         f"{workload.flops / 1e9:.3f} NS GFLOP/step ({NS_STEPS} iterations, {str(NS_DTYPE).removeprefix('torch.')}) ===",
-        f"machine: {machine['cpu']}, os.cpu_count()={machine['cpu_count']}, torch {machine['torch']}, "
-        f"torch.get_num_threads()={machine['threads']}; median of {reps} steps after {warmup} warm-up",
+        f"{machine_line(machine)}; median of {reps} steps after {warmup} warm-up",
     ]
     if roofline_s:
         lines.append(f"roofline: {workload.flops / roofline_s / 1e9:.1f} GFLOP/s")
@@ -473,7 +575,11 @@ def _select_arms(text: str | None) -> list[Arm]:
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workload", choices=[*WORKLOADS, "all"], default="all")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default=None,
+                        help="where the steps run (default cuda when CUDA is available, else cpu)")
+    parser.add_argument("--workload", choices=[*WORKLOADS, "all"], default="all",
+                        help="default all, which runs the large workloads "
+                        f"({', '.join(w.name for w in WORKLOADS.values() if w.large)}) only off the CPU")
     parser.add_argument("--reps", type=_positive_int, default=7, help="timed steps after warm-up (default 7)")
     parser.add_argument("--warmup", type=_non_negative_int, default=2, help="untimed steps first (default 2)")
     parser.add_argument("--arms", type=_select_arms, default=None,
@@ -481,21 +587,36 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
     args = parser.parse_args(argv)
     args.arms = args.arms or list(ARMS)
+    if args.device is None:
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    elif args.device == "cuda" and not torch.cuda.is_available():
+        parser.error(
+            f"--device cuda: CUDA is not available (torch.cuda.is_available() is False; "
+            f"torch {torch.__version__}, built with CUDA {torch.version.cuda})"
+        )
+    args.device = torch.device(args.device)
     return args
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
+    device = args.device
     workloads = list(WORKLOADS.values()) if args.workload == "all" else [WORKLOADS[args.workload]]
-    machine = machine_info()
-    output = {"machine": machine, "warmup": args.warmup, "reps": args.reps, "workloads": []}
+    machine = machine_info(device)
+    output = {"device": device.type, "machine": machine, "warmup": args.warmup, "reps": args.reps,
+              "workloads": [], "skipped_workloads": []}
     for workload in workloads:
+        if args.workload == "all" and not runs_by_default(workload, device):
+            print(f"=== workload {workload.name}: skipped on {device.type} (too large; "
+                  f"--workload {workload.name} runs it anyway) ===\n", flush=True)
+            output["skipped_workloads"].append(workload.name)
+            continue
         results = []
         for arm in args.arms:
             print(f"[{workload.name}] {arm.name} ...", file=sys.stderr, flush=True)
-            results.append(measure(arm, workload, args.warmup, args.reps))
+            results.append(measure(arm, workload, device, args.warmup, args.reps))
         print(report(workload, results, machine, args.warmup, args.reps), flush=True)
-        kept = [state_bytes_on_param_device(o, workload) / 2**20 for o in (False, True)]
+        kept = [state_bytes_on_param_device(o, workload, device) / 2**20 for o in (False, True)]
         print(
             f"optimizer state on the parameters' device between steps: {kept[0]:.1f} MiB, "
             f"{kept[1]:.1f} MiB with offload_state=True (saved {kept[0] - kept[1]:.1f} MiB)\n",

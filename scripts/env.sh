@@ -1,13 +1,18 @@
-# Sourced by scripts/demo.sh and scripts/test.sh: create (once) and activate .venv with
-# torch 2.13.0 (installed first, so pip never resolves a CUDA build) and this package.
+# Sourced by scripts/demo.sh and scripts/test.sh: create (once) and activate a virtual
+# environment with torch (installed first, so pip never resolves another build of it) and
+# this package.
+#   MUON_COMPILE_VENV   the environment's folder (default .venv)
+#   MUON_COMPILE_TORCH  the torch version to install (default 2.13.0, a CPU build here;
+#                       PyPI's 2.11.x / 2.15.x are CUDA builds that also run on a CPU)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${MUON_COMPILE_VENV:-$ROOT/.venv}"
+TORCH_VERSION="${MUON_COMPILE_TORCH:-2.13.0}"
 if [ ! -x "$VENV/bin/python" ]; then
   python3 -m venv "$VENV"
 fi
 # shellcheck disable=SC1091
 source "$VENV/bin/activate"
-python -m pip install --quiet --disable-pip-version-check "torch==2.13.0"
+python -m pip install --quiet --disable-pip-version-check "torch==$TORCH_VERSION"
 python -m pip install --quiet --disable-pip-version-check -e "$ROOT[test]"
 cd "$ROOT"

@@ -8,7 +8,11 @@ themselves is marked ``graph_cache`` and runs inside its own fresh cache directo
 (``torch._inductor.utils.fresh_cache``) with the caches on.
 
 Markers: ``slow`` for multi-process tests and long compiles (``pytest -m "not slow"`` is
-the one-minute tier), ``graph_cache`` as above.
+the one-minute tier), ``graph_cache`` as above, ``cuda`` on every test instance that runs
+on the GPU (``pytest -m cuda`` runs those only; scripts/gpu_check.sh does).
+
+Devices: a test that compiles or runs the op takes the ``device`` fixture and runs once
+per available device: ``"cpu"`` always, ``"cuda"`` when ``torch.cuda.is_available()``.
 """
 
 import pytest
@@ -16,7 +20,13 @@ import torch
 
 import muon_compile
 
-from helpers import graph_caches_off
+from helpers import DEVICES, graph_caches_off
+
+
+@pytest.fixture(params=[pytest.param(d, id=d, marks=pytest.mark.cuda if d == "cuda" else ()) for d in DEVICES])
+def device(request):
+    """Each available device in turn (see the module docstring)."""
+    return request.param
 
 
 @pytest.fixture(autouse=True)

@@ -196,14 +196,15 @@ def assert_same_collectives(sequences):
                     assert sent[j] == expected[i], (step, i, j, splits)
 
 
-def generated_code(rank, world, shapes):
+def generated_code(rank, world, shapes, config_changes=None):
     """Inductor's generated code of one compiled Muon step over an FSDP2 Stack."""
     from torch._inductor.utils import run_and_get_code
 
     params = sharded_stack(shapes, device_mesh(world))
     set_step_grads(params, shapes, 0)
     opt = muon_compile.Muon(params)
-    _, code = run_and_get_code(torch.compile(opt.step, backend="muon"))
+    with config.override(**(config_changes or {})):
+        _, code = run_and_get_code(torch.compile(opt.step, backend="muon"))
     return {"code": code[0], "counters": dict(muon_compile.counters)}
 
 

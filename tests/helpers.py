@@ -14,22 +14,26 @@ from numerics import BF16_PARAM_RTOL, assert_rel_close
 # plus an odd-shaped matrix and a 3-D stack of matrices.
 MIXED_SHAPES = [(24, 8), (8, 8), (32, 8), (8, 32)] * 2 + [(5, 7), (2, 8, 16)]
 
+# the devices a device-parametrised test runs on (the ``device`` fixture of conftest.py)
+DEVICES = ("cpu", "cuda") if torch.cuda.is_available() else ("cpu",)
 
-def make_params(shapes, dtype=torch.float32, seed=0):
+
+def make_params(shapes, dtype=torch.float32, seed=0, device="cpu"):
+    """Parameters with seeded values, drawn on the CPU so every device gets the same ones."""
     g = torch.Generator().manual_seed(seed)
-    return [nn.Parameter(torch.randn(tuple(s), generator=g).to(dtype)) for s in shapes]
+    return [nn.Parameter(torch.randn(tuple(s), generator=g).to(device=device, dtype=dtype)) for s in shapes]
 
 
 def set_grads(params, seed):
     g = torch.Generator().manual_seed(seed)
     for p in params:
-        p.grad = torch.randn(tuple(p.shape), generator=g).to(p.dtype)
+        p.grad = torch.randn(tuple(p.shape), generator=g).to(device=p.device, dtype=p.dtype)
 
 
-def compare_steps(make_opt, shapes, *, rtol, steps=2, dtype=torch.float32, backend="muon", **compile_kw):
-    """Run ``steps`` optimizer steps eager and compiled from the same start; check every
-    update against eager within ``rtol``. Returns the compiled optimizer's params."""
-    eager_params, comp_params = make_params(shapes, dtype), make_params(shapes, dtype)
+def compare_steps(make_opt, shapes, *, rtol, steps=2, dtype=torch.float32, backend="muon", device="cpu", **compile_kw):
+    """Run ``steps`` optimizer steps eager and compiled from the same start on ``device``;
+    check every update against eager within ``rtol``. Returns the compiled optimizer's params."""
+    eager_params, comp_params = make_params(shapes, dtype, device=device), make_params(shapes, dtype, device=device)
     eager, comp = make_opt(eager_params), make_opt(comp_params)
     compiled_step = torch.compile(comp.step, backend=backend, **compile_kw)
     for step in range(steps):
@@ -90,13 +94,13 @@ class OneStep:
             assert_rel_close(c - s, e - s, rtol, f"param {i} {tuple(s.shape)}")
 
 
-def compile_with_dump(make_opt, shapes, tmp_path, dtype=torch.float32, **config_changes):
-    """One step of ``make_opt(params)`` compiled with the graph caches off and the dump
-    directory set, and the same step eager; return the dumped graph texts and the
+def compile_with_dump(make_opt, shapes, tmp_path, dtype=torch.float32, device="cpu", **config_changes):
+    """One step of ``make_opt(params)`` on ``device`` compiled with the graph caches off and
+    the dump directory set, and the same step eager; return the dumped graph texts and the
     :class:`OneStep` (each test checks its numerics with its own tolerance)."""
     from muon_compile import config
 
-    params, eager_params = make_params(shapes, dtype), make_params(shapes, dtype)
+    params, eager_params = make_params(shapes, dtype, device=device), make_params(shapes, dtype, device=device)
     start = [p.detach().clone() for p in params]
     opt = make_opt(params)
     set_grads(params, 0)

@@ -28,30 +28,31 @@ def _sweep(ns_dtype, preset, nesterov):
     "ns_dtype, preset, nesterov",
     [_sweep(d, p, n) for d in (torch.float32, torch.bfloat16) for p in ("keller", "polar_express") for n in (True, False)],
 )
-def test_compiled_matches_eager(ns_dtype, preset, nesterov):
+def test_compiled_matches_eager(device, ns_dtype, preset, nesterov):
     compare_steps(
         muon(lr=0.05, weight_decay=0.1, ns_dtype=ns_dtype, ns_coefficients=preset, nesterov=nesterov),
         MIXED_SHAPES,
-        rtol=NS_RTOL[ns_dtype],
+        rtol=NS_RTOL[device][ns_dtype],
+        device=device,
     )
     assert muon_compile.counters["bucket.buckets"] == 5
 
 
 @pytest.mark.slow
-def test_cycled_coefficient_set_compiles():
+def test_cycled_coefficient_set_compiles(device):
     # "quintic" cycles its five triples: 7 steps use triples 0-4, 0, 1
-    compare_steps(muon(lr=0.05, ns_coefficients="quintic", ns_steps=7, ns_dtype="fp32"), MIXED_SHAPES, rtol=NS_RTOL[torch.float32])
+    compare_steps(muon(lr=0.05, ns_coefficients="quintic", ns_steps=7, ns_dtype="fp32"), MIXED_SHAPES, rtol=NS_RTOL[device][torch.float32], device=device)
 
 
 @pytest.mark.slow
-def test_normuon_and_cautious_weight_decay_compile():
+def test_normuon_and_cautious_weight_decay_compile(device):
     opt = muon(lr=0.05, weight_decay=0.3, normuon_beta2=0.95, cautious_weight_decay=True, ns_dtype="fp32")
-    compare_steps(opt, MIXED_SHAPES, rtol=NS_RTOL[torch.float32], steps=3)
+    compare_steps(opt, MIXED_SHAPES, rtol=NS_RTOL[device][torch.float32], steps=3, device=device)
     assert muon_compile.counters["bucket.buckets"] == 5  # NorMuon leaves the NS buckets as they were
 
 
 @pytest.mark.slow
-def test_split_rows_blocks_join_the_buckets_of_their_shape():
+def test_split_rows_blocks_join_the_buckets_of_their_shape(device):
     """A fused 24x8 QKV split into three 8x8 blocks and per-head 4x8 blocks of a 16x8 matrix
     join the 8x8 and 4x8 buckets of the plain matrices."""
 
@@ -66,24 +67,24 @@ def test_split_rows_blocks_join_the_buckets_of_their_shape():
             ns_dtype="fp32",
         )
 
-    compare_steps(make, [(24, 8), (16, 8), (8, 8), (4, 8)], rtol=NS_RTOL[torch.float32])
+    compare_steps(make, [(24, 8), (16, 8), (8, 8), (4, 8)], rtol=NS_RTOL[device][torch.float32], device=device)
     assert muon_compile.counters["bucket.buckets"] == 2  # 8x8 (3 blocks + 1), 4x8 (4 heads + 1)
     assert muon_compile.counters["bucket.matrices"] == 9  # 3 + 1 of 8x8, 4 + 1 of 4x8
 
 
 @pytest.mark.slow
-def test_bf16_params_and_adamw_groups_compile():
+def test_bf16_params_and_adamw_groups_compile(device):
     def make(params):
         return muon_compile.MuonAdamW(
             [{"params": params[:-2], "kind": "muon"}, {"params": params[-2:], "kind": "adamw"}], weight_decay=0.01
         )
 
-    compare_steps(make, MIXED_SHAPES[:4] + [(8,), ()], rtol=NS_RTOL[torch.bfloat16], dtype=torch.bfloat16)
+    compare_steps(make, MIXED_SHAPES[:4] + [(8,), ()], rtol=NS_RTOL[device][torch.bfloat16], dtype=torch.bfloat16, device=device)
 
 
-def test_hyperparameter_changes_do_not_recompile_and_take_effect():
+def test_hyperparameter_changes_do_not_recompile_and_take_effect(device):
     shapes = MIXED_SHAPES[:4]
-    eager_params, comp_params = make_params(shapes), make_params(shapes)
+    eager_params, comp_params = make_params(shapes, device=device), make_params(shapes, device=device)
     eager, comp = muon_compile.Muon(eager_params, lr=0.02), muon_compile.Muon(comp_params, lr=0.02)
     scheds = [torch.optim.lr_scheduler.StepLR(o, step_size=1, gamma=0.5) for o in (eager, comp)]
     step = torch.compile(comp.step, backend="muon")
@@ -97,7 +98,7 @@ def test_hyperparameter_changes_do_not_recompile_and_take_effect():
         with torch._dynamo.config.patch(error_on_recompile=i > 0):
             step()
         for e, c in zip(eager_params, comp_params):
-            torch.testing.assert_close(c, e, rtol=NS_RTOL[torch.bfloat16], atol=1e-3)
+            torch.testing.assert_close(c, e, rtol=NS_RTOL[device][torch.bfloat16], atol=1e-3)
         for s in scheds:
             s.step()
         if change is not None:
@@ -114,14 +115,14 @@ def test_hyperparameter_changes_do_not_recompile_and_take_effect():
 
 @pytest.mark.slow
 @pytest.mark.graph_cache
-def test_fx_graph_cache_hits_on_second_compile():
+def test_fx_graph_cache_hits_on_second_compile(device):
     with fresh_cache():
         shapes = MIXED_SHAPES[:4]
         for attempt in range(2):
             torch._dynamo.reset()
             dynamo_counters.clear()
             muon_compile.counters.clear()
-            compare_steps(muon(), shapes, rtol=NS_RTOL[torch.bfloat16], steps=1)
+            compare_steps(muon(), shapes, rtol=NS_RTOL[device][torch.bfloat16], steps=1, device=device)
             if attempt == 0:
                 assert dynamo_counters["inductor"]["fxgraph_cache_miss"] >= 1
                 assert muon_compile.counters["bucket.buckets"] == 3  # 8x24, 8x8, and 8x32 shared by a tall and a wide
@@ -133,13 +134,13 @@ def test_fx_graph_cache_hits_on_second_compile():
 
 @pytest.mark.slow
 @pytest.mark.graph_cache
-def test_config_change_misses_the_fx_graph_cache():
+def test_config_change_misses_the_fx_graph_cache(device):
     with fresh_cache():
-        compare_steps(muon(), MIXED_SHAPES[:4], rtol=NS_RTOL[torch.bfloat16], steps=1)
+        compare_steps(muon(), MIXED_SHAPES[:4], rtol=NS_RTOL[device][torch.bfloat16], steps=1, device=device)
         torch._dynamo.reset()
         dynamo_counters.clear()
         with config.override(bucket_mb=0.001):
-            compare_steps(muon(), MIXED_SHAPES[:4], rtol=NS_RTOL[torch.bfloat16], steps=1)
+            compare_steps(muon(), MIXED_SHAPES[:4], rtol=NS_RTOL[device][torch.bfloat16], steps=1, device=device)
         assert dynamo_counters["inductor"]["fxgraph_cache_miss"] >= 1
 
 
@@ -178,7 +179,7 @@ class _RecordingPass(torch._inductor.custom_graph_pass.CustomGraphPass):
 
 @pytest.mark.slow
 @pytest.mark.graph_cache
-def test_user_post_grad_pass_runs_after_ours_and_keys_the_cache():
+def test_user_post_grad_pass_runs_after_ours_and_keys_the_cache(device):
     shapes = MIXED_SHAPES[:4]  # 3 buckets after bucketing, 5 iterations, 3 bmm each
     first, same, other = _RecordingPass("v1"), _RecordingPass("v1"), _RecordingPass("v2")
 
@@ -186,7 +187,7 @@ def test_user_post_grad_pass_runs_after_ours_and_keys_the_cache():
         torch._dynamo.reset()
         dynamo_counters.clear()
         options = {"post_grad_custom_post_pass": user_pass, "max_fusion_buffer_group_pairwise_attempts": 4}
-        compare_steps(muon(), shapes, rtol=NS_RTOL[torch.bfloat16], steps=1, options=options)
+        compare_steps(muon(), shapes, rtol=NS_RTOL[device][torch.bfloat16], steps=1, options=options, device=device)
 
     with fresh_cache():
         compile_with(first)
@@ -200,12 +201,12 @@ def test_user_post_grad_pass_runs_after_ours_and_keys_the_cache():
 
 @pytest.mark.slow
 @pytest.mark.graph_cache
-def test_plain_function_post_grad_pass_runs_and_bypasses_the_cache():
+def test_plain_function_post_grad_pass_runs_and_bypasses_the_cache(device):
     seen = []
     dynamo_counters.clear()
     with fresh_cache():
         compare_steps(
-            muon(), MIXED_SHAPES[:4], rtol=NS_RTOL[torch.bfloat16], steps=1,
+            muon(), MIXED_SHAPES[:4], rtol=NS_RTOL[device][torch.bfloat16], steps=1, device=device,
             options={"post_grad_custom_post_pass": lambda graph: seen.append(len(graph.nodes))},
         )
     assert len(seen) == 1
@@ -218,9 +219,9 @@ def test_plain_function_post_grad_pass_runs_and_bypasses_the_cache():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("passes", ["-bucket", "bucket", ""])
-def test_passes_switch(passes):
+def test_passes_switch(device, passes):
     with config.override(passes=passes):
-        compare_steps(muon(), MIXED_SHAPES, rtol=NS_RTOL[torch.bfloat16], steps=1)
+        compare_steps(muon(), MIXED_SHAPES, rtol=NS_RTOL[device][torch.bfloat16], steps=1, device=device)
     enabled = config.parse_passes(passes)
     assert (muon_compile.counters["bucket.buckets"] > 0) == ("bucket" in enabled)
     assert (muon_compile.counters["lower.ns_ops"] > 0) == ("lower" in enabled)

@@ -18,12 +18,12 @@ SHAPES_2D = [(24, 8), (8, 8), (8, 32), (5, 7), (32, 8)]
 SHAPES_3D = [(3, 8, 12), (2, 12, 8)]
 
 
-def _inputs(shapes, seed=0):
+def _inputs(shapes, seed=0, device="cpu"):
     g = torch.Generator().manual_seed(seed)
-    return [torch.randn(s, generator=g) for s in shapes]
+    return [torch.randn(s, generator=g).to(device) for s in shapes]
 
 
-def _compile_form(fn, shapes, tmp_path, dtype=torch.float32, **kw):
+def _compile_form(fn, shapes, tmp_path, dtype=torch.float32, device="cpu", **kw):
     """``backend="muon"``, eager and exact (fp64) results of ``[fn(G) for G in inputs]``,
     and the dumped graphs."""
     from muon_compile import config
@@ -31,7 +31,7 @@ def _compile_form(fn, shapes, tmp_path, dtype=torch.float32, **kw):
     def many(Gs, dtype=dtype):
         return [fn(G, dtype=dtype, **kw) for G in Gs]
 
-    inputs = _inputs(shapes)
+    inputs = _inputs(shapes, device=device)
     with config.override(dump_dir=str(tmp_path)):
         got = torch.compile(many, backend="muon")(inputs)
     exact = many([G.double() for G in inputs], dtype=torch.float64)
@@ -54,9 +54,9 @@ def _dynamo_graph(fn, inputs):
 @pytest.mark.slow
 @pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_form_becomes_one_op_per_matrix(form, dtype, tmp_path):
+def test_form_becomes_one_op_per_matrix(device, form, dtype, tmp_path):
     shapes = SHAPES_2D + SHAPES_3D
-    got, eager, exact, graphs = _compile_form(FORMS[form], shapes, tmp_path, dtype=dtype)
+    got, eager, exact, graphs = _compile_form(FORMS[form], shapes, tmp_path, dtype=dtype, device=device)
     assert muon_compile.counters["canonicalize.matched"] == len(shapes)
     assert muon_compile.counters["canonicalize.rejected"] == 0
     assert count_ns_calls(graphs["canonicalize_after"]) == len(shapes)
@@ -67,8 +67,8 @@ def test_form_becomes_one_op_per_matrix(form, dtype, tmp_path):
 
 
 @pytest.mark.parametrize("steps", [pytest.param(1, marks=pytest.mark.slow), 3, pytest.param(8, marks=pytest.mark.slow)])
-def test_any_number_of_steps(steps, tmp_path):
-    got, eager, exact, graphs = _compile_form(FORMS["polar_express"], SHAPES_2D[:3], tmp_path, steps=steps)
+def test_any_number_of_steps(device, steps, tmp_path):
+    got, eager, exact, graphs = _compile_form(FORMS["polar_express"], SHAPES_2D[:3], tmp_path, device=device, steps=steps)
     assert muon_compile.counters["canonicalize.matched"] == 3
     assert f", {steps}, 1e-07, 1.01, False, f32)" in graphs["canonicalize_after"]
     for g, e, x in zip(got, eager, exact):
@@ -107,23 +107,23 @@ def test_near_miss_is_rejected_with_its_reason(fn):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("fn", NEAR_MISSES, ids=lambda f: f.__name__)
-def test_near_miss_compiles_unchanged(fn, tmp_path):
+def test_near_miss_compiles_unchanged(device, fn, tmp_path):
     shapes, _ = NEAR_MISSES[fn]
-    got, eager, _, graphs = _compile_form(fn, shapes, tmp_path)
+    got, eager, _, graphs = _compile_form(fn, shapes, tmp_path, device=device)
     assert muon_compile.counters["canonicalize.matched"] == 0
     assert muon_compile.counters["canonicalize.rejected"] == 1
     assert muon_compile.counters["find.ns_ops"] == 0 and "canonicalize_after" not in graphs
     for g, e in zip(got, eager):
-        assert_rel_close(g, e, NS_RTOL[torch.float32], fn.__name__)
+        assert_rel_close(g, e, NS_RTOL[device][torch.float32], fn.__name__)
 
 
 def torch_muon(**kw):
     return lambda params: torch.optim.Muon(params, **kw)
 
 
-def run_torch_muon(shapes, steps, compiled, **opt_kw):
+def run_torch_muon(shapes, steps, compiled, device, **opt_kw):
     """Weights after ``steps`` steps of torch.optim.Muon (eager, or ``backend="muon"``)."""
-    params = make_params(shapes)
+    params = make_params(shapes, device=device)
     opt = torch.optim.Muon(params, **opt_kw)
     step = torch.compile(opt.step, backend="muon") if compiled else opt.step
     for s in range(steps):
@@ -132,44 +132,44 @@ def run_torch_muon(shapes, steps, compiled, **opt_kw):
     return [p.detach() for p in params]
 
 
-def check_torch_muon(shapes, steps=3, **opt_kw):
+def check_torch_muon(shapes, device, steps=3, **opt_kw):
     """Compiled torch.optim.Muon against eager and against eager with its NS in fp64."""
-    start = [p.detach() for p in make_params(shapes)]
-    got = run_torch_muon(shapes, steps, True, **opt_kw)
-    eager = run_torch_muon(shapes, steps, False, **opt_kw)
+    start = [p.detach() for p in make_params(shapes, device=device)]
+    got = run_torch_muon(shapes, steps, True, device, **opt_kw)
+    eager = run_torch_muon(shapes, steps, False, device, **opt_kw)
     with exact_torch_muon():
-        exact = run_torch_muon(shapes, steps, False, **opt_kw)
+        exact = run_torch_muon(shapes, steps, False, device, **opt_kw)
     for i, (g, e, x, s) in enumerate(zip(got, eager, exact, start)):
         assert_rewrite_close(g - s, e - s, x - s, torch.bfloat16, f"param {i} {shapes[i]}")
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("nesterov", [True, False], ids=["nesterov", "plain"])
-def test_torch_optim_muon_is_bucketed_like_muon_compile(nesterov):
+def test_torch_optim_muon_is_bucketed_like_muon_compile(device, nesterov):
     shapes = SHAPES_2D * 2  # 10 matrices of 4 canonical shapes: 8x24, 8x8, 8x32 (with the tall 32x8), 5x7
-    check_torch_muon(shapes, lr=0.05, weight_decay=0.1, nesterov=nesterov)
+    check_torch_muon(shapes, device, lr=0.05, weight_decay=0.1, nesterov=nesterov)
     assert muon_compile.counters["canonicalize.matched"] == len(shapes)
     assert muon_compile.counters["find.ns_ops"] == len(shapes)
     assert muon_compile.counters["bucket.buckets"] == 4
 
 
 @pytest.mark.slow
-def test_canonicalize_can_be_switched_off(tmp_path):
-    graphs, step = compile_with_dump(torch_muon(), SHAPES_2D, tmp_path, passes="-canonicalize")
+def test_canonicalize_can_be_switched_off(device, tmp_path):
+    graphs, step = compile_with_dump(torch_muon(), SHAPES_2D, tmp_path, device=device, passes="-canonicalize")
     assert muon_compile.counters["canonicalize.matched"] == 0 and not graphs
-    step.assert_close(NS_RTOL[torch.bfloat16])  # the user's own loop, compiled as written
+    step.assert_close(NS_RTOL[device][torch.bfloat16])  # the user's own loop, compiled as written
 
 
 @pytest.mark.slow
-def test_loop_on_a_tensor_that_requires_grad_is_left_to_autograd():
+def test_loop_on_a_tensor_that_requires_grad_is_left_to_autograd(device):
     """The op has no derivative: a Newton–Schulz loop inside a model's forward stays as it
     was, and its gradient is eager's."""
     from ns_forms import keller
 
-    W = torch.randn(8, 12, generator=torch.Generator().manual_seed(0), requires_grad=True)
+    W = torch.randn(8, 12, generator=torch.Generator().manual_seed(0)).to(device).requires_grad_()
     W2 = W.detach().clone().requires_grad_()
     torch.compile(lambda w: keller(w, steps=2, dtype=torch.float32).square().sum(), backend="muon")(W).backward()
     keller(W2, steps=2, dtype=torch.float32).square().sum().backward()
     assert muon_compile.counters["canonicalize.matched"] == 0
     assert muon_compile.counters["canonicalize.rejected"] == 1
-    assert_rel_close(W.grad, W2.grad, NS_RTOL[torch.float32], "grad")
+    assert_rel_close(W.grad, W2.grad, NS_RTOL[device][torch.float32], "grad")

@@ -1,5 +1,7 @@
 """Golden graphs of the single-device pipeline (see golden_graphs/README.md); each
-compiled step is also checked against the eager step."""
+compiled step is also checked against the eager step. CPU only: a golden graph pins the
+passes' output, whose text names the device; the compiled step's numerics on CUDA are
+checked by the device-parametrised tests of the same shapes and passes."""
 
 import torch
 
@@ -20,7 +22,7 @@ def test_gpt_single_device(tmp_path):
     assert_golden("single_device_gpt.bucketed.txt", graphs["bucket_after"])
     assert_golden("single_device_gpt.lowered.txt", graphs["lower_after"])
     assert count_ns_calls(graphs["bucket_after"]) == 3  # 16x48 (qkv), 16x16, 16x64 (up and down)
-    step.assert_close(NS_RTOL[torch.bfloat16])
+    step.assert_close(NS_RTOL["cpu"][torch.bfloat16])
 
 
 def test_padding_merge(tmp_path):
@@ -28,7 +30,7 @@ def test_padding_merge(tmp_path):
     graphs, step = compile_with_dump(muon(), [(16, 48), (16, 40), (40, 16)], tmp_path, pad_waste=0.2)
     assert_golden("single_device_padded.bucketed.txt", graphs["bucket_after"])
     assert muon_compile.counters["bucket.padded_buckets"] == 1
-    step.assert_close(NS_RTOL[torch.bfloat16])
+    step.assert_close(NS_RTOL["cpu"][torch.bfloat16])
 
 
 def test_torch_optim_muon_single_device(tmp_path):

@@ -53,8 +53,8 @@ SHAPES = [(16, 48), (48, 16), (24, 24), (1, 9), (9, 1)]
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("preset", [KELLER, POLAR], ids=["keller", "polar_express"])
 @pytest.mark.parametrize("steps", [1, 5, 10])
-def test_matches_textbook_fp64(shape, preset, steps):
-    g = torch.randn(*shape, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+def test_matches_textbook_fp64(device, shape, preset, steps):
+    g = torch.randn(*shape, dtype=torch.float64, generator=torch.Generator().manual_seed(0)).to(device)
     got = call(g, preset, steps, torch.float64)
     want = textbook_ns(g, preset.coefficients, steps, preset.eps, preset.norm_scale)
     assert got.shape == g.shape and got.dtype == g.dtype and got.is_contiguous()
@@ -62,9 +62,9 @@ def test_matches_textbook_fp64(shape, preset, steps):
 
 
 @pytest.mark.parametrize("preset", [KELLER, POLAR], ids=["keller", "polar_express"])
-def test_singular_values_follow_the_polynomial(preset):
+def test_singular_values_follow_the_polynomial(device, preset):
     """NS acts on singular values one by one: svd(NS(G)) = p∘...∘p(svd(G) / scaled norm)."""
-    g = torch.randn(20, 36, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    g = torch.randn(20, 36, dtype=torch.float64, generator=torch.Generator().manual_seed(1)).to(device)
     sigma = torch.linalg.svdvals(g) / (g.norm() * preset.norm_scale + preset.eps)
     want = torch.sort(scalar_composition(sigma, preset.coefficients, 5).abs()).values
     got = torch.sort(torch.linalg.svdvals(call(g, preset, 5, torch.float64))).values
@@ -73,45 +73,45 @@ def test_singular_values_follow_the_polynomial(preset):
 
 @pytest.mark.parametrize("preset", [KELLER, POLAR], ids=["keller", "polar_express"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_ns_property_band(preset, dtype):
+def test_ns_property_band(device, preset, dtype):
     """Output singular values lie in the band the scalar polynomial predicts (fp64),
     widened by the stated tolerance of the compute dtype."""
-    g = torch.randn(4, 32, 96, generator=torch.Generator().manual_seed(2))
+    g = torch.randn(4, 32, 96, generator=torch.Generator().manual_seed(2)).to(device)
     out = call(g, preset, 5, dtype).double()
     for gi, oi in zip(g.double(), out):
         sigma = torch.linalg.svdvals(gi) / (gi.norm() * preset.norm_scale + preset.eps)
         predicted = scalar_composition(sigma, preset.coefficients, 5)
         lo, hi = predicted.min().item(), predicted.max().item()
         got = torch.linalg.svdvals(oi)
-        slack = 2 * NS_RTOL[dtype]
+        slack = 2 * NS_RTOL[device][dtype]
         assert lo - slack <= got.min().item() and got.max().item() <= hi + slack, (lo, hi, got)
         assert 0.5 < lo and hi < 1.5  # the orthogonalisation really happened
 
 
-def test_batched_equals_per_matrix():
-    g = torch.randn(5, 12, 20, generator=torch.Generator().manual_seed(3))
+def test_batched_equals_per_matrix(device):
+    g = torch.randn(5, 12, 20, generator=torch.Generator().manual_seed(3)).to(device)
     batched = call(g, KELLER, 5, torch.float32)
     for i in range(5):
         assert_rel_close(batched[i], call(g[i], KELLER, 5, torch.float32), 1e-6, f"matrix {i}")
 
 
-def test_tall_is_transpose_of_wide():
-    g = torch.randn(40, 12, generator=torch.Generator().manual_seed(4))
+def test_tall_is_transpose_of_wide(device):
+    g = torch.randn(40, 12, generator=torch.Generator().manual_seed(4)).to(device)
     assert_rel_close(call(g, KELLER, 5, torch.float32), call(g.T.contiguous(), KELLER, 5, torch.float32).T, 1e-6)
 
 
-def test_output_dtype_follows_input_compute_dtype_is_used():
-    g = torch.randn(8, 16, generator=torch.Generator().manual_seed(5))
+def test_output_dtype_follows_input_compute_dtype_is_used(device):
+    g = torch.randn(8, 16, generator=torch.Generator().manual_seed(5)).to(device)
     out = call(g, KELLER, 5, torch.bfloat16)
     assert out.dtype == torch.float32
     # the values are bf16-representable: the iteration ran in bf16
     assert torch.equal(out, out.bfloat16().float())
 
 
-def test_zero_matrix_gives_zero_not_nan():
+def test_zero_matrix_gives_zero_not_nan(device):
     for clamp in (False, True):
-        out = call(torch.zeros(4, 6), KELLER, 5, torch.float32, clamp=clamp)
-        assert torch.equal(out, torch.zeros(4, 6))
+        out = call(torch.zeros(4, 6, device=device), KELLER, 5, torch.float32, clamp=clamp)
+        assert torch.equal(out, torch.zeros(4, 6, device=device))
 
 
 def test_clamp_eps_divides_by_max():
@@ -153,9 +153,9 @@ def test_public_function_resolves_presets_and_custom():
     [torch.randn(6, 10), torch.randn(10, 6), torch.randn(3, 6, 10), torch.randn(4, 4, dtype=torch.bfloat16)],
     ids=["wide", "tall", "batched", "bf16"],
 )
-def test_opcheck(x):
+def test_opcheck(device, x):
     args = NSArgs.repeating(POLAR.coefficients, 5, norm_scale=1.01, compute_dtype=torch.float32)
-    torch.library.opcheck(NEWTON_SCHULZ, (x, *args.to_op()))
+    torch.library.opcheck(NEWTON_SCHULZ, (x.to(device), *args.to_op()))
 
 
 @pytest.mark.parametrize(

@@ -16,15 +16,15 @@ from test_ns_op import textbook_ns
 KELLER = coeffs.PRESETS["keller"]
 
 
-def _params(shapes, dtype=torch.float32, seed=0):
+def _params(shapes, dtype=torch.float32, seed=0, device="cpu"):
     g = torch.Generator().manual_seed(seed)
-    return [nn.Parameter(torch.randn(tuple(s), generator=g, dtype=dtype)) for s in shapes]
+    return [nn.Parameter(torch.randn(tuple(s), generator=g, dtype=dtype).to(device)) for s in shapes]
 
 
 def _set_grads(params, seed):
     g = torch.Generator().manual_seed(seed)
     for p in params:
-        p.grad = torch.randn(p.shape, generator=g, dtype=p.dtype)
+        p.grad = torch.randn(p.shape, generator=g, dtype=p.dtype).to(p.device)
 
 
 def textbook_muon_step(p, grad, buf, *, lr, momentum, wd, nesterov, scale, steps=5):
@@ -36,9 +36,9 @@ def textbook_muon_step(p, grad, buf, *, lr, momentum, wd, nesterov, scale, steps
 
 
 @pytest.mark.parametrize("nesterov", [True, False])
-def test_muon_matches_textbook_fp64(nesterov):
+def test_muon_matches_textbook_fp64(device, nesterov):
     shapes = [(6, 10), (10, 6), (7, 7)]
-    params = _params(shapes, torch.float64)
+    params = _params(shapes, torch.float64, device=device)
     ref = [p.detach().clone() for p in params]
     bufs = [torch.zeros_like(p) for p in ref]
     opt = muon_compile.Muon(params, lr=0.05, momentum=0.9, weight_decay=0.1, nesterov=nesterov, ns_dtype=torch.float64)
@@ -54,9 +54,9 @@ def test_muon_matches_textbook_fp64(nesterov):
         torch.testing.assert_close(p.detach(), r, rtol=1e-10, atol=1e-12)
 
 
-def test_muon_agrees_with_torch_optim_muon_in_bf16():
+def test_muon_agrees_with_torch_optim_muon_in_bf16(device):
     shapes = [(16, 48), (48, 16), (32, 32)]
-    ours, theirs = _params(shapes), _params(shapes)
+    ours, theirs = _params(shapes, device=device), _params(shapes, device=device)
     before = [p.detach().clone() for p in ours]
     a = muon_compile.Muon(ours, lr=0.02, weight_decay=0.0)
     b = torch.optim.Muon(theirs, lr=0.02, weight_decay=0.0)
@@ -65,7 +65,7 @@ def test_muon_agrees_with_torch_optim_muon_in_bf16():
     a.step()
     b.step()
     for p, q, p0 in zip(ours, theirs, before):
-        assert_rel_close(p.detach() - p0, q.detach() - p0, NS_RTOL[torch.bfloat16], "update vs torch.optim.Muon")
+        assert_rel_close(p.detach() - p0, q.detach() - p0, NS_RTOL[device][torch.bfloat16], "update vs torch.optim.Muon")
 
 
 @pytest.mark.parametrize(
@@ -77,9 +77,9 @@ def test_muon_agrees_with_torch_optim_muon_in_bf16():
         ("none", lambda r, c: 1.0),
     ],
 )
-def test_adjust_lr_modes_and_extra_scale(mode, ratio):
+def test_adjust_lr_modes_and_extra_scale(device, mode, ratio):
     shapes = [(12, 4), (4, 12)]
-    params = _params(shapes, torch.float64)
+    params = _params(shapes, torch.float64, device=device)
     before = [p.detach().clone() for p in params]
     opt = muon_compile.Muon(
         params, lr=0.125, momentum=0.0, nesterov=False, adjust_lr=mode, extra_scale_factor=1.5, ns_dtype=torch.float64
@@ -92,8 +92,8 @@ def test_adjust_lr_modes_and_extra_scale(mode, ratio):
         torch.testing.assert_close(p.detach(), want, rtol=1e-10, atol=1e-12)
 
 
-def test_three_d_params_are_batches_of_matrices():
-    (p,) = _params([(3, 6, 10)], torch.float64)
+def test_three_d_params_are_batches_of_matrices(device):
+    (p,) = _params([(3, 6, 10)], torch.float64, device=device)
     p0 = p.detach().clone()
     opt = muon_compile.Muon([p], lr=0.125, momentum=0.0, nesterov=False, ns_dtype=torch.float64)
     _set_grads([p], 0)
@@ -103,9 +103,9 @@ def test_three_d_params_are_batches_of_matrices():
         torch.testing.assert_close(p.detach()[e], want, rtol=1e-10, atol=1e-12)
 
 
-def test_adamw_groups_match_torch_adamw():
+def test_adamw_groups_match_torch_adamw(device):
     shapes = [(5,), (7, 3), ()]
-    ours, theirs = _params(shapes), _params(shapes)
+    ours, theirs = _params(shapes, device=device), _params(shapes, device=device)
     opt = muon_compile.MuonAdamW(
         [{"params": ours, "kind": "adamw"}], adamw_lr=1e-2, adamw_betas=(0.8, 0.9), adamw_eps=1e-6, adamw_weight_decay=0.05
     )
@@ -273,12 +273,12 @@ def textbook_normuon_cautious_step(p, grad, buf, v, *, lr, momentum, wd, beta2, 
     return p - lr * wd * agree * p - lr * scale * n, buf, v
 
 
-def test_normuon_and_cautious_weight_decay_match_textbook_fp64():
+def test_normuon_and_cautious_weight_decay_match_textbook_fp64(device):
     shapes = [(6, 10), (10, 6), (7, 7)]
-    params = _params(shapes, torch.float64)
+    params = _params(shapes, torch.float64, device=device)
     ref = [p.detach().clone() for p in params]
     bufs = [torch.zeros_like(p) for p in ref]
-    vs = [torch.zeros((r, 1) if r >= c else (1, c), dtype=torch.float64) for r, c in shapes]
+    vs = [torch.zeros((r, 1) if r >= c else (1, c), dtype=torch.float64, device=device) for r, c in shapes]
     kw = dict(lr=0.05, momentum=0.9, weight_decay=0.3)
     opt = muon_compile.Muon(params, **kw, normuon_beta2=0.95, cautious_weight_decay=True, ns_dtype=torch.float64)
     assert [tuple(opt.state[p]["second_moment"].shape) for p in params] == [(1, 10), (10, 1), (7, 1)]

@@ -82,18 +82,18 @@ def test_batched_sites_count_their_matrices_and_skipped_sites_are_reported():
 
 
 @pytest.mark.slow
-def test_ns_calls_after_bucketing_equal_planned_buckets(tmp_path):
-    graphs, step = compile_with_dump(muon(), MIXED_SHAPES, tmp_path, passes="bucket")
+def test_ns_calls_after_bucketing_equal_planned_buckets(device, tmp_path):
+    graphs, step = compile_with_dump(muon(), MIXED_SHAPES, tmp_path, device=device, passes="bucket")
     # 8x24 (x2), 8x8 (x2), 8x32 (two wide + two tall), 5x7, and the 3-D 2x8x16
     assert count_ns_calls(graphs["bucket_before"]) == 10
     assert count_ns_calls(graphs["bucket_after"]) == muon_compile.counters["bucket.buckets"] == 5
     assert muon_compile.counters["bucket.matrices"] == 11
-    step.assert_close(NS_RTOL[torch.bfloat16])
+    step.assert_close(NS_RTOL[device][torch.bfloat16])
 
 
-def test_matmul_kernels_per_step_are_three_per_iteration_per_bucket():
+def test_matmul_kernels_per_step_are_three_per_iteration_per_bucket(device):
     shapes = [(8, 24)] * 6 + [(24, 8)]
-    eager_params, params = make_params(shapes), make_params(shapes)
+    eager_params, params = make_params(shapes, device=device), make_params(shapes, device=device)
     eager, opt = muon_compile.Muon(eager_params), muon_compile.Muon(params)
     step = torch.compile(opt.step, backend="muon")
     for seed in range(2):
@@ -109,14 +109,14 @@ def test_matmul_kernels_per_step_are_three_per_iteration_per_bucket():
     matmuls = sum(names.count(k) for k in ("aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm"))
     assert matmuls == names.count("aten::bmm") == 3 * 5  # one bucket of 7 matrices, 5 iterations
     for p, e in zip(params, eager_params):
-        torch.testing.assert_close(p, e, rtol=NS_RTOL[torch.bfloat16], atol=1e-3)
+        torch.testing.assert_close(p, e, rtol=NS_RTOL[device][torch.bfloat16], atol=1e-3)
 
 
 @pytest.mark.slow
-def test_padded_buckets_match_eager_in_fp32():
+def test_padded_buckets_match_eager_in_fp32(device):
     shapes = [(8, 24), (8, 20), (6, 24), (20, 8)]
     with config.override(pad_waste=0.5):
-        compare_steps(muon(ns_dtype=torch.float32), shapes, rtol=NS_RTOL[torch.float32])
+        compare_steps(muon(ns_dtype=torch.float32), shapes, rtol=NS_RTOL[device][torch.float32], device=device)
     assert muon_compile.counters["bucket.padded_buckets"] == 1
 
 
@@ -129,21 +129,21 @@ def _chained(xs):
     return second + third, first
 
 
-def test_chained_ns_ops_are_never_bucketed_with_their_producer():
+def test_chained_ns_ops_are_never_bucketed_with_their_producer(device):
     g = torch.Generator().manual_seed(0)
-    xs = [torch.randn(8, 24, generator=g) for _ in range(3)]
+    xs = [torch.randn(8, 24, generator=g).to(device) for _ in range(3)]
     got = torch.compile(_chained, backend="muon")(xs)
     want = _chained(xs)
-    assert_rel_close(got[0], want[0], NS_RTOL[torch.float32])
-    assert_rel_close(got[1], want[1], NS_RTOL[torch.float32])
+    assert_rel_close(got[0], want[0], NS_RTOL[device][torch.float32])
+    assert_rel_close(got[1], want[1], NS_RTOL[device][torch.float32])
     # `first` is a graph output: left alone; `second` (level 1) and `third` (level 0) apart
     assert muon_compile.counters["bucket.skipped"] == 1
     assert muon_compile.counters["bucket.buckets"] == 2
 
 
-def test_dump_dir_and_debug_log_show_each_pass(tmp_path, caplog):
+def test_dump_dir_and_debug_log_show_each_pass(device, tmp_path, caplog):
     with caplog.at_level(logging.DEBUG, logger="muon_compile.passes"):
-        graphs, step = compile_with_dump(muon(), MIXED_SHAPES[:4], tmp_path)
+        graphs, step = compile_with_dump(muon(), MIXED_SHAPES[:4], tmp_path, device=device)
     assert list(graphs) == ["bucket_before", "bucket_after", "lower_before", "lower_after"]
     assert graphs["bucket_after"] == graphs["lower_before"]
     assert count_ns_calls(graphs["lower_after"]) == 0
@@ -152,7 +152,7 @@ def test_dump_dir_and_debug_log_show_each_pass(tmp_path, caplog):
     assert "bucket plan for 4 NS ops" in text
     assert "bucket 2: 2 matrices 8x32 from sites [2, 3]" in text
     assert "lowering" in text and "5 steps (3.4445, -4.775, 2.0315) x5" in text
-    step.assert_close(NS_RTOL[torch.bfloat16])
+    step.assert_close(NS_RTOL[device][torch.bfloat16])
 
 
 def _tiny_graph():
