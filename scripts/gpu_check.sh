@@ -30,8 +30,8 @@ status=0
 step() { echo "=== $* ===" >&2; }
 
 step "environment"
-if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
-  echo "gpu_check: $PY has no CUDA device (torch.cuda.is_available() is False)" >&2
+if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'torch ' + torch.__version__ + ': torch.cuda.is_available() is False')"; then
+  echo "gpu_check: $PY has no usable CUDA torch (see above; PYTHON=... picks another interpreter)" >&2
   exit 1
 fi
 {
