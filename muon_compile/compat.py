@@ -11,11 +11,11 @@ from torch.distributed.tensor import Shard
 
 _VERSION = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
 
-# torch 2.11 and 2.12 (2.12 read in its source): Inductor's C++ code generation caches each fp32 -> bf16 cast's
-# source and hands it back for the bf16 -> fp32 cast that follows inside the same fused
-# kernel, even under ``emulate_precision_casts``, so ``x.to(bfloat16).float()`` is ``x``
-# there; 2.13 honours the flag (pytorch#185337). Triton code never had the cache. Read by
-# :mod:`muon_compile.rounding_cast`.
+# torch 2.11 and 2.12 (2.12 read in its source, not run): Inductor's C++ code generation
+# caches each fp32 -> bf16 cast's source and hands it back for the bf16 -> fp32 cast that
+# follows inside the same fused kernel, even under ``emulate_precision_casts``, so
+# ``x.to(bfloat16).float()`` is ``x`` there; 2.13 honours the flag (pytorch#185337).
+# Triton code never had the cache. Read by :mod:`muon_compile.rounding_cast`.
 CPU_FUSION_DROPS_ROUND_TRIP = _VERSION < (2, 13)
 
 # torch 2.15: Dynamo records the view attributes ``X.mT`` / ``X.T`` as calls of the aten ops
