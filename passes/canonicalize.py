@@ -10,8 +10,10 @@ Algorithm:
      ``X.div_(n)`` followed by uses of ``X`` reads the divided value.
   2. A chain starts where a matrix ``M`` (2-D, or a 3-D stack) is divided by its own
      Frobenius norm, optionally scaled, plus ``eps`` or clamped at ``eps``, per matrix:
-     ``X0 = M / (||M|| * s + eps)``. The division by any other norm starts a chain that is
-     only reported, never rewritten.
+     ``X0 = M / (||M|| * s + eps)``. The norm may be a norm call or spelled out (sum of
+     squares, square root or ``rsqrt``), its arithmetic in place on the norm tensor, and
+     the division a multiplication by its reciprocal. The division by any other norm
+     starts a chain that is only reported, never rewritten.
   3. Products, sums and scalings of chain values stay polynomials of the current iterate.
      The Gram product of a new odd value ``P(L) X_k`` with itself starts iteration k+1:
      ``P`` (degree 1 or 2: ``a + b L + c L^2``) is step k.

@@ -41,6 +41,8 @@ _FUNCTIONS = {
     torch.norm: "norm", torch.linalg.norm: "linalg_norm",
     torch.linalg.vector_norm: "vector_norm", torch.linalg.matrix_norm: "matrix_norm",
     torch.clamp: "clamp", torch.clamp_min: "clamp_min",
+    torch.square: "square", torch.pow: "pow", operator.pow: "pow", torch.sum: "sum", torch.sqrt: "sqrt",
+    torch.reciprocal: "reciprocal", torch.rsqrt: "rsqrt",
     builtins.getattr: "getattr",
     **VIEW_ATTRIBUTE_OPS,
 }
@@ -97,6 +99,16 @@ def _is_scalar(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
+def _per_matrix_problem(node: fx.Node, nd: int, dim: Any, keepdim: bool) -> str | None:
+    """Why a reduction over ``dim`` of an ``nd``-D tensor is not one value per matrix (None: it is)."""
+    dims = list(range(nd)) if dim is None else [dim] if isinstance(dim, int) else list(dim)
+    if sorted(d % nd for d in dims) != [nd - 2, nd - 1]:
+        return f"{node.name} reduces dims {dims} of a {nd}-D tensor, not each matrix"
+    if nd == 3 and not keepdim:
+        return f"{node.name} drops the reduced dims of a batch, so it does not divide each matrix"
+    return None
+
+
 # ------------------------------------------------------------------ abstract values
 
 @dataclasses.dataclass(frozen=True)
@@ -135,6 +147,23 @@ class NormOf:
         if self.eps != 0.0 or self.clamp:
             return None
         return dataclasses.replace(self, scale=self.scale * s)
+
+
+@dataclasses.dataclass(frozen=True)
+class SquaresOf:
+    """``origin ** 2`` elementwise; ``summed``: then summed (``bad`` says why that sum is
+    not one per matrix). Its square root is a :class:`NormOf`."""
+
+    origin: Origin
+    summed: bool = False
+    bad: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class ReciprocalOf:
+    """``1 / norm``: multiplying by it divides by the norm."""
+
+    norm: NormOf
 
 
 _OPAQUE_VIEW = object()  # a chain value read through a view other than a transpose
@@ -287,6 +316,8 @@ class _Walk:
         o = self.orient.get(target)
         if isinstance(value, (Odd, Gram)) and o is not None:
             self.state[s] = value.transposed(o) if isinstance(value, Odd) else value
+        elif isinstance(value, NormOf):  # ``n.mul_(s).add_(eps)``: the norm's storage holds the new value
+            self.state[s] = value
         else:
             self.state.pop(s, None)
 
@@ -359,6 +390,15 @@ class _Walk:
             return self._norm(node, name, x)
         if name in _CASTS or name in ("to", "type"):
             return self._cast(node, name, x)
+        if isinstance(x, (Raw, SquaresOf)) and name in ("square", "pow", "mul", "sum", "add", "sqrt", "rsqrt"):
+            squares = self._squares(node, name, args, kwargs)
+            if squares is not None:
+                return squares
+        if name == "reciprocal" and isinstance(x, NormOf):
+            return ReciprocalOf(x)
+        if name == "mul" and len(args) == 2 and {type(a) for a in args} == {Raw, ReciprocalOf}:
+            i = 0 if isinstance(args[0], Raw) else 1
+            return self._start(node, node.args[i], args[i], args[1 - i].norm)
         if isinstance(x, NormOf) or (len(args) > 1 and isinstance(args[1], NormOf)):
             return self._norm_arith(node, name, args, kwargs)
         chains = {v.chain for v in (*args, *kwargs.values()) if isinstance(v, (Odd, Gram))}
@@ -424,17 +464,38 @@ class _Walk:
         else:  # Tensor.norm / torch.norm
             ord_, dim, keepdim = _arg(node, 1, "p", "fro"), _arg(node, 2, "dim"), _arg(node, 3, "keepdim", False)
             fro = ord_ in _FROBENIUS_ORDS
-        bad = None
-        dims = list(range(nd)) if dim is None else [dim] if isinstance(dim, int) else list(dim)
         if not fro:
             bad = f"{node.name} is the ord={ord_!r} norm, not the Frobenius norm"
         elif node.kwargs.get("dtype") is not None:
             bad = f"{node.name} computes the norm in another dtype"
-        elif sorted(d % nd for d in dims) != [nd - 2, nd - 1]:
-            bad = f"{node.name} reduces dims {dims} of a {nd}-D tensor, not each matrix"
-        elif nd == 3 and not keepdim:
-            bad = f"{node.name} drops the reduced dims of a batch, so it does not divide each matrix"
+        else:
+            bad = _per_matrix_problem(node, nd, dim, keepdim)
         return NormOf(x.origin, bad=bad)
+
+    def _squares(self, node: fx.Node, name: str, args: list, kwargs: dict) -> Any:
+        """The Frobenius norm spelled out: ``M.square()`` / ``M * M`` / ``M ** 2``, then
+        ``.sum(dims)``, then ``.sqrt()`` (a :class:`NormOf`) or ``torch.rsqrt`` (its
+        :class:`ReciprocalOf`). An eps added under the root is no eps of the op."""
+        x = args[0] if args else None
+        if name == "square" and isinstance(x, Raw):
+            return SquaresOf(x.origin)
+        if name == "pow" and isinstance(x, Raw) and _arg(node, 1, "exponent") in (2, 2.0):
+            return SquaresOf(x.origin)
+        if name == "mul" and len(args) == 2 and isinstance(args[1], Raw) and args[1] == x:
+            return SquaresOf(x.origin)
+        if name == "sum" and isinstance(x, SquaresOf) and not x.summed:
+            nd = example_value(node.args[0]).dim()
+            if kwargs.get("dtype") is not None:
+                return SquaresOf(x.origin, True, f"{node.name} sums in another dtype")
+            return SquaresOf(x.origin, True, _per_matrix_problem(node, nd, _arg(node, 1, "dim"), _arg(node, 2, "keepdim", False)))
+        if name == "add" and isinstance(x, SquaresOf) and x.summed and len(args) == 2 and _is_scalar(args[1]):
+            under_root = f"{node.name} adds eps under the square root; the op adds it to the norm"
+            return dataclasses.replace(x, bad=x.bad or under_root)
+        if name == "sqrt" and isinstance(x, SquaresOf) and x.summed:
+            return NormOf(x.origin, bad=x.bad)
+        if name == "rsqrt" and isinstance(x, SquaresOf) and x.summed:
+            return ReciprocalOf(NormOf(x.origin, bad=x.bad))
+        return None
 
     def _cast(self, node: fx.Node, name: str, x: Any) -> Any:
         dtype = _CASTS.get(name)
@@ -456,7 +517,7 @@ class _Walk:
     def _norm_arith(self, node: fx.Node, name: str, args: list, kwargs: dict) -> Any:
         x, other = args[0], args[1] if len(args) > 1 else kwargs.get("other", kwargs.get("min"))
         if name == "div" and isinstance(x, Raw) and isinstance(other, NormOf):
-            return self._start(node, x, other)
+            return self._start(node, node.args[0], x, other)
         if not isinstance(x, NormOf) and not (name in ("add", "mul") and _is_scalar(x)):
             return None
         norm, k = (x, other) if isinstance(x, NormOf) else (other, x)
@@ -472,9 +533,8 @@ class _Walk:
             return norm.plus(k, clamp=True)
         return None
 
-    def _start(self, node: fx.Node, x: Raw, norm: NormOf) -> Odd | None:
-        """``M / norm(M)``: the start of a chain."""
-        source = node.args[0]
+    def _start(self, node: fx.Node, source: fx.Node, x: Raw, norm: NormOf) -> Odd | None:
+        """``M / norm(M)`` (or ``M * (1 / norm(M))``), ``source`` holding ``M``: the start of a chain."""
         t = example_value(source)
         if not isinstance(t, torch.Tensor) or t.dim() not in (2, 3) or not t.dtype.is_floating_point:
             return None

@@ -73,7 +73,47 @@ def cubic(G, steps=5, dtype=torch.float32):
     return X
 
 
-FORMS = {"keller": keller, "polar_express": polar_express, "addmm_clamped": addmm_clamped, "cubic": cubic}
+def spelled_out_norm(G, steps=5, dtype=torch.bfloat16, eps=1e-7):
+    """The Frobenius norm written as a sum of squares (``X * X``, summed over the matrix
+    dims, square-rooted), scaled and offset in place on the norm tensor, then ``X.div_(n)``."""
+    a, b, c = KELLER
+    X = G.to(dtype, copy=True)
+    n = (X * X).sum(dim=(-2, -1), keepdim=True).sqrt()
+    n.mul_(POLAR_SAFETY).add_(eps)
+    X.div_(n)
+    for _ in range(steps):
+        A = X @ X.mT
+        X = a * X + (b * A + c * A @ A) @ X
+    return X
+
+
+def reciprocal_of_clamped_norm(G, steps=5, dtype=torch.bfloat16, eps=1e-7):
+    """A multiplication by the reciprocal of ``linalg.norm`` clamped in place (``clamp_(min=)``)."""
+    a, b, c = KELLER
+    X = G.to(dtype)
+    X = X * torch.linalg.norm(X, dim=(-2, -1), keepdim=True).clamp_(min=eps).reciprocal()
+    for _ in range(steps):
+        A = X @ X.mT
+        X = a * X + (b * A + c * A @ A) @ X
+    return X
+
+
+def rsqrt_of_squares(G, steps=5, dtype=torch.bfloat16):
+    """``X * rsqrt(sum of X ** 2)``: the norm's reciprocal in one call, no eps."""
+    a, b, c = KELLER
+    X = G.to(dtype)
+    X = X * torch.rsqrt(X.pow(2).sum(dim=(-2, -1), keepdim=True))
+    for _ in range(steps):
+        A = X @ X.mT
+        X = a * X + (b * A + c * A @ A) @ X
+    return X
+
+
+FORMS = {
+    "keller": keller, "polar_express": polar_express, "addmm_clamped": addmm_clamped, "cubic": cubic,
+    "spelled_out_norm": spelled_out_norm, "reciprocal_of_clamped_norm": reciprocal_of_clamped_norm,
+    "rsqrt_of_squares": rsqrt_of_squares,
+}
 
 
 # ---------------------------------------------------------------- near misses
@@ -142,6 +182,13 @@ def foreign_norm(G, steps=3, dtype=torch.float32):
     return _keller_steps(X, steps)
 
 
+def eps_under_the_root(G, steps=3, dtype=torch.float32):
+    """``X * rsqrt(||X||^2 + eps)``: eps inside the square root, which the op does not express."""
+    X = G.to(dtype)
+    X = X * torch.rsqrt(X.square().sum() + 1e-7)
+    return _keller_steps(X, steps)
+
+
 # near miss -> (input shapes, the reason the pass must give)
 NEAR_MISSES = {
     septic: ([(8, 12)], "degree 3"),
@@ -150,6 +197,7 @@ NEAR_MISSES = {
     whole_stack_norm: ([(2, 8, 12)], "not each matrix"),
     shifted_gram: ([(8, 12)], "outside the iteration"),
     foreign_norm: ([(8, 12)], "norm of another tensor"),
+    eps_under_the_root: ([(8, 12)], "under the square root"),
 }
 
 

@@ -66,6 +66,15 @@ def test_form_becomes_one_op_per_matrix(device, form, dtype, tmp_path):
         assert_rewrite_close(g, e, x, dtype, f"matrix {i} {shapes[i]}")
 
 
+@pytest.mark.parametrize("form", FORMS)
+def test_form_is_planned_as_one_match_per_matrix(form):
+    """The recogniser's verdict alone (no compile), fast: one match per matrix, wide, tall and batched."""
+    shapes = [(8, 12), (12, 8), (2, 8, 12)]
+    gm = _dynamo_graph(lambda Gs: [FORMS[form](G) for G in Gs], [_inputs(shapes)])
+    matches, rejected = plan_canonical(gm.graph)
+    assert len(matches) == len(shapes) and not rejected, [r.reason for r in rejected]
+
+
 @pytest.mark.parametrize("steps", [pytest.param(1, marks=pytest.mark.slow), 3, pytest.param(8, marks=pytest.mark.slow)])
 def test_any_number_of_steps(device, steps, tmp_path):
     got, eager, exact, graphs = _compile_form(FORMS["polar_express"], SHAPES_2D[:3], tmp_path, device=device, steps=steps)
