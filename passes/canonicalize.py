@@ -170,24 +170,53 @@ def _call(graph: fx.Graph, op: str, target: Any, args: tuple) -> fx.Node:
 
 
 def _erase(graph: fx.Graph, chain: Chain) -> None:
-    """Erase the loop's nodes, then the norm and transposes that only they used."""
+    """Erase the loop's nodes, then the norm, its in-place arithmetic and the transposes that
+    only they used."""
     members = set(chain.members)
     doomed = set(members)
     for node in reversed(list(graph.nodes)):
-        if node not in doomed or node.users or node is chain.source:
+        if node not in doomed or node is chain.source:
+            continue
+        if node.users and _pure_helper(node):
+            _erase_in_place_users(graph, node)
+        if node.users:
             continue
         if node in members or _pure_helper(node):
             doomed.update(node.all_input_nodes)
             graph.erase_node(node)
 
 
+_HELPERS = (
+    "getattr", "transpose", "t", "mT", "norm", "linalg_norm", "vector_norm", "matrix_norm",
+    "clamp", "clamp_min", "add", "mul", "div", "square", "pow", "sum", "sqrt", "rsqrt", "reciprocal",
+)
+
+
 def _pure_helper(node: fx.Node) -> bool:
-    """A norm, a scalar step on it, or a transpose view: safe to erase when unused."""
+    """A norm, a step of its arithmetic, or a transpose view: safe to erase when unused."""
     name, in_place = node_kind(node)
-    return not in_place and name in (
-        "getattr", "transpose", "t", "mT", "norm", "linalg_norm", "vector_norm", "matrix_norm",
-        "clamp", "clamp_min", "add", "mul", "div",
-    )
+    return not in_place and name in _HELPERS
+
+
+def _erase_in_place_users(graph: fx.Graph, node: fx.Node) -> None:
+    """``n.mul_(s).add_(eps)`` on the fresh tensor ``node``: erase those in-place steps when
+    nothing but each other reads them (``node`` itself then has no user left)."""
+    steps: list[fx.Node] = []
+    frontier = [node]
+    while frontier:
+        for user in frontier.pop().users:
+            name, in_place = node_kind(user)
+            if not (in_place and name in _HELPERS and user.args and user.args[0] in (node, *steps)):
+                return  # something else reads the norm or its storage: keep it all
+            if user not in steps:
+                steps.append(user)
+                frontier.append(user)
+    for step in sorted(steps, key=lambda n: -_position(graph, n)):
+        graph.erase_node(step)
+
+
+def _position(graph: fx.Graph, node: fx.Node) -> int:
+    return next(i for i, n in enumerate(graph.nodes) if n is node)
 
 
 def reject_log(rejected: list[Rejection]) -> None:

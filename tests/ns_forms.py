@@ -87,11 +87,14 @@ def spelled_out_norm(G, steps=5, dtype=torch.bfloat16, eps=1e-7):
     return X
 
 
-def reciprocal_of_clamped_norm(G, steps=5, dtype=torch.bfloat16, eps=1e-7):
-    """A multiplication by the reciprocal of ``linalg.norm`` clamped in place (``clamp_(min=)``)."""
+def reciprocal_of_clamped_norm(G, steps=5, dtype=torch.bfloat16, eps=1e-7, in_place=False):
+    """A multiplication by the reciprocal of ``linalg.norm`` clamped at eps (``clamp(min=)``,
+    or in place, ``clamp_(min=)``: DTensor has no in-place clamp of a norm's partial value,
+    so that spelling runs on one device only)."""
     a, b, c = KELLER
     X = G.to(dtype)
-    X = X * torch.linalg.norm(X, dim=(-2, -1), keepdim=True).clamp_(min=eps).reciprocal()
+    n = torch.linalg.norm(X, dim=(-2, -1), keepdim=True)
+    X = X * (n.clamp_(min=eps) if in_place else n.clamp(min=eps)).reciprocal()
     for _ in range(steps):
         A = X @ X.mT
         X = a * X + (b * A + c * A @ A) @ X
@@ -109,11 +112,17 @@ def rsqrt_of_squares(G, steps=5, dtype=torch.bfloat16):
     return X
 
 
+def reciprocal_of_norm_clamped_in_place(G, steps=5, dtype=torch.bfloat16):
+    return reciprocal_of_clamped_norm(G, steps, dtype, in_place=True)
+
+
 FORMS = {
     "keller": keller, "polar_express": polar_express, "addmm_clamped": addmm_clamped, "cubic": cubic,
     "spelled_out_norm": spelled_out_norm, "reciprocal_of_clamped_norm": reciprocal_of_clamped_norm,
     "rsqrt_of_squares": rsqrt_of_squares,
 }
+# recognised too, but DTensor itself cannot run them: tested on one device only
+SINGLE_DEVICE_FORMS = {**FORMS, "reciprocal_of_norm_clamped_in_place": reciprocal_of_norm_clamped_in_place}
 
 
 # ---------------------------------------------------------------- near misses

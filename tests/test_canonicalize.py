@@ -10,7 +10,7 @@ import muon_compile
 from muon_compile.passes.canonicalize import plan_canonical
 
 from helpers import compile_with_dump, count_ns_calls, dumped_graphs, make_params, set_grads
-from ns_forms import FORMS, NEAR_MISSES, exact_torch_muon
+from ns_forms import FORMS, NEAR_MISSES, SINGLE_DEVICE_FORMS, exact_torch_muon
 from numerics import NS_RTOL, assert_rel_close, assert_rewrite_close
 
 # wide, tall, square and odd matrices, and a tall / wide pair of one canonical shape
@@ -52,11 +52,11 @@ def _dynamo_graph(fn, inputs):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("form", SINGLE_DEVICE_FORMS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_form_becomes_one_op_per_matrix(device, form, dtype, tmp_path):
     shapes = SHAPES_2D + SHAPES_3D
-    got, eager, exact, graphs = _compile_form(FORMS[form], shapes, tmp_path, dtype=dtype, device=device)
+    got, eager, exact, graphs = _compile_form(SINGLE_DEVICE_FORMS[form], shapes, tmp_path, dtype=dtype, device=device)
     assert muon_compile.counters["canonicalize.matched"] == len(shapes)
     assert muon_compile.counters["canonicalize.rejected"] == 0
     assert count_ns_calls(graphs["canonicalize_after"]) == len(shapes)
@@ -66,11 +66,11 @@ def test_form_becomes_one_op_per_matrix(device, form, dtype, tmp_path):
         assert_rewrite_close(g, e, x, dtype, f"matrix {i} {shapes[i]}")
 
 
-@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("form", SINGLE_DEVICE_FORMS)
 def test_form_is_planned_as_one_match_per_matrix(form):
     """The recogniser's verdict alone (no compile), fast: one match per matrix, wide, tall and batched."""
     shapes = [(8, 12), (12, 8), (2, 8, 12)]
-    gm = _dynamo_graph(lambda Gs: [FORMS[form](G) for G in Gs], [_inputs(shapes)])
+    gm = _dynamo_graph(lambda Gs: [SINGLE_DEVICE_FORMS[form](G) for G in Gs], [_inputs(shapes)])
     matches, rejected = plan_canonical(gm.graph)
     assert len(matches) == len(shapes) and not rejected, [r.reason for r in rejected]
 
