@@ -26,7 +26,8 @@ Algorithm:
      division, on the node holding ``M`` (a DTensor goes through
      :func:`muon_compile.routing.newton_schulz_routed`, which picks the op for its layout)
      with the read-off coefficients, step count, eps, norm scale and dtype; the escapes
-     read the op's result (transposed / scaled as they were); the loop's nodes are erased.
+     read the op's result (transposed / scaled as they were); the loop's nodes are erased,
+     and with them the norm and its in-place arithmetic when nothing else reads them.
 
 Before / after (torch.optim.Muon, one wide matrix)::
 
