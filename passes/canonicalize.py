@@ -178,8 +178,8 @@ def _erase(graph: fx.Graph, chain: Chain) -> None:
     for node in reversed(list(graph.nodes)):
         if node not in doomed or node is chain.source:
             continue
-        if node.users and _pure_helper(node):
-            _erase_in_place_users(graph, node)
+        if node.users and _pure_helper(node) and node_kind(node)[0] not in _VIEWS:
+            _erase_in_place_users(graph, node)  # only on a fresh tensor: a view's writes reach its base
         if node.users:
             continue
         if node in members or _pure_helper(node):
@@ -187,8 +187,9 @@ def _erase(graph: fx.Graph, chain: Chain) -> None:
             graph.erase_node(node)
 
 
+_VIEWS = ("getattr", "transpose", "t", "mT")
 _HELPERS = (
-    "getattr", "transpose", "t", "mT", "norm", "linalg_norm", "vector_norm", "matrix_norm",
+    *_VIEWS, "norm", "linalg_norm", "vector_norm", "matrix_norm",
     "clamp", "clamp_min", "add", "mul", "div", "square", "pow", "sum", "sqrt", "rsqrt", "reciprocal",
 )
 
