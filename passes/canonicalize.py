@@ -213,12 +213,8 @@ def _erase_in_place_users(graph: fx.Graph, node: fx.Node) -> None:
             if user not in steps:
                 steps.append(user)
                 frontier.append(user)
-    for step in sorted(steps, key=lambda n: -_position(graph, n)):
+    for step in reversed(steps):  # each step was found after the step it writes through
         graph.erase_node(step)
-
-
-def _position(graph: fx.Graph, node: fx.Node) -> int:
-    return next(i for i, n in enumerate(graph.nodes) if n is node)
 
 
 def reject_log(rejected: list[Rejection]) -> None:
