@@ -191,6 +191,7 @@ _VIEWS = ("getattr", "transpose", "t", "mT")
 _HELPERS = (
     *_VIEWS, "norm", "linalg_norm", "vector_norm", "matrix_norm",
     "clamp", "clamp_min", "add", "mul", "div", "square", "pow", "sum", "sqrt", "rsqrt", "reciprocal",
+    "tensor", "getitem", "empty",  # a folded constant, the loop's ``out=`` buffers
 )
 
 

@@ -43,6 +43,9 @@ _FUNCTIONS = {
     torch.clamp: "clamp", torch.clamp_min: "clamp_min",
     torch.square: "square", torch.pow: "pow", operator.pow: "pow", torch.sum: "sum", torch.sqrt: "sqrt",
     torch.reciprocal: "reciprocal", torch.rsqrt: "rsqrt",
+    torch.nn.functional.normalize: "normalize",
+    torch.tensor: "tensor", torch.as_tensor: "tensor", torch.scalar_tensor: "tensor", operator.getitem: "getitem",
+    torch.empty: "empty", torch.empty_like: "empty", torch.zeros: "empty", torch.zeros_like: "empty",
     builtins.getattr: "getattr",
     **VIEW_ATTRIBUTE_OPS,
 }
@@ -96,7 +99,15 @@ def _reads_metadata(node: fx.Node) -> bool:
 
 
 def _is_scalar(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
+    """A number the op can take: a Python int / float or a folded one-element tensor constant."""
+    return (isinstance(x, (int, float)) and not isinstance(x, bool)) or (isinstance(x, Const) and x.value.numel() == 1)
+
+
+def _literal(x: Any) -> bool:
+    """A Python number, or a (nested) list / tuple of them: the arguments ``torch.tensor`` folds."""
+    if isinstance(x, (list, tuple)):
+        return all(_literal(v) for v in x)
+    return isinstance(x, (int, float, bool, torch.dtype)) or x is None
 
 
 def _per_matrix_problem(node: fx.Node, nd: int, dim: Any, keepdim: bool) -> str | None:
@@ -106,6 +117,23 @@ def _per_matrix_problem(node: fx.Node, nd: int, dim: Any, keepdim: bool) -> str 
         return f"{node.name} reduces dims {dims} of a {nd}-D tensor, not each matrix"
     if nd == 3 and not keepdim:
         return f"{node.name} drops the reduced dims of a batch, so it does not divide each matrix"
+    return None
+
+
+def _cast_dtype(node: fx.Node, name: str) -> torch.dtype | None:
+    """The dtype a cast node converts to (``.bfloat16()``, ``.to(dtype)``, ``.type(dtype)``,
+    optionally ``copy=`` / ``non_blocking=``), None if it is no plain dtype conversion."""
+    dtype = _CASTS.get(name)
+    if dtype is None and name in ("to", "type"):
+        extra = [*node.args[1:], *(v for k, v in node.kwargs.items() if k not in ("copy", "non_blocking"))]
+        dtype = extra[0] if len(extra) == 1 and isinstance(extra[0], torch.dtype) else None
+    return dtype
+
+
+def _unread_input(node: fx.Node, name: str | None) -> fx.Node | None:
+    """The input of ``addmm(input, A, B, beta=0)``: multiplied by zero, ignored (not read)."""
+    if name == "addmm" and node.kwargs.get("beta", 1) in (0, 0.0) and node.args and isinstance(node.args[0], fx.Node):
+        return node.args[0]
     return None
 
 
@@ -147,6 +175,17 @@ class NormOf:
         if self.eps != 0.0 or self.clamp:
             return None
         return dataclasses.replace(self, scale=self.scale * s)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Const:
+    """A tensor whose values the graph fixes (``torch.tensor(1e-7)``, an element of
+    ``torch.tensor([a, b, c])``), folded on the CPU: a coefficient or eps given as a tensor."""
+
+    value: torch.Tensor
+
+    def __float__(self) -> float:
+        return float(self.value)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -250,6 +289,8 @@ class _Walk:
         self.version: dict[StorageWeakRef, int] = {}
         self.state: dict[StorageWeakRef, Any] = {}  # Raw | NormOf | Odd | Gram, relative to the root
         self.chains: list[_Loop] = []
+        # an unoriented alias (``unbind``, ``view``...) and its storage's version when it was made
+        self.alias_version: dict[fx.Node, int] = {}
         self.inputs = {_storage(n) for n in graph.nodes if n.op in ("placeholder", "get_attr")} - {None}
 
     # reads and writes ---------------------------------------------------------------
@@ -265,6 +306,8 @@ class _Walk:
         value = self.state.get(s)
         if isinstance(value, (Odd, Gram)):
             if o is None:
+                if self.alias_version.get(x) == self.version[s]:
+                    return None  # made by a node that read the value: that read is the escape
                 return _OPAQUE_VIEW
             return self._current(value.transposed(o) if isinstance(value, Odd) else value)
         if o is None:
@@ -302,6 +345,8 @@ class _Walk:
             same = isinstance(src, fx.Node) and src in self.orient and _storage(src) == s
             if same and example_value(src).shape == example_value(node).shape and local_value(example_value(src)).stride() == local_value(example_value(node)).stride():
                 self.orient[node] = self.orient[src]
+            else:
+                self.alias_version[node] = self.version[s]
             return
         self.root[s], self.version[s], self.orient[node] = node, 0, False
         if value is not None:
@@ -334,8 +379,11 @@ class _Walk:
 
     def visit(self, node: fx.Node) -> None:
         name, in_place = node_kind(node)
-        args = [self.read(a) for a in node.args]
-        kwargs = {k: self.read(v) for k, v in node.kwargs.items()}
+        out = node.kwargs.get("out")
+        out = out if isinstance(out, fx.Node) else None
+        unread = _unread_input(node, name)
+        args = [None if a is unread else self.read(a) for a in node.args]
+        kwargs = {k: self.read(v) for k, v in node.kwargs.items() if k != "out"}
         result = self.evaluate(node, name, args, kwargs) if name else None
         if isinstance(result, View):
             self.define(node, None, view_of=result.source, flip=result.flip)
@@ -343,7 +391,7 @@ class _Walk:
             if isinstance(value, (Odd, Gram)):
                 self.chains[value.chain].members.append(node)
             return
-        if _reads_metadata(node):
+        if _reads_metadata(node) or name == "empty":  # ``empty_like(X)`` reads X's shape, not its values
             self.define(node, None)
             return
         chain_value = isinstance(result, (Odd, Gram))
@@ -354,9 +402,9 @@ class _Walk:
             if dtype != chain.dtype:
                 chain.reject(f"{node.name} computes in {dtype}, the iteration in {chain.dtype}")
         else:
-            self.escape_all(node, mutated=node.args[0] if in_place and node.args else None)
-        if in_place and node.args and isinstance(node.args[0], fx.Node):
-            target = node.args[0]
+            self.escape_all(node, mutated=node.args[0] if in_place and node.args else None, unread=(out, unread))
+        target = node.args[0] if in_place and node.args and isinstance(node.args[0], fx.Node) else out
+        if target is not None:  # written in place, or into an ``out=`` buffer
             if chain_value and _storage(target) in self.inputs:
                 self.chains[result.chain].reject(f"{node.name} writes the loop's value into a graph input")
             self.mutate(target, result)
@@ -364,9 +412,12 @@ class _Walk:
         else:
             self.define(node, result)
 
-    def escape_all(self, user: fx.Node, mutated: Any = None) -> None:
-        """``user`` is no iteration step: each chain value it reads escapes the loop."""
+    def escape_all(self, user: fx.Node, mutated: Any = None, unread: tuple = ()) -> None:
+        """``user`` is no iteration step: each chain value it reads escapes the loop (an
+        ``out=`` buffer or an input multiplied by ``beta=0`` is written or ignored, not read)."""
         for arg in user.all_input_nodes:
+            if arg in unread:
+                continue
             value = self.read(arg)
             if value is _OPAQUE_VIEW:
                 chain = self.chains[self.state[_storage(arg)].chain]
@@ -388,6 +439,15 @@ class _Walk:
             return self._transpose(node, name)
         if name in ("norm", "linalg_norm", "vector_norm", "matrix_norm"):
             return self._norm(node, name, x)
+        if name == "normalize":
+            return self._normalize(node, x)
+        if name in ("tensor", "getitem") or isinstance(x, Const):
+            folded = self._fold(node, name, args, kwargs)
+            if folded is not None:
+                return folded
+        if name in ("contiguous", "clone") and isinstance(x, (Odd, Gram)) and len(args) == 1:
+            # a copy holds the same value; a no-op ``contiguous`` is the tensor itself
+            return View(node.args[0], False) if _storage(node) == _storage(node.args[0]) else x
         if name in _CASTS or name in ("to", "type"):
             return self._cast(node, name, x)
         if isinstance(x, (Raw, SquaresOf)) and name in ("square", "pow", "mul", "sum", "add", "sqrt", "rsqrt"):
@@ -426,6 +486,8 @@ class _Walk:
         if name == "addmm" and len(args) >= 3:
             beta, alpha = kwargs.get("beta", 1), kwargs.get("alpha", 1)
             prod = self._matmul(args[1], args[2])
+            if _unread_input(node, name) is not None and _is_scalar(alpha) and prod is not None:
+                return scaled(prod, float(alpha))  # beta=0: the input is ignored
             if not (_is_scalar(beta) and _is_scalar(alpha) and isinstance(x, (Odd, Gram)) and prod is not None):
                 return None
             return combine(x, prod, float(beta), float(alpha))
@@ -472,6 +534,33 @@ class _Walk:
             bad = _per_matrix_problem(node, nd, dim, keepdim)
         return NormOf(x.origin, bad=bad)
 
+    def _normalize(self, node: fx.Node, x: Any) -> Any:
+        """``F.normalize(M, p=2, dim=(-2, -1), eps)``: ``M / max(||M||, eps)``, a chain start."""
+        eps = _arg(node, 3, "eps", 1e-12)
+        if not isinstance(x, Raw) or not _is_scalar(eps):
+            return None
+        p, dim = _arg(node, 1, "p", 2.0), _arg(node, 2, "dim", 1)
+        nd = example_value(node.args[0]).dim()
+        if p not in (2, 2.0):
+            bad = f"{node.name} normalises by the p={p!r} norm, not the Frobenius norm"
+        else:
+            bad = _per_matrix_problem(node, nd, dim, keepdim=True)
+        return self._start(node, node.args[0], x, NormOf(x.origin, eps=float(eps), clamp=True, bad=bad))
+
+    def _fold(self, node: fx.Node, name: str, args: list, kwargs: dict) -> Const | None:
+        """A tensor whose values are fixed by the graph, evaluated on the CPU: ``torch.tensor``
+        of numbers, an element of such a tensor, or a cast of one."""
+        if name == "tensor" and args and _literal(args[0]) and all(_literal(v) for k, v in kwargs.items() if k != "device"):
+            values = {k: v for k, v in kwargs.items() if k not in ("device", "pin_memory", "requires_grad")}
+            return Const(torch.as_tensor(args[0], **values))
+        x = args[0] if args else None
+        if not isinstance(x, Const):
+            return None
+        if name == "getitem" and len(args) == 2 and isinstance(args[1], int):
+            return Const(x.value[args[1]])
+        dtype = _cast_dtype(node, name)
+        return Const(x.value.to(dtype)) if dtype is not None else None
+
     def _squares(self, node: fx.Node, name: str, args: list, kwargs: dict) -> Any:
         """The Frobenius norm spelled out: ``M.square()`` / ``M * M`` / ``M ** 2``, then
         ``.sum(dims)``, then ``.sqrt()`` (a :class:`NormOf`) or ``torch.rsqrt`` (its
@@ -498,10 +587,7 @@ class _Walk:
         return None
 
     def _cast(self, node: fx.Node, name: str, x: Any) -> Any:
-        dtype = _CASTS.get(name)
-        if dtype is None:  # .to(dtype) / .type(dtype), optionally copy= / non_blocking=
-            extra = [*node.args[1:], *(v for k, v in node.kwargs.items() if k not in ("copy", "non_blocking"))]
-            dtype = extra[0] if len(extra) == 1 and isinstance(extra[0], torch.dtype) else None
+        dtype = _cast_dtype(node, name)
         if dtype is None:
             return None
         if isinstance(x, Raw):
