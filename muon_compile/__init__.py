@@ -5,7 +5,7 @@ per-parameter Muon step into a bucketed, fully Inductor-compiled one.
     step = torch.compile(opt.step, backend="muon")
 """
 
-from . import config
+from . import config, tracing
 from .coefficients import PRESETS
 from .routing import newton_schulz
 from .optimizers import Muon, MuonAdamW
@@ -25,3 +25,5 @@ __all__ = [
     "newton_schulz",
 ]
 __version__ = "0.1.0"
+
+tracing.install(config.current().trace_helpers)

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch._inductor.compile_fx import compile_fx
 
-from . import config
+from . import config, explain
 from .cache_key import rank_key
 from .passes import MuonGraphPass, new_dump_name, run_torch_passes
 
@@ -48,11 +48,12 @@ def muon_backend(
     """
     cfg = config.current()
     dump_name = new_dump_name()
-    run_torch_passes(gm, cfg, dump_name)
-    patches: dict[str, Any] = dict(_INDUCTOR_DEFAULTS)
-    if mode is not None:
-        patches.update(torch._inductor.list_mode_options(mode))
-    patches.update(options or {})
-    user_passes = patches.pop("post_grad_custom_post_pass", torch._inductor.config.post_grad_custom_post_pass)
-    patches["post_grad_custom_post_pass"] = MuonGraphPass(cfg, rank_key(example_inputs), dump_name, user_passes)
-    return compile_fx(gm, example_inputs, config_patches=patches)
+    with explain.collecting(cfg.explain):
+        run_torch_passes(gm, cfg, dump_name)
+        patches: dict[str, Any] = dict(_INDUCTOR_DEFAULTS)
+        if mode is not None:
+            patches.update(torch._inductor.list_mode_options(mode))
+        patches.update(options or {})
+        user_passes = patches.pop("post_grad_custom_post_pass", torch._inductor.config.post_grad_custom_post_pass)
+        patches["post_grad_custom_post_pass"] = MuonGraphPass(cfg, rank_key(example_inputs), dump_name, user_passes)
+        return compile_fx(gm, example_inputs, config_patches=patches)

@@ -39,3 +39,31 @@ def is_shard(placement: object) -> bool:
     no ``Shard`` subclass in any of them (2.11 – 2.15).
     """
     return isinstance(placement, Shard)
+
+
+# torch 2.11 and 2.12 (2.12 not run): Dynamo's compile metrics log its configuration with
+# every set sorted, so a set of functions in ``ignore_logging_functions`` raises inside
+# that logging (an error traceback per compile, the compile itself goes on); 2.13 and
+# later log it unsorted. Read by :mod:`muon_compile.tracing`, which leaves that set alone there.
+DYNAMO_SORTS_CONFIG_SETS = _VERSION < (2, 13)
+
+
+def dynamo_constant_folds() -> tuple[dict, dict]:
+    """Dynamo's tables of functions it calls while tracing instead of recording them:
+    ``(all of them, those whose result is guarded)``. Private, the same two dicts in
+    ``torch._dynamo.variables.torch`` in every supported version (2.11 – 2.15)."""
+    from torch._dynamo.variables import torch as dynamo_torch
+
+    return dynamo_torch.constant_fold_functions, dynamo_torch.constant_fold_functions_need_guards
+
+
+def recompile_reason() -> str | None:
+    """Why Dynamo is compiling the current frame again (its first failed guard), read
+    inside a backend; None on a first compile or where torch does not record it. Dynamo
+    puts it in its compile metrics (private; the same key in 2.11 – 2.15)."""
+    try:
+        from torch._dynamo.utils import get_metrics_context
+
+        return get_metrics_context()._metrics.get("recompile_reason")  # noqa: SLF001
+    except Exception:  # noqa: BLE001 - a missing private detail must never fail a compile
+        return None

@@ -18,6 +18,10 @@ MUON_COMPILE_PAD_WASTE     0            largest fraction of a padded bucket's NS
 MUON_COMPILE_PASSES        (all)        comma list: ``a,b`` runs only those passes,
                                         ``-a`` disables pass ``a``
 MUON_COMPILE_DUMP_DIR      (unset)      directory for each pass's before/after graph
+MUON_COMPILE_TRACE_HELPERS 1            0 leaves Dynamo's handling of setting reads and
+                                        logging calls as it is (:mod:`tracing`)
+MUON_COMPILE_EXPLAIN       0            1 prints what the backend did with each graph
+                                        (:mod:`muon_compile.explain`)
 =========================  ===========  ==============================================
 """
 
@@ -61,6 +65,8 @@ class Config:
     pad_waste: float = 0.0
     passes: tuple[str, ...] = PASS_NAMES
     dump_dir: str | None = None
+    trace_helpers: bool = True
+    explain: bool = False
 
     def __post_init__(self) -> None:
         if not self.bucket_mb > 0:
@@ -82,7 +88,8 @@ class Config:
         return pass_name in self.passes
 
     def cache_key(self) -> tuple:
-        """The fields that change what the passes produce (the dump directory does not)."""
+        """The fields that change what the passes produce (the dump directory, the tracing
+        helpers and the explanation do not)."""
         return (self.bucket_mb, self.strategy, self.prefetch, self.pad_waste, self.passes)
 
 
@@ -115,6 +122,17 @@ def _number(env: Mapping[str, str], name: str, kind: type, default: float | int)
         raise ValueError(f"{name}={raw!r} is not a valid {kind.__name__}") from None
 
 
+def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = env.get(name, "").strip().lower()
+    if raw == "":
+        return default
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    if raw in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{name}={raw!r} is not a flag; use 1 or 0")
+
+
 def from_env(env: Mapping[str, str] | None = None) -> Config:
     """Parse a :class:`Config` from ``env`` (default ``os.environ``)."""
     env = os.environ if env is None else env
@@ -125,6 +143,8 @@ def from_env(env: Mapping[str, str] | None = None) -> Config:
         pad_waste=_number(env, "MUON_COMPILE_PAD_WASTE", float, Config.pad_waste),
         passes=parse_passes(env.get("MUON_COMPILE_PASSES", "")),
         dump_dir=env.get("MUON_COMPILE_DUMP_DIR") or None,
+        trace_helpers=_flag(env, "MUON_COMPILE_TRACE_HELPERS", Config.trace_helpers),
+        explain=_flag(env, "MUON_COMPILE_EXPLAIN", Config.explain),
     )
 
 

@@ -143,6 +143,7 @@ def apply_canonical(graph: fx.Graph, matches: list[Match]) -> None:
                 x = _call(graph, "call_method", "to", (x, chain.dtype))
             target = routing.newton_schulz_routed if isinstance(example_value(x), DTensor) else NEWTON_SCHULZ
             ns = _call(graph, "call_function", target, (x, *match.args.to_op()))
+            ns.meta["stack_trace"] = chain.start.meta.get("stack_trace")  # the user's line, for explain
         made: dict[tuple[bool, float], fx.Node] = {}
         for r in match.replacements:
             key = (r.transposed, r.scale)

@@ -24,6 +24,7 @@ from torch._inductor.custom_graph_pass import CustomGraphPass
 
 import muon_compile
 from muon_compile import config as config_mod
+from muon_compile import explain
 from muon_compile.cache_key import sources_hash
 from muon_compile.stats import counters
 
@@ -80,6 +81,10 @@ def run_torch_passes(gm: fx.GraphModule, cfg: config_mod.Config, dump_name: str 
         return
     matches, rejected = plan_canonical(gm.graph)
     reject_log(rejected)
+    for m in matches:
+        explain.note_loop(m.chain.start, True, f"newton_schulz({m.args.describe()})")
+    for r in rejected:
+        explain.note_loop(r.chain.start, False, r.reason)
     if not matches:
         return
     dumper = _Dumper(cfg.dump_dir, dump_name)
@@ -93,18 +98,21 @@ def run_passes(graph: fx.Graph, cfg: config_mod.Config, dump_name: str | None = 
     if not nodes:
         return
     counters["find.ns_ops"] += len(nodes)
+    explain.note_plan("\n".join(f"site {i}: {explain.source_line(n)}" for i, n in enumerate(nodes)))
     dumper = _Dumper(cfg.dump_dir, dump_name)
     distributed = False
     if cfg.enabled("distribute"):
         dist_plan = plan_distributed(sites, bucket_mb=cfg.bucket_mb, strategy=cfg.strategy)
         if dist_plan.buckets or dist_plan.skipped:
             log.debug("distribution plan:\n%s", dist_plan.describe())
+            explain.note_plan(dist_plan.describe())
             _run_pass("distribute", graph, dumper, lambda: apply_distribution(graph, nodes, dist_plan))
             distributed = bool(dist_plan.buckets)
     if cfg.enabled("bucket"):
         plan = plan_buckets(sites, bucket_mb=cfg.bucket_mb, pad_waste=cfg.pad_waste)
         if plan.buckets or plan.skipped:
             log.debug("bucket plan for %d NS ops:\n%s", len(nodes), plan.describe())
+            explain.note_plan(plan.describe())
             _run_pass("bucket", graph, dumper, lambda: apply_buckets(graph, nodes, plan))
     if cfg.enabled("schedule") and distributed:
         _run_pass("schedule", graph, dumper, lambda: apply_schedule(graph, cfg.prefetch))

@@ -1,0 +1,175 @@
+"""What the backend did with each graph it compiled, for a user whose step is not faster.
+
+For every graph: each Newton–Schulz-like loop found (the user's file and line, taken from
+the FX node's stack trace), recognised with its arguments or left as it was with the
+reason, the bucket and distribution plans, and what Dynamo recorded for the step: the
+graph breaks it met while tracing this graph (Dynamo compiles the graph traced so far
+when it meets one, so the graph ends there) and the reason this graph is a recompile.
+
+* ``MUON_COMPILE_EXPLAIN=1`` prints each :class:`GraphReport` as its graph compiles.
+* :func:`explain` (a notebook) runs a step compiled with ``backend="muon"`` once and
+  returns the reports of the graphs it compiled.
+* :func:`reports` holds the reports of the last graphs compiled in this process.
+
+The backend also warns, once per hyper-parameter, when Dynamo recompiles a step a second
+time because a Python float in ``param_groups`` changed: an lr scheduler changes it every
+step, and after ``torch._dynamo.config.recompile_limit`` recompiles Dynamo runs the step
+eagerly, silently. (torch 2.13 and later recompile once, then take the number as an
+input; 2.11 recompiles on every change.)
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import re
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from .compat import recompile_reason
+
+_KEPT = 64  # reports kept for :func:`reports`
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopReport:
+    """One loop that formed a Gram matrix: where it is and what became of it."""
+
+    where: str  # "file.py:12 in fn"
+    recognised: bool
+    detail: str  # the op's arguments, or the reason it was left as it was
+
+
+@dataclasses.dataclass
+class GraphReport:
+    """What the backend did with one graph (filled in as its passes run)."""
+
+    compile_id: str
+    recompile_reason: str | None = None
+    graph_breaks: list[str] = dataclasses.field(default_factory=list)  # met while tracing it
+    loops: list[LoopReport] = dataclasses.field(default_factory=list)
+    plans: list[str] = dataclasses.field(default_factory=list)
+
+    def __str__(self) -> str:
+        lines = [f"muon_compile: graph {self.compile_id}"]
+        if self.recompile_reason:
+            lines.append(f"  recompiled because: {self.recompile_reason.splitlines()[0].strip()}")
+        for reason in self.graph_breaks:
+            lines.append(f"  ends at a graph break: {reason}")
+        if not self.loops:
+            lines.append("  no Newton–Schulz loop in this graph")
+        for loop in self.loops:
+            verdict = "recognised" if loop.recognised else "NOT recognised"
+            lines.append(f"  loop at {loop.where}: {verdict}: {loop.detail}")
+        for plan in self.plans:
+            lines += ["  " + line for line in plan.splitlines()]
+        return "\n".join(lines)
+
+
+_reports: collections.deque[GraphReport] = collections.deque(maxlen=_KEPT)
+_current: GraphReport | None = None
+_breaks_seen: collections.Counter[str] = collections.Counter()
+_float_recompiles: collections.Counter[str] = collections.Counter()
+
+
+def reports() -> list[GraphReport]:
+    """The reports of the last graphs this process compiled with ``backend="muon"``, oldest first."""
+    return list(_reports)
+
+
+@contextlib.contextmanager
+def collecting(printing: bool) -> Iterator[GraphReport]:
+    """The report of the graph the backend is about to compile (printed at the end if ``printing``)."""
+    global _current
+    report = GraphReport(_compile_id(), recompile_reason(), _new_graph_breaks())
+    _warn_float_hyperparameter(report.recompile_reason)
+    _current = report
+    try:
+        yield report
+    finally:
+        _current = None
+        _reports.append(report)
+        if printing:
+            print(report, flush=True)
+
+
+def note_loop(node: fx.Node, recognised: bool, detail: str) -> None:
+    """Record a loop of the graph being compiled (a no-op outside :func:`collecting`)."""
+    if _current is not None:
+        _current.loops.append(LoopReport(source_line(node), recognised, detail))
+
+
+def note_plan(text: str) -> None:
+    """Record a plan (buckets, distribution) of the graph being compiled."""
+    if _current is not None and text:
+        _current.plans.append(text)
+
+
+def explain(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[GraphReport]:
+    """Run ``torch.compile(fn, backend="muon")(*args, **kwargs)`` once (it really runs: an
+    optimizer step takes a step) and return the reports of the graphs that compiled.
+    ``print`` each report, or the list, to read it."""
+    torch._dynamo.reset()
+    before = len(_reports)
+    _new_graph_breaks()
+    torch.compile(fn, backend="muon")(*args, **kwargs)
+    found = list(_reports)[before - len(_reports):] if before < len(_reports) else []
+    leftover = _new_graph_breaks()  # breaks in code that made no graph
+    if leftover and found:
+        found[-1].graph_breaks += [f"(after this graph) {b}" for b in leftover]
+    return found
+
+
+def source_line(node: fx.Node) -> str:
+    """``file:line in function`` of the user code that made ``node`` (the innermost frame of
+    its stack trace), or its name when it has none."""
+    trace = node.meta.get("stack_trace") or ""
+    frames = re.findall(r'File "([^"]+)", line (\d+), in (\S+)', trace)
+    if not frames:
+        return f"node {node.name}"
+    path, line, fn = frames[-1]
+    return f"{path}:{line} in {fn}"
+
+
+def _compile_id() -> str:
+    cid = torch._guards.CompileContext.current_compile_id()
+    return f"[{cid.frame_id}/{cid.frame_compile_id}]" if cid is not None else "[?]"
+
+
+def _new_graph_breaks() -> list[str]:
+    """The first line of each graph break Dynamo recorded since the previous call."""
+    from torch._dynamo.utils import counters
+
+    now = collections.Counter(counters["graph_break"])
+    new = now - _breaks_seen
+    _breaks_seen.clear()
+    _breaks_seen.update(now)
+    return [reason.splitlines()[0] for reason in new.elements()]
+
+
+_PARAM_GROUP_KEY = re.compile(r"param_groups\[(\d+)\]\[['\"](\w+)['\"]\]")
+
+
+def _warn_float_hyperparameter(reason: str | None) -> None:
+    """Warn once per hyper-parameter, at the second recompile caused by a changed Python
+    number in an optimizer's ``param_groups``."""
+    match = _PARAM_GROUP_KEY.search(reason or "")
+    if match is None or not re.search(r"==\s*-?[\d.]+(e-?\d+)?", reason):
+        return
+    key = match.group(2)
+    _float_recompiles[key] += 1
+    if _float_recompiles[key] != 2:
+        return
+    warnings.warn(
+        f"muon_compile: the optimizer step was recompiled twice because param_groups[{match.group(1)}]['{key}'] "
+        f"is a Python number that changed (a scheduler changes it every step). Each change "
+        f"recompiles, and after torch._dynamo.config.recompile_limit recompiles the step runs eagerly. "
+        f"Give it as a tensor instead, e.g. {key}=torch.tensor(0.02), and update it in place "
+        f"(LR schedulers do so for a tensor lr).",
+        stacklevel=2,
+    )

@@ -1,0 +1,160 @@
+"""Telling the user what happened: setting reads and logging calls traced into one graph
+(and the switch that turns that off), the warning for a Python-float lr that recompiles
+the step, and the explanation of each compiled graph (MUON_COMPILE_EXPLAIN=1 and
+muon_compile.explain.explain)."""
+
+import contextlib
+import inspect
+import re
+import warnings
+
+import pytest
+import torch
+
+import muon_compile
+from muon_compile import config, explain, tracing
+from muon_compile.compat import DYNAMO_SORTS_CONFIG_SETS
+
+import ns_forms
+from helpers import make_params, set_grads
+from muon_corpus import CORPUS
+from test_corpus import SHAPES, dynamo_graphs, run_entry
+
+
+@contextlib.contextmanager
+def tracing_helpers(enabled):
+    was = tracing.installed()
+    tracing.install(enabled)
+    try:
+        yield
+    finally:
+        tracing.install(was)
+
+
+def _line_of(fn, text):
+    """``file:line`` of the first line of ``fn``'s source containing ``text``."""
+    lines, first = inspect.getsourcelines(fn)
+    (offset,) = [i for i, line in enumerate(lines) if text in line][:1]
+    return f"{inspect.getsourcefile(fn)}:{first + offset}"
+
+
+# ------------------------------------------------------------- point 4: one graph
+
+@pytest.mark.skipif(DYNAMO_SORTS_CONFIG_SETS, reason="torch < 2.13: logging calls are left to break the graph")
+def test_logging_and_setting_reads_trace_into_one_graph_and_can_be_switched_off():
+    """Megatron's spelling logs inside the loop and reads the matmul precision: one graph,
+    recognised, with the helpers; several graphs, nothing recognised, without them."""
+    entry = CORPUS["emerging_optimizers"]
+    assert len(dynamo_graphs(entry, SHAPES)) == 1
+    torch._dynamo.reset()
+    with tracing_helpers(False):
+        assert len(dynamo_graphs(entry, SHAPES)) > 1
+
+
+def test_a_setting_read_while_tracing_is_guarded():
+    """The setting is read at trace time and guarded: changing it recompiles, so the step
+    follows it (never a stale value)."""
+
+    def step(x):
+        return x * 2 if torch.get_float32_matmul_precision() == "highest" else x * 3
+
+    compiled = torch.compile(step, backend="eager", fullgraph=True)
+    before = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("highest")
+        assert compiled(torch.ones(2)).tolist() == [2.0, 2.0]
+        torch.set_float32_matmul_precision("high")
+        assert compiled(torch.ones(2)).tolist() == [3.0, 3.0]
+    finally:
+        torch.set_float32_matmul_precision(before)
+
+
+# ------------------------------------------------------- point 5: the float-lr warning
+
+def _scheduled_steps(lr, steps=5):
+    """``steps`` compiled steps of torch.optim.Muon with ``lr`` and a cosine schedule; the
+    warnings the backend raised."""
+    params = make_params([(8, 12), (12, 8)])
+    opt = torch.optim.Muon(params, lr=lr)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=10)
+    step = torch.compile(opt.step, backend="muon")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for s in range(steps):
+            set_grads(params, s)
+            step()
+            sched.step()
+    return [str(w.message) for w in caught if "muon_compile" in str(w.message)]
+
+
+@pytest.mark.slow
+def test_a_float_lr_that_recompiles_the_step_warns_once_naming_the_fix():
+    # Dynamo's automatic dynamic numbers off: every lr change recompiles, on every torch
+    # (what torch 2.11 does by default)
+    with torch._dynamo.config.patch(automatic_dynamic_shapes=False):
+        messages = _scheduled_steps(0.02)
+    assert len(messages) == 1, messages
+    assert "param_groups[0]['lr']" in messages[0] and "lr=torch.tensor(" in messages[0]
+
+
+@pytest.mark.slow
+def test_a_tensor_lr_compiles_once_and_does_not_warn():
+    from torch._dynamo.utils import counters
+
+    counters.clear()
+    assert _scheduled_steps(torch.tensor(0.02)) == []
+    assert counters["stats"]["unique_graphs"] == 1
+
+
+# ------------------------------------------------------------ point 6: the explanation
+
+def _forms(Ws, Gs):
+    """Two recognised loops (one bucket) and a near miss, each result applied to a weight."""
+    for W, G, form in zip(Ws, Gs, [ns_forms.keller, ns_forms.keller, ns_forms.septic]):
+        W.sub_(0.1 * form(G))
+
+
+def _weights_and_grads():
+    return [torch.randn(8, 12) for _ in range(3)], [torch.randn(8, 12) for _ in range(3)]
+
+
+@pytest.mark.slow
+def test_explain_names_each_loop_its_line_its_verdict_and_the_buckets():
+    (report,) = explain.explain(_forms, *_weights_and_grads())
+    text = str(report)
+    assert f"loop at {_line_of(ns_forms.keller, 'X.norm(')} in keller: recognised: newton_schulz(5 steps" in text
+    assert f"loop at {_line_of(ns_forms.septic, 'X.norm(')} in septic: NOT recognised: step 0 is a polynomial of degree 3" in text
+    assert re.search(r"bucket 0: 2 x 8x12 torch.bfloat16 .* sites \[0, 1\]", text), text
+    assert report.graph_breaks == [] and report.recompile_reason is None
+
+
+@pytest.mark.slow
+def test_explain_env_prints_each_graph_as_it_compiles(capsys):
+    with config.override(explain=True):
+        torch.compile(_forms, backend="muon")(*_weights_and_grads())
+    out = capsys.readouterr().out
+    assert out.startswith("muon_compile: graph [0/0]")
+    assert out.count(": recognised") == 2 and out.count("NOT recognised") == 1 and "bucket 0: 2 x 8x12" in out
+
+
+def test_explain_reports_graph_breaks_and_recompiles():
+    """A graph break splits a loop (so it is not seen whole); a recompile says why."""
+
+    def broken(G):
+        X = G / (G.norm() + 1e-7)
+        A = X @ X.mT
+        torch._dynamo.graph_break()
+        return 3.4445 * X + (-4.775 * A + 2.0315 * A @ A) @ X
+
+    with config.override(passes="canonicalize"):
+        reports = explain.explain(broken, torch.randn(8, 12))
+    assert len(reports) == 2
+    assert reports[0].graph_breaks == ["Call to `torch._dynamo.graph_break()`"]
+    assert "ends at a graph break: Call to `torch._dynamo.graph_break()`" in str(reports[0])
+    assert "NOT recognised: a Gram matrix is read by output" in str(reports[0])  # the split loop
+    assert reports[1].graph_breaks == [] and "recompiled because" not in str(reports[0])
+
+    compiled = torch.compile(lambda x, k: x * k, backend="muon")
+    compiled(torch.ones(2), 2)
+    compiled(torch.ones(2), 3)
+    assert "recompiled because" in str(explain.reports()[-1])
