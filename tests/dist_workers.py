@@ -410,29 +410,50 @@ def hand_written_step(params, bufs, form, dtype, lr=0.05, momentum=0.9):
 
 
 def hand_written_run(rank, world, steps, form_name, dtype=torch.bfloat16):
-    """Weights after ``steps`` hand-written Muon steps with the Newton–Schulz form
-    ``form_name``: compiled with backend="muon" on FSDP2 (``world`` > 1, also returning the
-    collectives launched per step and the counters), or eager in one process (``world`` = 0)."""
+    """:func:`fsdp2_or_eager_run` of a hand-written Muon step around the Newton–Schulz form
+    ``form_name`` of tests/ns_forms.py."""
     from ns_forms import FORMS
 
-    form = FORMS[form_name]
-    shapes = FORM_SHAPES
+    def make(params):
+        bufs = [torch.zeros_like(p) for p in params]
+        return lambda: hand_written_step(params, bufs, FORMS[form_name], dtype)
+
+    return fsdp2_or_eager_run(world, steps, make)
+
+
+def corpus_run(rank, world, steps, name, dtype=None):
+    """:func:`fsdp2_or_eager_run` of the step of tests/muon_corpus.py's entry ``name``
+    (Newton–Schulz in ``dtype``, the entry's own by default)."""
+    from muon_corpus import CORPUS
+
+    entry = CORPUS[name]
+    return fsdp2_or_eager_run(world, steps, lambda params: entry.make(params, dtype or entry.dtype))
+
+
+def fsdp2_or_eager_run(world, steps, make_step, shapes=FORM_SHAPES):
+    """Weights after ``steps`` calls of ``make_step(params)()`` under ``torch.no_grad``:
+    compiled with backend="muon" on FSDP2 (``world`` > 1, also returning the collectives
+    launched per step and the counters), or eager in one process (``world`` = 0; nested
+    ``torch.compile`` calls run eagerly too)."""
+    import contextlib
+
     if world:
         params = sharded_stack(shapes, device_mesh(world))
     else:
         params = [nn.Parameter(w) for w in initial_weights(shapes)]
-    bufs = [torch.zeros_like(p) for p in params]
-    step = lambda: hand_written_step(params, bufs, form, dtype)  # noqa: E731
+    step = torch.no_grad()(make_step(params))
     if world:
         muon_compile.counters.clear()
         step = torch.compile(step, backend="muon")
+    eager = contextlib.nullcontext() if world else torch.compiler.set_stance("force_eager")
     for s in range(steps):
         if world:
             set_step_grads(params, shapes, s)
         else:
             for p, g in zip(params, step_grads(shapes, s)):
                 p.grad = g.to(p.dtype)
-        step()
+        with eager:
+            step()
     if not world:
         return [p.detach() for p in params]
     return {
@@ -450,4 +471,13 @@ def hand_written_forms(rank, world, steps):
     for name in FORMS:
         torch._dynamo.reset()
         out[name] = hand_written_run(rank, world, steps, name)
+    return out
+
+
+def corpus_entries(rank, world, steps, names):
+    """:func:`corpus_run` for each of ``names``, one after another."""
+    out = {}
+    for name in names:
+        torch._dynamo.reset()
+        out[name] = corpus_run(rank, world, steps, name)
     return out

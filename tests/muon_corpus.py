@@ -44,6 +44,7 @@ class Entry:
     make: Callable[[list[torch.Tensor], torch.dtype], Step]
     dtype: torch.dtype  # the implementation's Newton–Schulz compute dtype
     stacks: bool = False  # one loop per stack of same-shape matrices (else one per matrix)
+    logs_in_loop: bool = False  # a logging call inside the loop (one graph only with muon_compile.tracing)
 
     def loops(self, shapes) -> int:
         """How many Newton–Schulz loops one step of ``shapes`` runs."""
@@ -543,7 +544,7 @@ CORPUS = {
               _dion(_dion_buffers_ns), torch.bfloat16),
         Entry("timm", "huggingface/pytorch-image-models timm/optim/muon.py", "vision library", timm, torch.bfloat16),
         Entry("emerging_optimizers", "NVIDIA-NeMo/Emerging-Optimizers muon_utils.py (Megatron-LM's Muon)",
-              "distributed library", emerging_optimizers, torch.float32),
+              "distributed library", emerging_optimizers, torch.float32, logs_in_loop=True),
         Entry("flash_muon", "nil0x9/flash-muon flash_muon/muon.py", "optimizer library", flash_muon, torch.bfloat16),
         Entry("pytorch_optimizer", "kozistr/pytorch_optimizer optimizer/shampoo_utils.py", "optimizer library",
               pytorch_optimizer, torch.bfloat16),

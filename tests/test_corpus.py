@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import muon_compile
+from muon_compile.compat import DYNAMO_SORTS_CONFIG_SETS
 from muon_compile.passes.canonicalize import plan_canonical
 
 from helpers import make_params, set_grads
@@ -17,6 +18,14 @@ from numerics import assert_rewrite_close
 
 # wide, square, wide and tall: three canonical shapes (8x24, 8x8, 8x32), so three buckets
 SHAPES = [(24, 8), (8, 8), (8, 32), (32, 8)]
+
+
+def corpus_entry(name):
+    """The entry, skipped where this torch cannot trace it in one graph."""
+    entry = CORPUS[name]
+    if entry.logs_in_loop and DYNAMO_SORTS_CONFIG_SETS:
+        pytest.skip("torch < 2.13: a logging call in the loop breaks the graph (compat.DYNAMO_SORTS_CONFIG_SETS)")
+    return entry
 
 
 def corpus_shapes(entry):
@@ -55,7 +64,7 @@ def dynamo_graphs(entry, shapes):
 def test_entry_is_planned_as_one_match_per_loop(name):
     """The recogniser's verdict on Dynamo's graphs of the step, without compiling: one
     match per loop, nothing rejected, the step in one graph."""
-    entry = CORPUS[name]
+    entry = corpus_entry(name)
     shapes = corpus_shapes(entry)
     graphs = dynamo_graphs(entry, shapes)
     matches, rejected = [], []
@@ -71,7 +80,7 @@ def test_entry_is_planned_as_one_match_per_loop(name):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", CORPUS)
 def test_entry_compiles_to_buckets_and_matches_eager(name, device):
-    entry = CORPUS[name]
+    entry = corpus_entry(name)
     shapes = corpus_shapes(entry)
     start = [p.detach() for p in make_params(shapes, device=device)]
     got = run_entry(entry, shapes, backend="muon", device=device)

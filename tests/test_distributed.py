@@ -96,6 +96,29 @@ def test_fsdp2_hand_written_forms_are_bucketed():
                 assert_rewrite_close(got - s, e - s, x - s, torch.bfloat16, f"{name} rank {rank} matrix {i}")
 
 
+# three corpus entries whose spellings DTensor runs as written (timm's and kozistr's ``out=``
+# buffers are plain tensors, which DTensor does not mix with sharded ones)
+FSDP2_CORPUS = ("keller_muon", "moonlight", "ultralytics")
+
+
+def test_fsdp2_corpus_entries_are_bucketed():
+    """Public implementations' steps (tests/muon_corpus.py) on FSDP2: one NS op per matrix,
+    one all-to-all pair per step, results as accurate as eager's."""
+    from dist_workers import FORM_SHAPES, corpus_entries, corpus_run
+    from muon_corpus import CORPUS
+
+    results = run_world(corpus_entries, 2, 2, FSDP2_CORPUS)
+    initial = reference_run(FORM_SHAPES, 0)
+    for name in FSDP2_CORPUS:
+        eager = corpus_run(0, 0, 2, name)
+        exact = corpus_run(0, 0, 2, name, torch.float64)
+        for rank, result in enumerate(r[name] for r in results):
+            assert result["counters"]["canonicalize.matched"] == len(FORM_SHAPES), (name, rank)
+            assert result["launched"] == 2, (name, rank, result["launched"])
+            for i, (got, e, x, s) in enumerate(zip(result["weights"], eager, exact, initial)):
+                assert_rewrite_close(got - s, e - s, x - s, CORPUS[name].dtype, f"{name} rank {rank} matrix {i}")
+
+
 def test_fsdp2_adamw_part_compiles_into_the_same_step_without_collectives():
     """MuonAdamW on FSDP2: the AdamW parameter's update is in the same compiled graph,
     its state stays sharded like the parameter, and it adds no collective."""
