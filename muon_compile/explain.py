@@ -72,6 +72,7 @@ class GraphReport:
 
 
 _reports: collections.deque[GraphReport] = collections.deque(maxlen=_KEPT)
+_made = 0  # reports made in this process (``_reports`` keeps the last _KEPT)
 _current: GraphReport | None = None
 _breaks_seen: collections.Counter[str] = collections.Counter()
 _float_recompiles: collections.Counter[str] = collections.Counter()
@@ -85,7 +86,7 @@ def reports() -> list[GraphReport]:
 @contextlib.contextmanager
 def collecting(printing: bool) -> Iterator[GraphReport]:
     """The report of the graph the backend is about to compile (printed at the end if ``printing``)."""
-    global _current
+    global _current, _made
     report = GraphReport(_compile_id(), recompile_reason(), _new_graph_breaks())
     _warn_float_hyperparameter(report.recompile_reason)
     _current = report
@@ -94,6 +95,7 @@ def collecting(printing: bool) -> Iterator[GraphReport]:
     finally:
         _current = None
         _reports.append(report)
+        _made += 1
         if printing:
             print(report, flush=True)
 
@@ -113,12 +115,14 @@ def note_plan(text: str) -> None:
 def explain(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> list[GraphReport]:
     """Run ``torch.compile(fn, backend="muon")(*args, **kwargs)`` once (it really runs: an
     optimizer step takes a step) and return the reports of the graphs that compiled.
-    ``print`` each report, or the list, to read it."""
+    ``print`` each report, or the list, to read it. It starts with ``torch._dynamo.reset()``
+    so that ``fn`` compiles afresh: code compiled earlier in the process compiles again
+    on its next call."""
     torch._dynamo.reset()
-    before = len(_reports)
+    before = _made
     _new_graph_breaks()
     torch.compile(fn, backend="muon")(*args, **kwargs)
-    found = list(_reports)[before - len(_reports):] if before < len(_reports) else []
+    found = list(_reports)[-(_made - before):] if _made > before else []
     leftover = _new_graph_breaks()  # breaks in code that made no graph
     if leftover and found:
         found[-1].graph_breaks += [f"(after this graph) {b}" for b in leftover]
