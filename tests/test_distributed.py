@@ -81,19 +81,27 @@ def test_fsdp2_unmodified_torch_optim_muon_is_bucketed():
 def test_fsdp2_hand_written_forms_are_bucketed():
     """Every recognised hand-written form, in a hand-written Muon step on FSDP2: one NS op
     per matrix, one all-to-all pair per step in all, results as accurate as eager's."""
-    from dist_workers import FORM_SHAPES, hand_written_forms, hand_written_run
+    from dist_workers import hand_written_forms, hand_written_run
     from ns_forms import FORMS
 
-    results = run_world(hand_written_forms, 2, 2)
+    check_fsdp2_steps(run_world(hand_written_forms, 2, 2), FORMS, hand_written_run, lambda name: torch.bfloat16)
+
+
+def check_fsdp2_steps(results, names, run, dtype_of):
+    """Each step ``name`` of ``results`` (2 steps at world 2, per rank): one NS op per matrix,
+    one all-to-all pair per step, as accurate as ``run(0, 0, 2, name)`` (eager) against
+    ``run(..., torch.float64)`` (exact), Newton–Schulz in ``dtype_of(name)``."""
+    from dist_workers import FORM_SHAPES
+
     initial = reference_run(FORM_SHAPES, 0)
-    for name in FORMS:
-        eager = hand_written_run(0, 0, 2, name)
-        exact = hand_written_run(0, 0, 2, name, torch.float64)
+    for name in names:
+        eager = run(0, 0, 2, name)
+        exact = run(0, 0, 2, name, torch.float64)
         for rank, result in enumerate(r[name] for r in results):
             assert result["counters"]["canonicalize.matched"] == len(FORM_SHAPES), (name, rank)
             assert result["launched"] == 2, (name, rank, result["launched"])
             for i, (got, e, x, s) in enumerate(zip(result["weights"], eager, exact, initial)):
-                assert_rewrite_close(got - s, e - s, x - s, torch.bfloat16, f"{name} rank {rank} matrix {i}")
+                assert_rewrite_close(got - s, e - s, x - s, dtype_of(name), f"{name} rank {rank} matrix {i}")
 
 
 # three corpus entries whose spellings DTensor runs as written (timm's and kozistr's ``out=``
@@ -104,19 +112,11 @@ FSDP2_CORPUS = ("keller_muon", "moonlight", "ultralytics")
 def test_fsdp2_corpus_entries_are_bucketed():
     """Public implementations' steps (tests/muon_corpus.py) on FSDP2: one NS op per matrix,
     one all-to-all pair per step, results as accurate as eager's."""
-    from dist_workers import FORM_SHAPES, corpus_entries, corpus_run
+    from dist_workers import corpus_entries, corpus_run
     from muon_corpus import CORPUS
 
     results = run_world(corpus_entries, 2, 2, FSDP2_CORPUS)
-    initial = reference_run(FORM_SHAPES, 0)
-    for name in FSDP2_CORPUS:
-        eager = corpus_run(0, 0, 2, name)
-        exact = corpus_run(0, 0, 2, name, torch.float64)
-        for rank, result in enumerate(r[name] for r in results):
-            assert result["counters"]["canonicalize.matched"] == len(FORM_SHAPES), (name, rank)
-            assert result["launched"] == 2, (name, rank, result["launched"])
-            for i, (got, e, x, s) in enumerate(zip(result["weights"], eager, exact, initial)):
-                assert_rewrite_close(got - s, e - s, x - s, CORPUS[name].dtype, f"{name} rank {rank} matrix {i}")
+    check_fsdp2_steps(results, FSDP2_CORPUS, corpus_run, lambda name: CORPUS[name].dtype)
 
 
 def test_fsdp2_adamw_part_compiles_into_the_same_step_without_collectives():
