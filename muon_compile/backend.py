@@ -49,7 +49,7 @@ def muon_backend(
     cfg = config.current()
     dump_name = new_dump_name()
     with explain.collecting(cfg.explain):
-        run_torch_passes(gm, cfg, dump_name)
+        run_torch_passes(gm, cfg, dump_name, example_inputs)
         patches: dict[str, Any] = dict(_INDUCTOR_DEFAULTS)
         if mode is not None:
             patches.update(torch._inductor.list_mode_options(mode))

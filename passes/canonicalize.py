@@ -45,13 +45,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 import operator
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 import torch.fx as fx
 from torch.distributed.tensor import DTensor
 
-from muon_compile import routing
+from muon_compile import explain, routing
 from muon_compile.ns_args import NSArgs
 from muon_compile.ns_op import NEWTON_SCHULZ
 from muon_compile.stats import counters
@@ -92,10 +93,14 @@ class Rejection:
 
 # ------------------------------------------------------------------------- the plan
 
-def plan_canonical(graph: fx.Graph) -> tuple[list[Match], list[Rejection]]:
-    """Recognised loops and rejected ones (those that formed a Gram matrix), as plain data."""
+def plan_canonical(graph: fx.Graph, input_values: Mapping[fx.Node, Any] | None = None) -> tuple[list[Match], list[Rejection]]:
+    """Recognised loops and rejected ones (those that formed a Gram matrix), as plain data.
+
+    ``input_values`` (placeholder -> the real tensor being compiled for) lets a loop read
+    its eps, norm scale or coefficients from small tensor inputs (:func:`walk_graph`).
+    """
     matches, rejected = [], []
-    for chain in walk_graph(graph):
+    for chain in walk_graph(graph, input_values):
         verdict = match_chain(chain)
         if isinstance(verdict, Match):
             matches.append(verdict)
@@ -135,9 +140,14 @@ def match_chain(chain: Chain) -> Match | Rejection:
 
 def apply_canonical(graph: fx.Graph, matches: list[Match]) -> None:
     """Step 5: insert one op per match after its division, rewire the escapes, erase the loop."""
+    checked: set[fx.Node] = set()
     for match in matches:
         chain = match.chain
         with graph.inserting_before(chain.start.next):
+            for inp, value in chain.fixed:
+                if inp not in checked:
+                    checked.add(inp)
+                    _check_unchanged(graph, inp, value, chain.start)
             x = chain.source
             if example_value(x).dtype != chain.dtype:
                 x = _call(graph, "call_method", "to", (x, chain.dtype))
@@ -161,14 +171,31 @@ def apply_canonical(graph: fx.Graph, matches: list[Match]) -> None:
         log.debug("canonicalize: %s -> newton_schulz(%s): %s", chain.start.name, chain.source.name, match.args.describe())
 
 
-def _call(graph: fx.Graph, op: str, target: Any, args: tuple) -> fx.Node:
-    """A new node with its fake ``example_value`` computed like Dynamo's."""
-    node = graph.create_node(op, target, args)
+def _call(graph: fx.Graph, op: str, target: Any, args: tuple, kwargs: dict | None = None, like: fx.Node | None = None) -> fx.Node:
+    """A new node with its fake ``example_value`` computed like Dynamo's (in the fake mode of
+    ``like``, default the first argument)."""
+    kwargs = kwargs or {}
+    node = graph.create_node(op, target, args, kwargs)
     values = [example_value(a) if isinstance(a, fx.Node) else a for a in args]
-    with local_value(values[0]).fake_mode:
+    with local_value(example_value(like) if like is not None else values[0]).fake_mode:
         fn = getattr(values[0], target) if op == "call_method" else target
-        node.meta["example_value"] = fn(*values[1:]) if op == "call_method" else fn(*values)
+        node.meta["example_value"] = fn(*values[1:], **kwargs) if op == "call_method" else fn(*values, **kwargs)
     return node
+
+
+def _check_unchanged(graph: fx.Graph, inp: fx.Node, value: torch.Tensor, start: fx.Node) -> None:
+    """Make the step assert that graph input ``inp`` still holds ``value``, which the op was
+    compiled with (a device-side check: no host synchronisation)."""
+    where = explain.source_line(start)
+    message = (
+        f"muon_compile: graph input {inp.name} (the Newton-Schulz loop at {where} reads it) was "
+        f"compiled in with the value {value.tolist()} and has changed since. Call torch._dynamo.reset() "
+        f"after changing it, or run with MUON_COMPILE_PASSES=-canonicalize to leave the loop as written."
+    )
+    fake = example_value(inp)
+    ref = _call(graph, "call_function", torch.tensor, (value.tolist(),), {"dtype": fake.dtype, "device": fake.device}, like=inp)
+    same = _call(graph, "call_method", "all", (_call(graph, "call_method", "eq", (inp, ref)),))
+    graph.create_node("call_function", torch._assert_async, (same, message))
 
 
 def _erase(graph: fx.Graph, chain: Chain) -> None:

@@ -7,6 +7,11 @@ Storage is tracked through the nodes' fake values: a transpose is a view of its 
 (same storage, flipped orientation), an in-place op writes a new value into the storage
 it mutates, and a read sees the storage's value at that point in the graph. Any other
 view of a loop value is opaque: reading the loop through it rejects the loop.
+
+A small floating-point graph input that the graph never writes (an eps or coefficients
+kept as tensors on the optimizer) reads as a :class:`Const` of its value at compile time
+when the caller passes the graph's real inputs; a chain that uses one lists it in
+``Chain.fixed``, and ``canonicalize`` makes the compiled step check it keeps that value.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from __future__ import annotations
 import builtins
 import dataclasses
 import operator
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -55,7 +61,9 @@ _METHODS = {
     "true_divide_": "div_", "addmm_": "addmm_", "baddbmm_": "addmm_",
 }
 _CASTS = {"bfloat16": torch.bfloat16, "half": torch.float16, "float": torch.float32, "double": torch.float64}
+_CONST_ARITHMETIC = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div, "neg": torch.neg}
 _FROBENIUS_ORDS = ("fro", 2, 2.0)
+_MAX_FIXED_NUMEL = 64  # a graph input larger than this is data, never a table of coefficients
 _METADATA = ("size", "dim", "stride", "numel", "get_device", "is_contiguous")
 
 
@@ -137,6 +145,51 @@ def _unread_input(node: fx.Node, name: str | None) -> fx.Node | None:
     return None
 
 
+def _written_storages(graph: fx.Graph) -> set[StorageWeakRef]:
+    """The storages the graph writes: the first argument (or list of them: ``_foreach_*_``)
+    of each in-place call, and each ``out=`` buffer."""
+    written: set[StorageWeakRef] = set()
+    for node in graph.nodes:
+        if node.op not in ("call_function", "call_method"):
+            continue
+        name = node.target if node.op == "call_method" else getattr(node.target, "__name__", "")
+        targets = [node.kwargs.get("out")]
+        if isinstance(name, str) and name.endswith("_") and not name.endswith("__") and node.args:
+            first = node.args[0]
+            targets.extend(first if isinstance(first, (list, tuple)) else [first])
+        written.update(_storage(t) for t in targets if isinstance(t, fx.Node))
+    return written - {None}
+
+
+def _coefficient_table(node: fx.Node, value: torch.Tensor) -> bool:
+    """A ``(k, 3)`` table only indexed (``table[i]``): one ``(a, b, c)`` row per iteration."""
+    return value.dim() == 2 and value.shape[1] == 3 and all(u.target is operator.getitem for u in node.users)
+
+
+def _fixed_inputs(graph: fx.Graph, input_values: Mapping[fx.Node, Any]) -> dict[fx.Node, torch.Tensor]:
+    """The graph inputs whose compile-time values the walk may fold: small floating-point
+    scalars, vectors and ``(k, 3)`` coefficient tables (not DTensors, not requiring grad)
+    that the graph never writes, as CPU copies. A matrix of another shape is data."""
+    fixed: dict[fx.Node, torch.Tensor] = {}
+    written = _written_storages(graph) if input_values else set()
+    for node, value in input_values.items():
+        if (
+            type(value) is torch.Tensor  # a real tensor: no fake, DTensor or other subclass
+            and value.dtype.is_floating_point
+            and value.numel() <= _MAX_FIXED_NUMEL
+            and (value.dim() <= 1 or _coefficient_table(node, value))
+            and not value.requires_grad
+            and _storage(node) not in written
+        ):
+            fixed[node] = value.detach().cpu().clone()
+    return fixed
+
+
+def _pending_key(v: Odd | Gram) -> tuple:
+    """An odd value up to orientation (a transpose reads the same scalar factors)."""
+    return (v.chain, v.it, v.poly, v.scale) if isinstance(v, Odd) else (v.chain, v.it, v.poly, v.side)
+
+
 # ------------------------------------------------------------------ abstract values
 
 @dataclasses.dataclass(frozen=True)
@@ -165,6 +218,7 @@ class NormOf:
     eps: float = 0.0
     clamp: bool = False
     bad: str | None = None
+    inputs: frozenset[fx.Node] = frozenset()  # graph inputs whose values the scale and eps came from
 
     def plus(self, eps: float, clamp: bool) -> NormOf | None:
         if self.eps != 0.0 or self.clamp:
@@ -180,9 +234,12 @@ class NormOf:
 @dataclasses.dataclass(frozen=True, eq=False)
 class Const:
     """A tensor whose values the graph fixes (``torch.tensor(1e-7)``, an element of
-    ``torch.tensor([a, b, c])``), folded on the CPU: a coefficient or eps given as a tensor."""
+    ``torch.tensor([a, b, c])``, arithmetic on those), folded on the CPU: a coefficient or
+    eps given as a tensor. ``inputs``: the graph inputs it was computed from, whose values
+    at compile time it holds."""
 
     value: torch.Tensor
+    inputs: frozenset[fx.Node] = frozenset()
 
     def __float__(self) -> float:
         return float(self.value)
@@ -244,6 +301,7 @@ class Chain:
     members: tuple[fx.Node, ...]
     escapes: tuple[Escape, ...]
     reason: str | None
+    fixed: tuple[tuple[fx.Node, torch.Tensor], ...] = ()  # graph inputs read as constants, with their values
 
 
 @dataclasses.dataclass
@@ -260,6 +318,7 @@ class _Loop:
     members: list[fx.Node] = dataclasses.field(default_factory=list)
     escapes: list[Escape] = dataclasses.field(default_factory=list)
     reason: str | None = None
+    fixed: dict[fx.Node, torch.Tensor] = dataclasses.field(default_factory=dict)
 
     @property
     def it(self) -> int:
@@ -273,7 +332,7 @@ class _Loop:
     def freeze(self) -> Chain:
         return Chain(
             self.id, self.start, self.source, self.norm, self.dtype, tuple(self.steps), self.iterates,
-            tuple(self.members), tuple(self.escapes), self.reason,
+            tuple(self.members), tuple(self.escapes), self.reason, tuple(self.fixed.items()),
         )
 
 
@@ -282,8 +341,12 @@ class _Loop:
 class _Walk:
     """One in-order evaluation of the graph (see the module docstring)."""
 
-    def __init__(self, graph: fx.Graph) -> None:
+    def __init__(self, graph: fx.Graph, fixed: Mapping[fx.Node, torch.Tensor]) -> None:
         self.graph = graph
+        self.fixed = dict(fixed)  # graph inputs read as constants (:func:`_fixed_inputs`)
+        self.pending: dict[tuple, frozenset[fx.Node]] = {}  # odd value -> inputs of its scalar factors
+        self.committed: frozenset[fx.Node] = frozenset()  # fixed inputs a chain's step or norm used
+        self.consts: dict[fx.Node, tuple[Const, int]] = {}  # folded node -> (value, its storage's version then)
         self.orient: dict[fx.Node, bool] = {}  # a node's orientation relative to its storage's root
         self.root: dict[StorageWeakRef, fx.Node] = {}
         self.version: dict[StorageWeakRef, int] = {}
@@ -299,9 +362,13 @@ class _Walk:
         """The abstract value of an argument: a Python constant, Raw, NormOf, Odd, Gram or None."""
         if not isinstance(x, fx.Node):
             return x
+        if x in self.fixed:
+            return Const(self.fixed[x], frozenset((x,)))
         s = _storage(x)
         if s is None:
             return None
+        if x in self.consts and self.consts[x][1] == self.version[s]:
+            return self.consts[x][0]  # a folded constant (a view of another one too), not written since
         o = self.orient.get(x)
         value = self.state.get(s)
         if isinstance(value, (Odd, Gram)):
@@ -385,6 +452,7 @@ class _Walk:
         args = [None if a is unread else self.read(a) for a in node.args]
         kwargs = {k: self.read(v) for k, v in node.kwargs.items() if k != "out"}
         result = self.evaluate(node, name, args, kwargs) if name else None
+        result = self._track_inputs(result, args, kwargs)
         if isinstance(result, View):
             self.define(node, None, view_of=result.source, flip=result.flip)
             value = self.read(node)
@@ -411,6 +479,41 @@ class _Walk:
             self.define(node, None, view_of=target)
         else:
             self.define(node, result)
+            if isinstance(result, Const) and _storage(node) is not None:
+                self.consts[node] = (result, self.version[_storage(node)])
+
+    def _track_inputs(self, value: Any, args: list, kwargs: dict) -> Any:
+        """``value``, noting the graph inputs of the constants it was computed from: a norm
+        keeps them; a loop value built from them makes them the chain's (``fixed``); a scalar
+        factor on one odd value stays pending (a coefficient once a later step combines it,
+        otherwise a scale of the result, which must not be compiled in; see :func:`walk_graph`)."""
+        operands = [*args, *kwargs.values()]
+        inputs = frozenset().union(*(c.inputs for c in operands if isinstance(c, Const)))
+        if isinstance(value, NormOf) and inputs:
+            return dataclasses.replace(value, inputs=value.inputs | inputs)
+        if isinstance(value, ReciprocalOf) and inputs:
+            return ReciprocalOf(dataclasses.replace(value.norm, inputs=value.norm.inputs | inputs))
+        if not isinstance(value, (Odd, Gram)):
+            return value
+        chain_args = [v for v in operands if isinstance(v, (Odd, Gram))]
+        carried = [self.pending.get(_pending_key(v)) for v in chain_args]
+        inputs = inputs.union(*(c for c in carried if c))
+        # one odd value scaled, or odd values that are all scaled ones combined (``X * lr + X * wd``)
+        scaling = isinstance(value, Odd) and all(isinstance(v, Odd) for v in chain_args)
+        if scaling and (len(chain_args) == 1 or all(carried)):
+            if inputs:
+                self.pending[_pending_key(value)] = inputs
+        else:
+            self._commit(value.chain, inputs)
+        return value
+
+    def _commit(self, chain: int, inputs: frozenset[fx.Node]) -> None:
+        self.chains[chain].fixed.update((n, self.fixed[n]) for n in inputs)
+        self.committed |= inputs
+
+    def loose_inputs(self) -> frozenset[fx.Node]:
+        """The fixed inputs read only as a scale of a loop's result, never inside a step."""
+        return frozenset().union(*self.pending.values()) - self.committed
 
     def escape_all(self, user: fx.Node, mutated: Any = None, unread: tuple = ()) -> None:
         """``user`` is no iteration step: each chain value it reads escapes the loop (an
@@ -441,7 +544,7 @@ class _Walk:
             return self._norm(node, name, x)
         if name == "normalize":
             return self._normalize(node, x)
-        if name in ("tensor", "getitem") or isinstance(x, Const):
+        if name in ("tensor", "getitem") or any(isinstance(a, Const) for a in args):
             folded = self._fold(node, name, args, kwargs)
             if folded is not None:
                 return folded
@@ -557,9 +660,13 @@ class _Walk:
         if not isinstance(x, Const):
             return None
         if name == "getitem" and len(args) == 2 and isinstance(args[1], int):
-            return Const(x.value[args[1]])
+            return Const(x.value[args[1]], x.inputs)
+        if name in _CONST_ARITHMETIC and not kwargs and 1 <= len(args) <= 2 and all(isinstance(a, Const) or _is_scalar(a) for a in args):
+            values = [a.value if isinstance(a, Const) else a for a in args]
+            inputs = frozenset().union(*(a.inputs for a in args if isinstance(a, Const)))
+            return Const(_CONST_ARITHMETIC[name](*values), inputs)
         dtype = _cast_dtype(node, name)
-        return Const(x.value.to(dtype)) if dtype is not None else None
+        return Const(x.value.to(dtype), x.inputs) if dtype is not None else None
 
     def _squares(self, node: fx.Node, name: str, args: list, kwargs: dict) -> Any:
         """The Frobenius norm spelled out: ``M.square()`` / ``M * M`` / ``M ** 2``, then
@@ -632,6 +739,7 @@ class _Walk:
         elif t.requires_grad:
             chain.reject(f"{node.name} divides a tensor that requires grad (the op has no derivative)")
         self.chains.append(chain)
+        self._commit(chain.id, norm.inputs)
         # chain values are oriented like the root of M's storage, the op's input
         return Odd(chain.id, 0, ONE, 1.0, self.orient[source])
 
@@ -652,6 +760,17 @@ class _Walk:
 
 
 
-def walk_graph(graph: fx.Graph) -> list[Chain]:
-    """Every candidate Newton–Schulz loop of ``graph``, in graph order; the graph is not changed."""
-    return _Walk(graph).run()
+def walk_graph(graph: fx.Graph, input_values: Mapping[fx.Node, Any] | None = None) -> list[Chain]:
+    """Every candidate Newton–Schulz loop of ``graph``, in graph order; the graph is not changed.
+
+    ``input_values`` maps placeholders to the real tensors of the call being compiled: with
+    it, small constant inputs (see :func:`_fixed_inputs`) fold like tensors made in the graph.
+    """
+    fixed = _fixed_inputs(graph, input_values or {})
+    while True:  # an input that only scales a result is no constant of the loop: walk again without it
+        walk = _Walk(graph, fixed)
+        chains = walk.run()
+        loose = walk.loose_inputs()
+        if not loose:
+            return chains
+        fixed = {n: v for n, v in fixed.items() if n not in loose}

@@ -75,14 +75,20 @@ def _run_pass(
     dumper.write(name, "after", graph)
 
 
-def run_torch_passes(gm: fx.GraphModule, cfg: config_mod.Config, dump_name: str | None = None) -> None:
-    """Run the torch-level pass (canonicalize) on a Dynamo graph module, in place."""
+def run_torch_passes(
+    gm: fx.GraphModule, cfg: config_mod.Config, dump_name: str | None = None, example_inputs: Sequence[Any] = ()
+) -> None:
+    """Run the torch-level pass (canonicalize) on a Dynamo graph module, in place;
+    ``example_inputs`` are the real inputs it is compiled for (one per placeholder)."""
     if not cfg.enabled("canonicalize"):
         return
-    matches, rejected = plan_canonical(gm.graph)
+    placeholders = gm.graph.find_nodes(op="placeholder")
+    values = dict(zip(placeholders, example_inputs)) if len(placeholders) == len(example_inputs) else {}
+    matches, rejected = plan_canonical(gm.graph, values)
     reject_log(rejected)
     for m in matches:
-        explain.note_loop(m.chain.start, True, f"newton_schulz({m.args.describe()})")
+        fixed = "".join(f"; {n.name} = {v.tolist()} compiled in" for n, v in m.chain.fixed)
+        explain.note_loop(m.chain.start, True, f"newton_schulz({m.args.describe()}){fixed}")
     for r in rejected:
         explain.note_loop(r.chain.start, False, r.reason)
     if not matches:

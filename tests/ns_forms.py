@@ -125,6 +125,29 @@ FORMS = {
 SINGLE_DEVICE_FORMS = {**FORMS, "reciprocal_of_norm_clamped_in_place": reciprocal_of_norm_clamped_in_place}
 
 
+class TensorSettings:
+    """Hyper-parameters kept as tensors on an object, so they reach the graph as inputs:
+    eps, the norm scale and the (a, b, c) table are loop constants (compiled in, checked
+    each step); ``lr`` only scales the result, so it stays an input and may change.
+    ``table``: the coefficients as one ``(a, b, c)`` row per iteration (``steps`` rows)."""
+
+    def __init__(self, device="cpu", table=False, steps=3):
+        self.eps = torch.tensor(1e-7, device=device)
+        self.norm_scale = torch.tensor(1.01, device=device)
+        self.abc = torch.tensor([KELLER] * steps if table else KELLER, device=device)
+        self.lr = torch.tensor(0.02, device=device)
+        self.table, self.steps = table, steps
+
+    def __call__(self, G, dtype=torch.bfloat16):
+        X = G.to(dtype)
+        X = X / (X.norm(dim=(-2, -1), keepdim=True) * self.norm_scale + self.eps)
+        for i in range(self.steps):
+            a, b, c = self.abc[i] if self.table else self.abc
+            A = X @ X.mT
+            X = a * X + (b * A + c * A @ A) @ X
+        return X * self.lr
+
+
 # ---------------------------------------------------------------- near misses
 
 def _keller_steps(X, steps):

@@ -103,6 +103,58 @@ def test_coefficients_eps_and_dtype_are_read_off_exactly():
     assert [r.scale for r in match.replacements] == pytest.approx([1.5**0.5])
 
 
+@pytest.mark.parametrize("table", [False, True], ids=["triple", "table"])
+def test_tensor_settings_held_as_graph_inputs_are_planned_as_constants(table):
+    """eps, norm scale and coefficients (a triple, or one row per iteration) read from tensor
+    inputs fold to their values; the lr that only scales the result is no loop constant;
+    without the inputs' values, no match."""
+    from ns_forms import KELLER, TensorSettings
+
+    settings = TensorSettings(table=table)
+    graphs = []
+    torch.compile(lambda G: settings(G), backend=lambda gm, ex: graphs.append((gm, ex)) or gm.forward)(_inputs([(8, 12)])[0])
+    (gm, example_inputs), = graphs
+    values = dict(zip(gm.graph.find_nodes(op="placeholder"), example_inputs))
+    (match,), rejected = plan_canonical(gm.graph, values)
+    assert not rejected
+    f32 = [float(torch.tensor(v)) for v in (*KELLER, 1.01, 1e-7)]  # the tensors hold float32 values
+    assert match.args.coefficients == (tuple(f32[:3]),) * 3
+    assert (match.args.norm_scale, match.args.eps) == (f32[3], f32[4])
+    assert sorted(n.name.rsplit("_", 1)[-1] for n, _ in match.chain.fixed) == ["abc", "eps", "scale"]
+    assert [r.scale for r in match.replacements] == [1.0]  # lr is applied by its own node, at run time
+    matches, rejected = plan_canonical(gm.graph)
+    assert not matches
+
+
+def test_tensor_settings_held_as_graph_inputs_compile_to_the_op(device, tmp_path):
+    """Compiled == eager, also after lr changes; changing a compiled-in constant fails loudly."""
+    from muon_compile import config
+    from ns_forms import TensorSettings
+
+    settings = TensorSettings(device)
+    shapes = [(8, 12), (12, 8), (2, 8, 12)]
+
+    def many(Gs, dtype=torch.bfloat16):
+        return [settings(G, dtype=dtype) for G in Gs]
+
+    inputs = _inputs(shapes, device=device)
+    with config.override(dump_dir=str(tmp_path)):
+        compiled = torch.compile(many, backend="muon")
+        got = compiled(inputs)
+    assert muon_compile.counters["canonicalize.matched"] == len(shapes)
+    assert count_ns_calls(dumped_graphs(tmp_path)["canonicalize_after"]) == len(shapes)
+    for _ in range(2):
+        exact = many([G.double() for G in inputs], dtype=torch.float64)
+        for g, e, x in zip(got, many(inputs), exact):
+            assert_rewrite_close(g, e, x, torch.bfloat16)
+        settings.lr.mul_(0.5)
+        got = compiled(inputs)
+    if device == "cpu":  # on CUDA the check is a device-side assert, which ends the process
+        settings.eps.fill_(1e-6)
+        with pytest.raises(RuntimeError, match="has changed since"):
+            compiled(inputs)
+
+
 @pytest.mark.parametrize("fn", NEAR_MISSES, ids=lambda f: f.__name__)
 def test_near_miss_is_rejected_with_its_reason(fn):
     shapes, reason = NEAR_MISSES[fn]

@@ -1,0 +1,120 @@
+"""The corpus of public Muon implementations (tests/muon_corpus.py), benchmarked: for each
+entry, one optimizer step of its own code run eagerly, compiled with Inductor (the
+default backend) and compiled with ``backend="muon"``.
+
+What is measured, per entry and arm (timing, matmul counting and cold compiles are
+those of ``scripts/bench_single_device.py``, whose helpers this script uses):
+
+* the median of ``--reps`` timed steps after ``--warmup`` untimed ones;
+* matmul kernel calls per step (``aten::mm/bmm/addmm/baddbmm`` profiler events): the
+  per-matrix loop launches three per iteration per matrix, a bucketed one three per
+  iteration per bucket;
+* for the compiled arms, the first call in a fresh Inductor cache (compile and run);
+* for ``muon``, whether every Newton–Schulz loop of the step became the op
+  (``canonicalize.matched`` equal to the entry's loop count, nothing rejected).
+
+The eager arm runs under ``torch.compiler.set_stance("force_eager")``, so an entry whose
+loop is a nested ``@torch.compile`` function runs it eagerly too. Every arm starts from the
+same parameters and gradients (the entry's step keeps its state between steps).
+
+Usage::
+
+    python scripts/bench_corpus.py                       # every entry, gpt-small-ish shapes
+    python scripts/bench_corpus.py --entries keller_muon,nanochat --reps 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+import muon_compile
+from bench_single_device import Arm, ArmResult, Workload, _fmt, machine_info, machine_line, measure
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from muon_corpus import CORPUS, Entry  # noqa: E402  (the corpus lives with the tests)
+
+# 4 layers of a d=256 GPT: fused QKV, attention out, MLP up and down (4 shapes, 16 matrices)
+SHAPES = tuple(s for _ in range(4) for s in ((768, 256), (256, 256), (1024, 256), (256, 1024)))
+SEED = 0
+ARM_NAMES = ("eager", "inductor", "muon")
+
+
+def make_step(entry: Entry, device: torch.device, eager: bool):
+    """``entry``'s step over fresh seeded parameters of ``SHAPES`` with fixed gradients."""
+    gen = torch.Generator().manual_seed(SEED)
+    params = [torch.nn.Parameter(torch.randn(s, generator=gen).to(device)) for s in SHAPES]
+    for p in params:
+        p.grad = torch.randn(p.shape, generator=gen).to(device)
+    step = entry.make(params, entry.dtype)
+    if not eager:
+        return step
+
+    def eager_step() -> None:
+        with torch.compiler.set_stance("force_eager"):
+            step()
+
+    return eager_step
+
+
+def bench_entry(entry: Entry, device: torch.device, warmup: int, reps: int) -> tuple[list[ArmResult], bool]:
+    """The three arms' results, and whether ``backend="muon"`` recognised every loop."""
+    workload = Workload(entry.name, SHAPES)
+    results, recognised = [], False
+    for name in ARM_NAMES:
+        arm = Arm(name, name, lambda w, d, eager=name == "eager": make_step(entry, d, eager), None if name == "eager" else name)
+        muon_compile.counters.clear()
+        results.append(measure(arm, workload, device, warmup, reps))
+        if name == "muon":  # measure compiles twice (cold, then warm): each compile canonicalises
+            c = muon_compile.counters
+            recognised = c["canonicalize.matched"] == 2 * entry.loops(SHAPES) and c["canonicalize.rejected"] == 0
+    return results, recognised
+
+
+def report(rows: list[tuple[Entry, list[ArmResult], bool]]) -> str:
+    head = (
+        "| entry | eager ms | inductor ms | muon ms | muon / inductor | matmuls eager / inductor / muon "
+        "| first call s inductor / muon | recognised |"
+    )
+    lines = [head, "|---|---:|---:|---:|---:|---:|---:|---|"]
+    for entry, (eager, inductor, muon), recognised in rows:
+        ms = [r.median_s * 1e3 if r.median_s is not None else None for r in (eager, inductor, muon)]
+        ratio = ms[2] / ms[1] if None not in ms[1:] else None
+        errors = "; ".join(f"{r.key}: {r.error}" for r in (eager, inductor, muon) if r.error)
+        lines.append(
+            f"| {entry.name} | {_fmt(ms[0], '.1f')} | {_fmt(ms[1], '.1f')} | {_fmt(ms[2], '.1f')} | {_fmt(ratio, '.2f')} "
+            f"| {' / '.join(_fmt(r.matmul_calls, 'd') for r in (eager, inductor, muon))} "
+            f"| {_fmt(inductor.cold_compile_s, '.1f')} / {_fmt(muon.cold_compile_s, '.1f')} "
+            f"| {'yes' if recognised else 'NO'}{' (' + errors + ')' if errors else ''} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--entries", default="all", help="comma-separated corpus entry names (default: all)")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--reps", type=int, default=7)
+    args = parser.parse_args()
+    names = list(CORPUS) if args.entries == "all" else args.entries.split(",")
+    unknown = [n for n in names if n not in CORPUS]
+    if unknown:
+        parser.error(f"unknown corpus entries {unknown}; known: {list(CORPUS)}")
+    device = torch.device(args.device)
+    print(machine_line(machine_info(device)))
+    print(f"shapes: {len(SHAPES)} matrices, {sorted(set(SHAPES))}; warmup {args.warmup}, reps {args.reps}")
+    rows = []
+    for name in names:
+        results, recognised = bench_entry(CORPUS[name], device, args.warmup, args.reps)
+        rows.append((CORPUS[name], results, recognised))
+        print(report(rows[-1:]).splitlines()[-1], flush=True)
+    print()
+    print(report(rows))
+
+
+if __name__ == "__main__":
+    main()
