@@ -10,11 +10,12 @@ of outputs).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ import muon_compile
 from muon_compile import config as config_mod
 from muon_compile import explain
 from muon_compile.cache_key import sources_hash
-from muon_compile.stats import counters
+from muon_compile.stats import counters, pass_seconds
 
 from .bucket import apply_buckets
 from .canonicalize import apply_canonical, plan_canonical, reject_log
@@ -71,17 +72,32 @@ def _run_pass(
     start = time.perf_counter()
     fn()
     check_contract(graph, name, aliasing, meta_key)
+    pass_seconds[name] += time.perf_counter() - start
     log.debug("pass %s took %.3f s", name, time.perf_counter() - start)
     dumper.write(name, "after", graph)
+
+
+@contextlib.contextmanager
+def _timed(key: str) -> Iterator[None]:
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        pass_seconds[key] += time.perf_counter() - start
 
 
 def run_torch_passes(
     gm: fx.GraphModule, cfg: config_mod.Config, dump_name: str | None = None, example_inputs: Sequence[Any] = ()
 ) -> None:
     """Run the torch-level pass (canonicalize) on a Dynamo graph module, in place;
-    ``example_inputs`` are the real inputs it is compiled for (one per placeholder)."""
-    if not cfg.enabled("canonicalize"):
-        return
+    ``example_inputs`` are the real inputs it is compiled for (one per placeholder).
+    Its time, planning included, adds to ``pass_seconds["torch_passes"]``."""
+    if cfg.enabled("canonicalize"):
+        with _timed("torch_passes"):
+            _canonicalize(gm, cfg, dump_name, example_inputs)
+
+
+def _canonicalize(gm: fx.GraphModule, cfg: config_mod.Config, dump_name: str | None, example_inputs: Sequence[Any]) -> None:
     placeholders = gm.graph.find_nodes(op="placeholder")
     values = dict(zip(placeholders, example_inputs)) if len(placeholders) == len(example_inputs) else {}
     matches, rejected = plan_canonical(gm.graph, values)
@@ -99,7 +115,13 @@ def run_torch_passes(
 
 
 def run_passes(graph: fx.Graph, cfg: config_mod.Config, dump_name: str | None = None) -> None:
-    """Run the enabled post-grad passes of ``cfg`` on ``graph``, in place."""
+    """Run the enabled post-grad passes of ``cfg`` on ``graph``, in place; their time,
+    planning included, adds to ``pass_seconds["post_grad_passes"]``."""
+    with _timed("post_grad_passes"):
+        _post_grad(graph, cfg, dump_name)
+
+
+def _post_grad(graph: fx.Graph, cfg: config_mod.Config, dump_name: str | None) -> None:
     nodes, sites = find_ns_sites(graph)
     if not nodes:
         return
