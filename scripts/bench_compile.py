@@ -6,7 +6,7 @@ AOTAutograd caches filled by the first). Each process builds N fp32 parameters w
 gradients, the optimizer, ``torch.compile(opt.step, backend=...)``, and reports:
 
 * ``first call``: wall seconds of the first compiled step (compile and run);
-* the phases inside it, from ``torch._dynamo.utils.compilation_time_metrics`` (the
+* the phases inside the cold first call, from ``torch._dynamo.utils.compilation_time_metrics`` (the
   ``dynamo_timed`` regions of torch) and ``muon_compile.stats.pass_seconds``:
 
     dynamo        tracing the step's bytecode, guards (``_compile.compile_inner`` less the backend)
@@ -17,9 +17,15 @@ gradients, the optimizer, ``torch.compile(opt.step, backend=...)``, and reports:
     ours          muon_compile's post-grad pipeline: find, plan, distribute, bucket, schedule, lower
     lowering      Inductor's lowering to its IR (``GraphLowering.run``)
     scheduling    Inductor's fusion and scheduling (``Scheduler.__init__``)
-    codegen       kernel and wrapper code generation (``GraphLowering.codegen`` less scheduling)
-    c++ compile   compiling and loading the generated module (``compile_to_module`` less codegen)
+    codegen       kernel and wrapper code generation (``GraphLowering.codegen`` less scheduling),
+                  including the waits for kernels compiled meanwhile
+    load          loading the generated module (``compile_to_module`` less codegen): mostly
+                  waiting for the last kernels' C++ / Triton compiles
     other         the first call less all of the above (running the step, cache lookups, guards...)
+
+  and, as work rather than wall time, ``kernel files`` and ``compile cpu-s``: the C++ files
+  Inductor compiled and the seconds their compiles took together (``compile_file``; they run
+  on worker threads, overlapping each other and the phases above).
 
 * ``graphs``: graphs Dynamo compiled for the step; ``step ms``: the median of ``--reps``
   steps after the first.
@@ -55,7 +61,7 @@ ARMS = {
     "inductor-torch": ("torch.optim.Muon", "inductor"),
     "inductor-ours": ("muon_compile.Muon", "inductor"),
 }
-PHASES = ("dynamo", "canonicalize", "aot", "post-grad", "ours", "lowering", "scheduling", "codegen", "c++ compile", "other")
+PHASES = ("dynamo", "canonicalize", "aot", "post-grad", "ours", "lowering", "scheduling", "codegen", "load", "other")
 
 
 def _optimizer(name: str, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
@@ -82,7 +88,7 @@ def _phases(metrics: dict[str, list[float]], ours: dict[str, float], first_call:
         "lowering": get("GraphLowering.run"),
         "scheduling": get("Scheduler.__init__"),
         "codegen": get("GraphLowering.codegen") - get("Scheduler.__init__"),
-        "c++ compile": get("GraphLowering.compile_to_module") - get("GraphLowering.codegen"),
+        "load": get("GraphLowering.compile_to_module") - get("GraphLowering.codegen"),
     }
     out["other"] = first_call - sum(v for k, v in out.items() if k != "ours")  # ours is inside post-grad
     return out
@@ -105,14 +111,20 @@ def child(arm: str, n: int, reps: int) -> dict:
     start = time.perf_counter()
     step()
     first = time.perf_counter() - start
-    phases = _phases(dict(torch._dynamo.utils.compilation_time_metrics), dict(pass_seconds), first)
+    metrics = {k: list(v) for k, v in torch._dynamo.utils.compilation_time_metrics.items()}
+    phases = _phases(metrics, dict(pass_seconds), first)
     times = []
     for _ in range(reps):
         start = time.perf_counter()
         step()
         times.append(time.perf_counter() - start)
     graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
-    return {"first_call": first, "phases": phases, "step_ms": statistics.median(times) * 1e3, "graphs": graphs}
+    files = len(metrics.get("compile_file", ()))
+    cpu_s = sum(metrics.get("compile_file", ()))
+    return {
+        "first_call": first, "phases": phases, "step_ms": statistics.median(times) * 1e3, "graphs": graphs,
+        "kernel_files": files, "compile_cpu_s": cpu_s,
+    }
 
 
 def run_child(arm: str, n: int, reps: int, cache_dir: str, timeout: float) -> dict:
@@ -149,14 +161,15 @@ def main() -> None:
         parser.error(f"unknown arms {unknown}; known: {list(ARMS)}")
     sizes = [int(s) for s in args.sizes.split(",")]
     print(f"torch {torch.__version__}, os.cpu_count()={os.cpu_count()}, shapes {SHAPES} cycling; seconds unless marked")
-    print("| arm | N | cold first call | warm first call | graphs | step ms | " + " | ".join(PHASES) + " (cold) |")
-    print("|---|---:|---:|---:|---:|---:|" + "---:|" * len(PHASES))
+    print("| arm | N | cold first call | warm first call | graphs | step ms | " + " | ".join(PHASES) + " | kernel files | compile cpu-s |")
+    print("|---|---:|---:|---:|---:|---:|" + "---:|" * (len(PHASES) + 2))
     for arm in arms:
         for n in sizes:
             with tempfile.TemporaryDirectory(prefix="bench_compile_") as cache:
                 cold = run_child(arm, n, args.reps, cache, args.timeout)
                 warm = run_child(arm, n, args.reps, cache, args.timeout) if "error" not in cold else {"error": "-"}
-            phases = " | ".join(f"{cold['phases'][p]:.1f}" for p in PHASES) if "error" not in cold else " | ".join(["-"] * len(PHASES))
+            work = [cold["phases"][p] for p in PHASES] + [cold["kernel_files"], cold["compile_cpu_s"]] if "error" not in cold else None
+            phases = " | ".join(f"{v:.1f}" if isinstance(v, float) else str(v) for v in work) if work else " | ".join(["-"] * (len(PHASES) + 2))
             graphs = cold.get("graphs", "-")
             step = f"{cold['step_ms']:.1f}" if "error" not in cold else "-"
             print(f"| {arm} | {n} | {_cell(cold, 'first_call')} | {_cell(warm, 'first_call')} | {graphs} | {step} | {phases} |", flush=True)
