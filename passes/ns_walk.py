@@ -656,15 +656,15 @@ class _Walk:
         if name == "tensor" and args and _literal(args[0]) and all(_literal(v) for k, v in kwargs.items() if k != "device"):
             values = {k: v for k, v in kwargs.items() if k not in ("device", "pin_memory", "requires_grad")}
             return Const(torch.as_tensor(args[0], **values))
+        if name in _CONST_ARITHMETIC and not kwargs and 1 <= len(args) <= 2 and all(isinstance(a, Const) or _is_scalar(a) for a in args):
+            values = [a.value if isinstance(a, Const) else a for a in args]  # ``1 - c`` too
+            inputs = frozenset().union(*(a.inputs for a in args if isinstance(a, Const)))
+            return Const(_CONST_ARITHMETIC[name](*values), inputs)
         x = args[0] if args else None
         if not isinstance(x, Const):
             return None
         if name == "getitem" and len(args) == 2 and isinstance(args[1], int):
             return Const(x.value[args[1]], x.inputs)
-        if name in _CONST_ARITHMETIC and not kwargs and 1 <= len(args) <= 2 and all(isinstance(a, Const) or _is_scalar(a) for a in args):
-            values = [a.value if isinstance(a, Const) else a for a in args]
-            inputs = frozenset().union(*(a.inputs for a in args if isinstance(a, Const)))
-            return Const(_CONST_ARITHMETIC[name](*values), inputs)
         dtype = _cast_dtype(node, name)
         return Const(x.value.to(dtype), x.inputs) if dtype is not None else None
 

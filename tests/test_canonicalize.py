@@ -126,6 +126,25 @@ def test_tensor_settings_held_as_graph_inputs_are_planned_as_constants(table):
     assert not matches
 
 
+def test_arithmetic_on_tensor_constants_is_folded():
+    """``1 - (one - 1e-7)`` and ``2 * c / 2`` on tensors made in the step read off as numbers."""
+    from ns_forms import KELLER
+
+    def ns(G):
+        eps = 1 - (torch.tensor(1.0) - 1e-7)
+        a, b, c = torch.tensor(KELLER)
+        X = G / (G.norm() + eps)
+        for _ in range(2):
+            A = X @ X.T
+            X = a * X + (b * A + (2 * c / 2) * A @ A) @ X
+        return X
+
+    (match,), rejected = plan_canonical(_dynamo_graph(ns, _inputs([(8, 12)])).graph)
+    assert not rejected
+    assert match.args.eps == float(1 - (torch.tensor(1.0) - 1e-7))
+    assert match.args.coefficients == (tuple(float(v) for v in torch.tensor(KELLER)),) * 2
+
+
 def test_tensor_settings_held_as_graph_inputs_compile_to_the_op(device, tmp_path):
     """Compiled == eager, also after lr changes; changing a compiled-in constant fails loudly."""
     from muon_compile import config
