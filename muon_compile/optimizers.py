@@ -24,10 +24,21 @@ from torch.distributed.tensor import zeros as dtensor_zeros
 from . import coefficients as coeffs
 from . import offload
 from . import qk_clip as qk_clip_mod
+from . import stacks as stacks_mod
+from .ns_args import NSArgs
 from .qk_clip import QKClip
 from .routing import Kind, layout_of
 from .stats import counters
-from .updates import ADJUST_LR_MODES, adamw_update, lr_ratio, muon_update, second_moment_shape
+from .updates import (
+    ADJUST_LR_MODES,
+    adamw_update,
+    apply_update,
+    lr_ratio,
+    muon_direction,
+    muon_update,
+    scaled_step,
+    second_moment_shape,
+)
 
 log = logging.getLogger(__name__)
 
@@ -183,6 +194,7 @@ class MuonAdamW(torch.optim.Optimizer):
             "adamw": dict(lr=adamw_lr, betas=adamw_betas, eps=adamw_eps, weight_decay=adamw_weight_decay),
         }
         self._offload = bool(offload_state)  # read while the groups below are added
+        self._stacks: list[stacks_mod.GroupStacks] = []  # per param group
         super().__init__(params, defaults={})
         self._qk_clip = qk_clip
         self._qk_targets = None
@@ -204,6 +216,17 @@ class MuonAdamW(torch.optim.Optimizer):
             self._prepare_muon_group(group)
         else:
             self._prepare_adamw_group(group)
+        self._stacks.append(self._plan_stacks(group))
+
+    def _plan_stacks(self, group: dict) -> stacks_mod.GroupStacks:
+        """The bucket layout of a Muon group's state (:mod:`muon_compile.stacks`); no stacks
+        for AdamW groups and with ``offload_state`` (its state moves per parameter)."""
+        if group["kind"] != "muon" or self._offload:
+            return stacks_mod.GroupStacks([], tuple(range(len(group["params"]))))
+        layout = stacks_mod.plan_stacks(group["params"])
+        for stack in layout.stacks:
+            stacks_mod.restack(stack, group["params"], self.state)
+        return layout
 
     def _prepare_muon_group(self, group: dict) -> None:
         coeffs.resolve(group["ns_coefficients"])
@@ -322,6 +345,9 @@ class MuonAdamW(torch.optim.Optimizer):
         super().load_state_dict(state_dict)
         for p in self.state:
             self._offload_state_of(p)
+        for group, layout in zip(self.param_groups, self._stacks):
+            for stack in layout.stacks:
+                stacks_mod.restack(stack, group["params"], self.state)
         for group in self.param_groups:
             keys = _MUON_SCALARS if group["kind"] == "muon" else _ADAMW_SCALARS
             for key in keys:
@@ -343,9 +369,9 @@ class MuonAdamW(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        for group in self.param_groups:
+        for group, layout in zip(self.param_groups, self._stacks):
             if group["kind"] == "muon":
-                self._muon_step(group)
+                self._muon_step(group, layout)
             else:
                 self._adamw_step(group)
         if qk_logits is not None:
@@ -354,34 +380,82 @@ class MuonAdamW(torch.optim.Optimizer):
             qk_clip_mod.apply(self._qk_targets, qk_logits, self._qk_clip.threshold)
         return loss
 
-    def _muon_step(self, group: dict) -> None:
+    def _muon_step(self, group: dict, layout: stacks_mod.GroupStacks) -> None:
         ns_args = coeffs.ns_args(
             group["ns_coefficients"], group["ns_steps"], eps=group["ns_eps"], compute_dtype=group["ns_dtype"]
         )
         decay = 1 - group["lr"] * group["weight_decay"]
-        for i, p in enumerate(group["params"]):
-            if p.grad is None:
-                continue
+        params = group["params"]
+        for stack in layout.stacks:
+            members = [params[i] for i in stack.indices]
+            if all(p.grad is not None for p in members):
+                self._muon_stack_step(group, stack, members, ns_args, decay)
+            else:  # each member with a gradient steps on its own, on its view of the state
+                for i in stack.indices:
+                    self._muon_param_step(group, i, ns_args, decay)
+        for i in layout.loose:
+            self._muon_param_step(group, i, ns_args, decay)
+
+    def _muon_param_step(self, group: dict, index: int, ns_args: NSArgs, decay: Tensor) -> None:
+        p = group["params"][index]
+        if p.grad is None:
+            return
+        self._check_grad(group, index, p.grad)
+        state = self._step_state(p)
+        split, lr_scale = self._split_and_scale(group, p.shape)
+        muon_update(
+            p,
+            p.grad,
+            state["momentum_buffer"],
+            **self._direction_args(group, split, ns_args),
+            second_moment=state.get("second_moment"),
+            decay=decay,
+            lr=group["lr"],
+            lr_scale=lr_scale,
+            cautious=group["cautious_weight_decay"],
+        )
+        self._end_step_state(p, state)
+
+    def _muon_stack_step(
+        self, group: dict, stack: stacks_mod.ParamStack, members: list[Tensor], ns_args: NSArgs, decay: Tensor
+    ) -> None:
+        """One step of a stack (:mod:`muon_compile.stacks`): the direction of the stacked
+        gradients, then one write into the members."""
+        for i, p in zip(stack.indices, members):
             self._check_grad(group, i, p.grad)
-            state = self._step_state(p)
-            split = _row_blocks(group["split_rows"], p.shape[-2])
-            muon_update(
-                p,
-                p.grad,
-                state["momentum_buffer"],
-                beta=group["momentum"],
-                decay=decay,
-                lr=group["lr"],
-                nesterov=group["nesterov"],
-                ns_args=ns_args,
-                lr_scale=group["extra_scale_factor"] * (1.0 if split else lr_ratio(p.shape[-2], p.shape[-1], group["adjust_lr"])),
-                split=split,
-                adjust_lr=group["adjust_lr"],
-                second_moment=state.get("second_moment"),
-                beta2=group["normuon_beta2"],
-                cautious=group["cautious_weight_decay"],
-            )
-            self._end_step_state(p, state)
+        split, lr_scale = self._split_and_scale(group, members[0].shape)
+        ortho = muon_direction(
+            stacks_mod.stack([p.grad for p in members]),
+            stack.state["momentum_buffer"],
+            **self._direction_args(group, split, ns_args),
+            second_moment=stack.state.get("second_moment"),
+        )
+        if group["cautious_weight_decay"]:  # the mask reads the parameters: update a stacked copy
+            stacked = stacks_mod.stack(members)
+            apply_update(stacked, ortho, decay=decay, lr=group["lr"], lr_scale=lr_scale, cautious=True)
+            stacks_mod.unstack_copy_(members, stacked)
+        else:
+            stacks_mod.unstack_scale_add_(members, decay, scaled_step(ortho, group["lr"], lr_scale))
+
+    @staticmethod
+    def _split_and_scale(group: dict, shape: torch.Size) -> tuple[tuple[int, ...] | None, float]:
+        """Row blocks of a matrix of ``shape`` and its step's scale (``adjust_lr`` ratio
+        unless split, times ``extra_scale_factor``)."""
+        split = _row_blocks(group["split_rows"], shape[-2])
+        ratio = 1.0 if split else lr_ratio(shape[-2], shape[-1], group["adjust_lr"])
+        return split, group["extra_scale_factor"] * ratio
+
+    @staticmethod
+    def _direction_args(group: dict, split: tuple[int, ...] | None, ns_args: NSArgs) -> dict:
+        """``group``'s arguments of :func:`muon_direction` but the state."""
+        return dict(
+            beta=group["momentum"],
+            nesterov=group["nesterov"],
+            ns_args=ns_args,
+            split=split,
+            adjust_lr=group["adjust_lr"],
+            beta2=group["normuon_beta2"],
+        )
 
     def _adamw_step(self, group: dict) -> None:
         beta1, beta2 = group["betas"]

@@ -93,9 +93,7 @@ def muon_update(
     beta2: Tensor | None = None,
     cautious: bool = False,
 ) -> None:
-    """One Muon step on ``param``: momentum, Newton–Schulz, optional NorMuon variance
-    reduction (when ``second_moment`` is given), decoupled weight decay (cautious: only
-    where the update and the parameter agree in sign), update.
+    """One Muon step on ``param``: :func:`muon_direction` then :func:`apply_update`.
 
     ``beta`` (momentum), ``decay`` (the weight-decay factor ``1 - lr * wd``, computed once
     per group), ``lr`` and ``beta2`` are 0-D tensors; ``ns_args`` says how to orthogonalise;
@@ -103,6 +101,35 @@ def muon_update(
     orthogonalised and scaled by its ``adjust_lr`` ratio on its own
     (:func:`split_orthogonalize`), and ``lr_scale`` is only the extra factor.
     """
+    ortho = muon_direction(
+        grad,
+        momentum_buffer,
+        beta=beta,
+        nesterov=nesterov,
+        ns_args=ns_args,
+        split=split,
+        adjust_lr=adjust_lr,
+        second_moment=second_moment,
+        beta2=beta2,
+    )
+    apply_update(param, ortho, decay=decay, lr=lr, lr_scale=lr_scale, cautious=cautious)
+
+
+def muon_direction(
+    grad: Tensor,
+    momentum_buffer: Tensor,
+    *,
+    beta: Tensor,
+    nesterov: bool,
+    ns_args: NSArgs,
+    split: tuple[int, ...] | None = None,
+    adjust_lr: str = "original",
+    second_moment: Tensor | None = None,
+    beta2: Tensor | None = None,
+) -> Tensor:
+    """The orthogonalised Muon direction of ``grad``: momentum (``momentum_buffer`` is
+    updated in place), Newton–Schulz (of each row block with ``split``), and NorMuon's
+    variance reduction when ``second_moment`` is given (updated in place)."""
     fresh = grad * (1 - beta)
     momentum_buffer.mul_(beta).add_(fresh)
     update = fresh + momentum_buffer * beta if nesterov else momentum_buffer
@@ -112,6 +139,12 @@ def muon_update(
         ortho = split_orthogonalize(update, split, ns_args, adjust_lr)
     if second_moment is not None:
         ortho = variance_normalize(ortho, second_moment, beta2)
+    return ortho
+
+
+def apply_update(param: Tensor, ortho: Tensor, *, decay: Tensor, lr: Tensor, lr_scale: float, cautious: bool = False) -> None:
+    """Decoupled weight decay (cautious: only where ``ortho`` and ``param`` agree in sign),
+    then ``param -= lr * lr_scale * ortho``, in place."""
     if isinstance(ortho, DTensor) and ortho.placements != param.placements:
         # A layout left to DTensor (or a NorMuon scale that DTensor replicated) gives the
         # whole matrix; keep this rank's shard, a local slice (DTensor refuses the
@@ -121,7 +154,12 @@ def muon_update(
         param.mul_(1 - (1 - decay) * (ortho * param >= 0))
     else:
         param.mul_(decay)
-    param.add_(ortho * (lr * -lr_scale))
+    param.add_(scaled_step(ortho, lr, lr_scale))
+
+
+def scaled_step(ortho: Tensor, lr: Tensor, lr_scale: float) -> Tensor:
+    """What a Muon step adds to the (decayed) parameter: ``-lr * lr_scale * ortho``."""
+    return ortho * (lr * -lr_scale)
 
 
 def adamw_update(

@@ -1,0 +1,100 @@
+"""Bucket layout of Muon state: parameters of one shape step as one stacked tensor.
+
+Within a Muon param group, plain (non-DTensor) 2-D parameters of equal shape, dtype and
+device form a *stack*. Their state (momentum, NorMuon's second moment) lives in one
+tensor per stack with a leading dimension, and ``optimizer.state[p]`` holds views into
+it, so ``state_dict()`` / ``load_state_dict`` and per-parameter access work as before.
+A step of a stack is list-level: it gathers the gradients and parameters with one
+:func:`stack` call, runs the Muon update (momentum, one batched Newton–Schulz, weight
+decay) on the stacked tensors and writes the parameters back with one
+:func:`unstack_copy_` call.
+
+Compiled, the step then costs what the stacks cost, not what the parameters cost:
+Dynamo traces a handful of operations per stack, and Inductor sees two opaque calls
+(``torch.stack`` and ``torch._foreach_copy_`` when run) and one fused kernel per stack
+instead of a kernel per parameter. Both ops are custom ops (``muon_compile::stack``,
+``muon_compile::unstack_copy_``) so that Inductor keeps them as one call each: its own
+lowering of ``torch.stack`` over hundreds of inputs emits a copy per input.
+
+Replace state in place (``state[p]["momentum_buffer"].copy_(t)``): a tensor put in
+its place is not read by the stacked step (``load_state_dict`` restacks itself).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+from torch.distributed.tensor import DTensor
+
+
+@torch.library.custom_op("muon_compile::stack", mutates_args=())
+def stack(tensors: list[Tensor]) -> Tensor:
+    """``torch.stack(tensors)``, one opaque call when compiled."""
+    return torch.stack(tensors)
+
+
+@stack.register_fake
+def _stack_fake(tensors: list[Tensor]) -> Tensor:
+    first = tensors[0]
+    return first.new_empty((len(tensors), *first.shape))
+
+
+@torch.library.custom_op("muon_compile::unstack_copy_", mutates_args=("dsts",))
+def unstack_copy_(dsts: list[Tensor], src: Tensor) -> None:
+    """``dsts[i].copy_(src[i])`` for every ``i``, one opaque call when compiled."""
+    torch._foreach_copy_(dsts, list(src.unbind(0)))
+
+
+@torch.library.custom_op("muon_compile::unstack_scale_add_", mutates_args=("dsts",))
+def unstack_scale_add_(dsts: list[Tensor], scale: Tensor, src: Tensor) -> None:
+    """``dsts[i].mul_(scale).add_(src[i])`` for every ``i`` (``scale`` a 0-D tensor), one
+    opaque call when compiled."""
+    torch._foreach_mul_(dsts, scale.item() if scale.device.type == "cpu" else scale)
+    torch._foreach_add_(dsts, list(src.unbind(0)))
+
+
+@dataclasses.dataclass
+class ParamStack:
+    """Members ``indices`` (positions in the group's ``params``) and the stacked state,
+    ``state[key][j]`` being member ``j``'s ``optimizer.state[p][key]``."""
+
+    indices: tuple[int, ...]
+    state: dict[str, Tensor] = dataclasses.field(default_factory=dict, repr=False)
+
+
+@dataclasses.dataclass
+class GroupStacks:
+    """A param group's layout: its ``stacks`` and the indices of the ``loose`` parameters
+    (each steps on its own)."""
+
+    stacks: list[ParamStack]
+    loose: tuple[int, ...]
+
+
+def plan_stacks(params: Sequence[Tensor]) -> GroupStacks:
+    """Group ``params`` into stacks: plain 2-D tensors of equal shape, dtype and device,
+    two or more, in order of first appearance; the rest are loose."""
+    by_key: dict[tuple, list[int]] = defaultdict(list)
+    for i, p in enumerate(params):
+        if p.dim() == 2 and not isinstance(p, DTensor):
+            by_key[(tuple(p.shape), p.dtype, p.device)].append(i)
+    stacks = [ParamStack(tuple(indices)) for indices in by_key.values() if len(indices) > 1]
+    stacked = {i for stack in stacks for i in stack.indices}
+    return GroupStacks(stacks, tuple(i for i in range(len(params)) if i not in stacked))
+
+
+def restack(stack: ParamStack, params: Sequence[Tensor], state: dict) -> None:
+    """Copy the members' per-parameter state into new stacked tensors and point each
+    member's state at its view of them; a key missing from a member is left out."""
+    members = [params[i] for i in stack.indices]
+    keys = set.intersection(*(set(state[p]) for p in members))
+    stack.state = {}
+    for key in sorted(keys):
+        stacked = torch.stack([state[p][key] for p in members])
+        stack.state[key] = stacked
+        for j, p in enumerate(members):
+            state[p][key] = stacked[j]
