@@ -149,6 +149,11 @@ class MuonAdamW(torch.optim.Optimizer):
 
     Muon parameters must be real 2-D matrices or 3-D stacks of matrices (the leading
     dimension is a batch, e.g. experts); anything else raises ``ValueError`` naming it.
+
+    Plain 2-D matrices of one shape, dtype and device in a Muon group step together as a
+    stack (:mod:`muon_compile.stacks`): their state is one stacked tensor and
+    ``self.state[p]`` holds views of it; change state in place. DTensors, 3-D parameters
+    and every parameter with ``offload_state`` step one by one.
     """
 
     def __init__(

@@ -52,8 +52,12 @@ def unstack_copy_(dsts: list[Tensor], src: Tensor) -> None:
 @torch.library.custom_op("muon_compile::unstack_scale_add_", mutates_args=("dsts",))
 def unstack_scale_add_(dsts: list[Tensor], scale: Tensor, src: Tensor) -> None:
     """``dsts[i].mul_(scale).add_(src[i])`` for every ``i`` (``scale`` a 0-D tensor), one
-    opaque call when compiled."""
-    torch._foreach_mul_(dsts, scale.item() if scale.device.type == "cpu" else scale)
+    opaque call when compiled. A host ``scale`` of exactly 1 (no weight decay) skips the
+    multiply, a pass over the parameters that would change nothing."""
+    if scale.device.type != "cpu":
+        torch._foreach_mul_(dsts, scale)
+    elif scale.item() != 1.0:
+        torch._foreach_mul_(dsts, scale.item())
     torch._foreach_add_(dsts, list(src.unbind(0)))
 
 

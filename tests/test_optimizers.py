@@ -36,8 +36,11 @@ def textbook_muon_step(p, grad, buf, *, lr, momentum, wd, nesterov, scale, steps
 
 
 @pytest.mark.parametrize("nesterov", [True, False])
-def test_muon_matches_textbook_fp64(device, nesterov):
-    shapes = [(6, 10), (10, 6), (7, 7)]
+@pytest.mark.parametrize(
+    "shapes", [[(6, 10), (10, 6), (7, 7)], [(6, 10), (10, 6), (6, 10), (7, 7), (10, 6)]], ids=["one-by-one", "stacked"]
+)
+def test_muon_matches_textbook_fp64(device, nesterov, shapes):
+    """Distinct shapes step one by one; repeated shapes step as stacks (muon_compile.stacks)."""
     params = _params(shapes, torch.float64, device=device)
     ref = [p.detach().clone() for p in params]
     bufs = [torch.zeros_like(p) for p in ref]
