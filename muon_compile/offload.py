@@ -2,8 +2,9 @@
 
 With ``offload_state=True`` every state tensor of more than zero dimensions (momentum,
 NorMuon's second moment, AdamW's moments) lives in host memory (pinned when CUDA is
-available) between steps. A step copies each parameter's state to the parameter's
-device (:func:`stage`), updates the copies, and writes them back (:func:`write_back`).
+available) between steps. A step copies each parameter's state, or each stack's
+(:mod:`muon_compile.stacks`), to the parameters' device (:func:`stage`), updates the
+copies, and writes them back (:func:`write_back`).
 A DTensor's state stays a DTensor with the parameter's mesh and placements; only its
 local shard moves. 0-D state (AdamW's step count) stays where it is.
 

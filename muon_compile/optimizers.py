@@ -152,8 +152,8 @@ class MuonAdamW(torch.optim.Optimizer):
 
     Plain 2-D matrices of one shape, dtype and device in a Muon group step together as a
     stack (:mod:`muon_compile.stacks`): their state is one stacked tensor and
-    ``self.state[p]`` holds views of it; change state in place. DTensors, 3-D parameters
-    and every parameter with ``offload_state`` step one by one.
+    ``self.state[p]`` holds views of it; change state in place (with ``offload_state``
+    the stacked state is what moves). DTensors and 3-D parameters step one by one.
     """
 
     def __init__(
@@ -225,13 +225,18 @@ class MuonAdamW(torch.optim.Optimizer):
 
     def _plan_stacks(self, group: dict) -> stacks_mod.GroupStacks:
         """The bucket layout of a Muon group's state (:mod:`muon_compile.stacks`); no stacks
-        for AdamW groups and with ``offload_state`` (its state moves per parameter)."""
-        if group["kind"] != "muon" or self._offload:
+        for AdamW groups."""
+        if group["kind"] != "muon":
             return stacks_mod.GroupStacks([], tuple(range(len(group["params"]))))
         layout = stacks_mod.plan_stacks(group["params"])
-        for stack in layout.stacks:
-            stacks_mod.restack(stack, group["params"], self.state)
+        self._restack(group, layout)
         return layout
+
+    def _restack(self, group: dict, layout: stacks_mod.GroupStacks) -> None:
+        """Stack the state of ``layout``'s stacks (in host memory with ``offload_state``)."""
+        place = offload.to_host if self._offload else None
+        for stack in layout.stacks:
+            stacks_mod.restack(stack, group["params"], self.state, place)
 
     def _prepare_muon_group(self, group: dict) -> None:
         coeffs.resolve(group["ns_coefficients"])
@@ -324,16 +329,15 @@ class MuonAdamW(torch.optim.Optimizer):
                 if value.dim() > 0:
                     state[key] = offload.to_host(value)
 
-    def _step_state(self, p: Tensor) -> dict:
-        """The state a step updates: ``p``'s own, or with ``offload_state`` its copy on ``p``'s device."""
-        state = self.state[p]
+    def _step_state(self, state: dict, device: torch.device) -> dict:
+        """The state a step updates: ``state`` itself, or with ``offload_state`` its copy on ``device``."""
         if not self._offload:
             return state
-        return {k: offload.stage(v, p.device) if v.dim() > 0 else v for k, v in state.items()}
+        return {k: offload.stage(v, device) if v.dim() > 0 else v for k, v in state.items()}
 
-    def _end_step_state(self, p: Tensor, staged: dict) -> None:
+    def _end_step_state(self, state: dict, staged: dict) -> None:
         if self._offload:
-            for key, value in self.state[p].items():
+            for key, value in state.items():
                 if value.dim() > 0:
                     offload.write_back(value, staged[key])
 
@@ -351,8 +355,7 @@ class MuonAdamW(torch.optim.Optimizer):
         for p in self.state:
             self._offload_state_of(p)
         for group, layout in zip(self.param_groups, self._stacks):
-            for stack in layout.stacks:
-                stacks_mod.restack(stack, group["params"], self.state)
+            self._restack(group, layout)
         for group in self.param_groups:
             keys = _MUON_SCALARS if group["kind"] == "muon" else _ADAMW_SCALARS
             for key in keys:
@@ -406,7 +409,7 @@ class MuonAdamW(torch.optim.Optimizer):
         if p.grad is None:
             return
         self._check_grad(group, index, p.grad)
-        state = self._step_state(p)
+        state = self._step_state(self.state[p], p.device)
         split, lr_scale = self._split_and_scale(group, p.shape)
         muon_update(
             p,
@@ -419,7 +422,7 @@ class MuonAdamW(torch.optim.Optimizer):
             lr_scale=lr_scale,
             cautious=group["cautious_weight_decay"],
         )
-        self._end_step_state(p, state)
+        self._end_step_state(self.state[p], state)
 
     def _muon_stack_step(
         self, group: dict, stack: stacks_mod.ParamStack, members: list[Tensor], ns_args: NSArgs, decay: Tensor
@@ -429,12 +432,14 @@ class MuonAdamW(torch.optim.Optimizer):
         for i, p in zip(stack.indices, members):
             self._check_grad(group, i, p.grad)
         split, lr_scale = self._split_and_scale(group, members[0].shape)
+        state = self._step_state(stack.state, members[0].device)
         ortho = muon_direction(
             stacks_mod.stack([p.grad for p in members]),
-            stack.state["momentum_buffer"],
+            state["momentum_buffer"],
             **self._direction_args(group, split, ns_args),
-            second_moment=stack.state.get("second_moment"),
+            second_moment=state.get("second_moment"),
         )
+        self._end_step_state(stack.state, state)
         if group["cautious_weight_decay"]:  # the mask reads the parameters: update a stacked copy
             stacked = stacks_mod.stack(members)
             apply_update(stacked, ortho, decay=decay, lr=group["lr"], lr_scale=lr_scale, cautious=True)
@@ -468,7 +473,7 @@ class MuonAdamW(torch.optim.Optimizer):
             if p.grad is None:
                 continue
             self._check_grad(group, i, p.grad)
-            state = self._step_state(p)
+            state = self._step_state(self.state[p], p.device)
             adamw_update(
                 p,
                 p.grad,
@@ -481,7 +486,7 @@ class MuonAdamW(torch.optim.Optimizer):
                 eps=group["eps"],
                 weight_decay=group["weight_decay"],
             )
-            self._end_step_state(p, state)
+            self._end_step_state(self.state[p], state)
 
 
 class Muon(MuonAdamW):

@@ -4,17 +4,20 @@ Within a Muon param group, plain (non-DTensor) 2-D parameters of equal shape, dt
 device form a *stack*. Their state (momentum, NorMuon's second moment) lives in one
 tensor per stack with a leading dimension, and ``optimizer.state[p]`` holds views into
 it, so ``state_dict()`` / ``load_state_dict`` and per-parameter access work as before.
-A step of a stack is list-level: it gathers the gradients and parameters with one
-:func:`stack` call, runs the Muon update (momentum, one batched Newton–Schulz, weight
-decay) on the stacked tensors and writes the parameters back with one
-:func:`unstack_copy_` call.
+A step of a stack is list-level: one :func:`stack` gathers the gradients, the Muon
+direction (momentum, one batched Newton–Schulz, NorMuon) is computed on the stacked
+tensors, and one :func:`unstack_scale_add_` writes ``p = p * (1 - lr * wd) + step`` into
+every member (with cautious weight decay, whose mask reads the parameters: a stacked copy
+of them is updated and written back by :func:`unstack_copy_`).
 
 Compiled, the step then costs what the stacks cost, not what the parameters cost:
-Dynamo traces a handful of operations per stack, and Inductor sees two opaque calls
-(``torch.stack`` and ``torch._foreach_copy_`` when run) and one fused kernel per stack
-instead of a kernel per parameter. Both ops are custom ops (``muon_compile::stack``,
-``muon_compile::unstack_copy_``) so that Inductor keeps them as one call each: its own
-lowering of ``torch.stack`` over hundreds of inputs emits a copy per input.
+Dynamo traces a handful of operations per stack, and Inductor sees one opaque call for
+the gather, one fused kernel per stack and one opaque call for the write, instead of a
+kernel per parameter. The three ops are custom ops (``muon_compile::stack``,
+``muon_compile::unstack_scale_add_``, ``muon_compile::unstack_copy_``) so that Inductor
+keeps each as one call: its own lowering of ``torch.stack`` over hundreds of inputs emits
+a copy per input, and of a write into N parameters N kernels. Run, they are
+``torch.stack`` and ``torch._foreach_*`` calls.
 
 Replace state in place (``state[p]["momentum_buffer"].copy_(t)``): a tensor put in
 its place is not read by the stacked step (``load_state_dict`` restacks itself).
@@ -24,7 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -91,14 +94,19 @@ def plan_stacks(params: Sequence[Tensor]) -> GroupStacks:
     return GroupStacks(stacks, tuple(i for i in range(len(params)) if i not in stacked))
 
 
-def restack(stack: ParamStack, params: Sequence[Tensor], state: dict) -> None:
-    """Copy the members' per-parameter state into new stacked tensors and point each
-    member's state at its view of them; a key missing from a member is left out."""
+def restack(
+    stack: ParamStack, params: Sequence[Tensor], state: dict, place: Callable[[Tensor], Tensor] | None = None
+) -> None:
+    """Copy the members' per-parameter state into new stacked tensors (each passed through
+    ``place`` if given, e.g. to host memory) and point each member's state at its view of
+    them; a key missing from a member is left out."""
     members = [params[i] for i in stack.indices]
     keys = set.intersection(*(set(state[p]) for p in members))
     stack.state = {}
     for key in sorted(keys):
         stacked = torch.stack([state[p][key] for p in members])
+        if place is not None:
+            stacked = place(stacked)
         stack.state[key] = stacked
         for j, p in enumerate(members):
             state[p][key] = stacked[j]
