@@ -34,7 +34,7 @@ from collections.abc import Sequence
 
 import torch
 
-from .ns_args import NSArgs, Triple, as_triple, check_steps, repeat_last
+from .ns_args import AUTO, NSArgs, Triple, as_triple, check_steps, repeat_last
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,6 +132,7 @@ def ns_args(
     eps: float | None = None,
     compute_dtype: torch.dtype = torch.bfloat16,
     clamp_eps: bool = False,
+    algorithm: str = AUTO,
 ) -> NSArgs:
     """The :class:`NSArgs` of ``steps`` iterations of ``spec`` (a preset name, a triple or a
     list of triples), with the preset's norm scale and, unless given, its eps."""
@@ -142,4 +143,5 @@ def ns_args(
         norm_scale=preset.norm_scale,
         clamp_eps=clamp_eps,
         compute_dtype=compute_dtype,
+        algorithm=algorithm,
     )

@@ -13,6 +13,9 @@ MUON_COMPILE_STRATEGY      all_to_all   distributed strategy (:class:`Strategy`)
                                         all_to_all | all_gather
 MUON_COMPILE_PREFETCH      1            distributed buckets whose collective is issued
                                         ahead of the current bucket's compute
+MUON_COMPILE_NS_ALGORITHM  auto         how Newton–Schulz calls left to ``auto`` are
+                                        evaluated: auto (cheaper per shape, see
+                                        :mod:`muon_compile.ns_cost`) | textbook | gram
 MUON_COMPILE_PAD_WASTE     0            largest fraction of a padded bucket's NS FLOPs
                                         that may be zero padding (0 disables merging)
 MUON_COMPILE_PASSES        (all)        comma list: ``a,b`` runs only those passes,
@@ -32,6 +35,8 @@ import dataclasses
 import enum
 import os
 from collections.abc import Iterator, Mapping
+
+from .ns_args import AUTO, check_algorithm
 
 # The passes a user may switch on or off, in pipeline order.
 PASS_NAMES = ("canonicalize", "distribute", "bucket", "schedule", "lower")
@@ -63,6 +68,7 @@ class Config:
     strategy: Strategy = Strategy.ALL_TO_ALL
     prefetch: int = 1
     pad_waste: float = 0.0
+    ns_algorithm: str = AUTO
     passes: tuple[str, ...] = PASS_NAMES
     dump_dir: str | None = None
     trace_helpers: bool = True
@@ -77,6 +83,7 @@ class Config:
             raise ValueError(f"MUON_COMPILE_PREFETCH must be >= 0, got {self.prefetch!r}")
         if not 0.0 <= self.pad_waste < 1.0:
             raise ValueError(f"MUON_COMPILE_PAD_WASTE must be in [0, 1), got {self.pad_waste!r}")
+        check_algorithm(self.ns_algorithm, "MUON_COMPILE_NS_ALGORITHM")
         unknown = [p for p in self.passes if p not in PASS_NAMES]
         if unknown:
             raise ValueError(f"unknown pass name(s) {unknown}; known passes: {PASS_NAMES}")
@@ -90,7 +97,7 @@ class Config:
     def cache_key(self) -> tuple:
         """The fields that change what the passes produce (the dump directory, the tracing
         helpers and the explanation do not)."""
-        return (self.bucket_mb, self.strategy, self.prefetch, self.pad_waste, self.passes)
+        return (self.bucket_mb, self.strategy, self.prefetch, self.pad_waste, self.ns_algorithm, self.passes)
 
 
 def parse_passes(spec: str) -> tuple[str, ...]:
@@ -141,6 +148,7 @@ def from_env(env: Mapping[str, str] | None = None) -> Config:
         strategy=Strategy.parse(env.get("MUON_COMPILE_STRATEGY", "").strip() or Config.strategy),
         prefetch=_number(env, "MUON_COMPILE_PREFETCH", int, Config.prefetch),
         pad_waste=_number(env, "MUON_COMPILE_PAD_WASTE", float, Config.pad_waste),
+        ns_algorithm=env.get("MUON_COMPILE_NS_ALGORITHM", "").strip() or Config.ns_algorithm,
         passes=parse_passes(env.get("MUON_COMPILE_PASSES", "")),
         dump_dir=env.get("MUON_COMPILE_DUMP_DIR") or None,
         trace_helpers=_flag(env, "MUON_COMPILE_TRACE_HELPERS", Config.trace_helpers),

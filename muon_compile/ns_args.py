@@ -5,14 +5,14 @@ buckets by it, and the kernel runs it. It alone converts to and from the flat ar
 list of the custom ops' schema (:data:`NSArgs.SCHEMA`, after the tensor arguments)::
 
     float[] coefficients, int steps, float eps, float norm_scale, bool clamp_eps,
-    ScalarType compute_dtype
+    ScalarType compute_dtype, str algorithm
 
 In the type, ``coefficients`` holds one ``(a, b, c)`` triple per iteration, so two
 evaluations of the same function compare equal whatever schedule spelling produced
 them. In the flat form the trailing repeats of the last triple are dropped (the op
 repeats the last triple), so Keller's five identical steps read ``[a, b, c], 5``.
 
-Adding a field (the algorithm that evaluates the polynomial, say) means adding it here,
+Adding a field means adding it here,
 to :data:`NSArgs.SCHEMA`, :meth:`NSArgs.to_op` and :meth:`NSArgs.from_op`, and to this
 module's tests; the ops, the kernel and the passes receive it inside the type.
 """
@@ -29,6 +29,18 @@ import torch
 Triple = tuple[float, float, float]
 
 COMPUTE_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
+
+# How the iteration is evaluated (:mod:`muon_compile.ns_kernel`); "auto" leaves the choice
+# to :func:`muon_compile.ns_cost.choose`, per matrix shape, dtype and device.
+AUTO, TEXTBOOK, GRAM = "auto", "textbook", "gram"
+ALGORITHMS = (AUTO, TEXTBOOK, GRAM)
+
+
+def check_algorithm(value: object, where: str = "newton_schulz algorithm") -> str:
+    """``value`` if it names an algorithm of :data:`ALGORITHMS`, else ``ValueError`` naming ``where``."""
+    if value not in ALGORITHMS:
+        raise ValueError(f"{where} must be one of {list(ALGORITHMS)}, got {value!r}")
+    return value  # type: ignore[return-value]
 
 
 def as_triple(value: object, where: str | int) -> Triple:
@@ -70,6 +82,10 @@ class NSArgs:
         norm_scale: the Frobenius norm is multiplied by this before ``eps`` is applied.
         clamp_eps: divide by ``max(norm * norm_scale, eps)`` instead of ``norm * norm_scale + eps``.
         compute_dtype: dtype of the iteration's matmuls.
+        algorithm: how the polynomial iteration is evaluated: ``"textbook"`` (on ``X``),
+            ``"gram"`` (on the small Gram matrix ``X X^T``, ``X`` multiplied once at the
+            end) or ``"auto"`` (chosen per shape by :func:`muon_compile.ns_cost.choose`).
+            Equal in exact arithmetic; they round differently.
 
     Raises ``ValueError`` naming the offending value for anything the op does not define.
     """
@@ -79,12 +95,14 @@ class NSArgs:
     norm_scale: float = 1.0
     clamp_eps: bool = False
     compute_dtype: torch.dtype = torch.bfloat16
+    algorithm: str = AUTO
 
     # The schema fragment of these arguments in the custom ops, after their tensor arguments.
     SCHEMA: ClassVar[str] = (
-        "float[] coefficients, int steps, float eps, float norm_scale, bool clamp_eps, ScalarType compute_dtype"
+        "float[] coefficients, int steps, float eps, float norm_scale, bool clamp_eps, ScalarType compute_dtype, "
+        "str algorithm"
     )
-    ARITY: ClassVar[int] = 6  # entries of the flat form
+    ARITY: ClassVar[int] = 7  # entries of the flat form
 
     def __post_init__(self) -> None:
         if isinstance(self.coefficients, (str, bytes)) or not isinstance(self.coefficients, Sequence) or not self.coefficients:
@@ -103,6 +121,7 @@ class NSArgs:
             raise ValueError(f"newton_schulz clamp_eps must be a bool, got {self.clamp_eps!r}")
         if self.compute_dtype not in COMPUTE_DTYPES:
             raise ValueError(f"newton_schulz compute_dtype must be one of {COMPUTE_DTYPES}, got {self.compute_dtype!r}")
+        check_algorithm(self.algorithm)
         object.__setattr__(self, "eps", float(self.eps))
         object.__setattr__(self, "norm_scale", float(self.norm_scale))
 
@@ -128,19 +147,21 @@ class NSArgs:
         while len(triples) > 1 and triples[-2] == triples[-1]:
             triples.pop()
         flat = [v for t in triples for v in t]
-        return (flat, self.steps, self.eps, self.norm_scale, self.clamp_eps, self.compute_dtype)
+        return (flat, self.steps, self.eps, self.norm_scale, self.clamp_eps, self.compute_dtype, self.algorithm)
 
     @classmethod
     def from_op(cls, flat: Sequence[object]) -> NSArgs:
         """Inverse of :meth:`to_op`: the ops' flat arguments (exactly :data:`ARITY` of them)."""
         if len(flat) != cls.ARITY:
             raise ValueError(f"newton_schulz takes {cls.ARITY} arguments after its tensors ({cls.SCHEMA}), got {len(flat)}")
-        coefficients, steps, eps, norm_scale, clamp_eps, compute_dtype = flat
+        coefficients, steps, eps, norm_scale, clamp_eps, compute_dtype, algorithm = flat
         values = list(coefficients)  # type: ignore[call-overload]
         if not values or len(values) % 3:
             raise ValueError(f"newton_schulz coefficients must hold 3*k values (k >= 1), got {len(values)}: {values!r}")
         triples = [tuple(values[i : i + 3]) for i in range(0, len(values), 3)]
-        return cls.repeating(triples, steps, eps=eps, norm_scale=norm_scale, clamp_eps=clamp_eps, compute_dtype=compute_dtype)  # type: ignore[arg-type]
+        return cls.repeating(
+            triples, steps, eps=eps, norm_scale=norm_scale, clamp_eps=clamp_eps, compute_dtype=compute_dtype, algorithm=algorithm
+        )  # type: ignore[arg-type]
 
     def describe(self) -> str:
         """One line for logs and plans, e.g. ``5 steps (3.4445, -4.775, 2.0315) x5, eps 1e-07, bf16``."""
@@ -153,5 +174,6 @@ class NSArgs:
             runs.append(f"{self.coefficients[i]}" + (f" x{j - i + 1}" if j > i else ""))
             i = j + 1
         norm = f"max(norm * {self.norm_scale:g}, {self.eps:g})" if self.clamp_eps else f"norm * {self.norm_scale:g} + {self.eps:g}"
-        return f"{self.steps} steps {', '.join(runs)}; divide by {norm}; {self.compute_dtype}"
+        algorithm = "" if self.algorithm == AUTO else f"; {self.algorithm}"
+        return f"{self.steps} steps {', '.join(runs)}; divide by {norm}; {self.compute_dtype}{algorithm}"
 

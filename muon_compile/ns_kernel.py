@@ -6,8 +6,19 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .ns_args import NSArgs
-from .rounding_cast import to_low_precision
+from . import config
+from .ns_args import AUTO, GRAM, NSArgs
+from .ns_cost import choose, iteration_dtype, segments
+from .rounding_cast import opaque_cast, to_low_precision
+
+
+def algorithm_for(x: Tensor, args: NSArgs) -> str:
+    """The concrete algorithm :func:`orthogonalize` runs on ``x``: ``args.algorithm``, or
+    for ``auto`` :func:`muon_compile.ns_cost.choose` under the configured policy."""
+    if args.algorithm != AUTO:
+        return args.algorithm
+    rows, cols = x.shape[-2:]
+    return choose(rows, cols, args.steps, args.compute_dtype, x.device.type, policy=config.current().ns_algorithm).algorithm
 
 
 def orthogonalize(x: Tensor, args: NSArgs) -> Tensor:
@@ -19,14 +30,19 @@ def orthogonalize(x: Tensor, args: NSArgs) -> Tensor:
        gives exactly the per-matrix result; :func:`to_low_precision` keeps this rounding
        where a torch version's fusion would drop it), then ``X0 = X / (||X||_F * norm_scale + eps)``
        (or ``/ max(||X||_F * norm_scale, eps)`` when ``clamp_eps``), evaluated in at
-       least fp32 and rounded once to ``compute_dtype``.
-    3. For each iteration's ``(a, b, c)``: ``A = X X^T; B = c A A + b A + a I; X = B X``: three plain bmm
-       and one small (rows x rows) pointwise step, summed in at least fp32 and rounded
-       once. Folding ``a X`` into ``B``'s diagonal keeps the big product a plain bmm: on
-       CPU ``baddbmm`` first copies its input into the output and adds an epilogue pass,
-       15% of a gpt-small step. In low precision the diagonal ``a + B_ii`` rounds
-       relative to its own size, the size of the output it scales, so the rounding error
-       matches ``a X + B X`` rounded once.
+       least fp32 and, for the textbook iteration, rounded once to ``compute_dtype``.
+    3. The iteration, by the algorithm :func:`algorithm_for` names:
+
+       * ``textbook``, for each iteration's ``(a, b, c)``: ``A = X X^T; B = c A A + b A + a I;
+         X = B X``: three plain bmm and one small (rows x rows) pointwise step, summed in
+         at least fp32 and rounded once. Folding ``a X`` into ``B``'s diagonal keeps the
+         big product a plain bmm: on CPU ``baddbmm`` first copies its input into the
+         output and adds an epilogue pass, 15% of a gpt-small step. In low precision the
+         diagonal ``a + B_ii`` rounds relative to its own size, the size of the output it
+         scales, so the rounding error matches ``a X + B X`` rounded once.
+       * ``gram`` (:func:`gram_iteration`): the same polynomial on the Gram matrix, the
+         result rounded once to ``compute_dtype``.
+
     4. Transpose back; the result has ``x``'s shape, dtype and a contiguous layout.
     """
     batch = x if x.dim() == 3 else x.unsqueeze(0)
@@ -40,13 +56,16 @@ def orthogonalize(x: Tensor, args: NSArgs) -> Tensor:
     if args.norm_scale != 1.0:
         norm = norm * args.norm_scale
     denom = norm.clamp_min(args.eps) if args.clamp_eps else norm + args.eps
-    X = (X / denom).to(compute_dtype)
-    index = torch.arange(X.size(-2), device=X.device)  # int64: torch.eye's uint16 index stops vectorisation
-    eye = (index[:, None] == index[None, :]).to(acc)
-    for a, b, c in args.coefficients:
-        A = torch.bmm(X, X.mT)
-        B = (c * torch.bmm(A, A).to(acc) + b * A.to(acc) + a * eye).to(compute_dtype)
-        X = torch.bmm(B, X)
+    X = X / denom
+    if algorithm_for(X, args) == GRAM:
+        X = gram_iteration(X, args, acc, norm / args.norm_scale / denom)
+    else:
+        X = X.to(compute_dtype)
+        eye = identity(X.size(-2), X.device, acc)
+        for a, b, c in args.coefficients:
+            A = torch.bmm(X, X.mT)
+            B = (c * torch.bmm(A, A).to(acc) + b * A.to(acc) + a * eye).to(compute_dtype)
+            X = torch.bmm(B, X)
     if tall:
         X = X.mT
     if x.dim() == 2:
@@ -54,7 +73,59 @@ def orthogonalize(x: Tensor, args: NSArgs) -> Tensor:
     return X.to(x.dtype).contiguous()
 
 
-def ns_flops(rows: int, cols: int, steps: int) -> int:
-    """Matmul FLOPs of ``steps`` iterations on one rows x cols matrix: ``T (4 m^2 n + 2 m^3)``, m <= n."""
-    m, n = min(rows, cols), max(rows, cols)
-    return steps * (4 * m * m * n + 2 * m * m * m)
+def identity(n: int, device: torch.device, dtype: torch.dtype) -> Tensor:
+    """The ``n x n`` identity, built by comparing an int64 index (``torch.eye``'s uint16
+    index stops Inductor's vectorisation)."""
+    index = torch.arange(n, device=device)
+    return (index[:, None] == index[None, :]).to(dtype)
+
+
+def gram_iteration(X: Tensor, args: NSArgs, acc: torch.dtype, frobenius: Tensor) -> Tensor:
+    """The iteration of ``args`` on a batch ``X`` of wide normalised matrices (in ``acc``,
+    at least fp32), whose Frobenius norms are ``frobenius`` (``[batch, 1, 1]``), evaluated
+    on their Gram matrices.
+
+    Every iterate is ``X_t = Q_t X`` with ``Q_t`` a polynomial in ``R = X X^T``, and
+    ``X_t X_t^T = Z R Z`` when ``X_{t+1} = Z X_t``, so::
+
+        R = X X^T
+        for each (a, b, c):  Z = c R R + b R + a I;  Q = Z Q (Q = Z the first time);
+                             R = Z (Z R)             (not before a restart or the end)
+                             restart every RESTART_EVERY iterations: X = Q X; R = X X^T
+        result = Q X
+
+    ``X`` is multiplied twice per run between restarts, the rest is ``rows x rows``. The
+    Gram matrix squares ``X``'s condition number, so a bf16 step iterates in fp16
+    (:func:`muon_compile.ns_cost.iteration_dtype`: 3 more bits, the same matmul rate on
+    GPUs); like the textbook iteration, ``Z`` is summed in ``acc`` and rounded once.
+    fp16's range is narrow, so the iteration runs on ``X / f`` (``f`` its Frobenius norm,
+    1 but for inputs near zero): ``R`` is then ``R / f^2``, ``Z = c f^4 R R + b f^2 R + a I``
+    is unchanged, and the result is multiplied by ``f`` in ``acc``.
+
+    The cast of ``X / f`` to the iteration dtype is :func:`muon_compile.rounding_cast.opaque_cast`
+    (one more pass over ``X``): as a plain cast, torch 2.13's C++ code generation fuses it
+    into one outer loop with the bf16 momentum that feeds it and the in-place write of that
+    momentum, then fails (``KeyError`` in ``is_all_write_read_contiguous``, which reads the
+    loads of the write, a user that only orders after it); found by
+    ``tests/test_ns_algorithms.py::test_compiled_step_equals_eager_with_each_algorithm``.
+    """
+    dtype = iteration_dtype(GRAM, args.compute_dtype)
+    f = frobenius.clamp_min(torch.finfo(acc).tiny)
+    f2 = f * f
+    f4 = f2 * f2
+    X = opaque_cast(X / f, dtype)  # see the last paragraph above
+    eye = identity(X.size(-2), X.device, acc)
+    Q = None
+    i = 0
+    for length in segments(args.steps):
+        if Q is not None:
+            X = torch.bmm(Q, X)
+        R = torch.bmm(X, X.mT)
+        for j in range(length):
+            a, b, c = args.coefficients[i]
+            Z = (c * f4 * torch.bmm(R, R).to(acc) + b * f2 * R.to(acc) + a * eye).to(dtype)
+            Q = Z if j == 0 else torch.bmm(Z, Q)
+            if j + 1 < length:
+                R = torch.bmm(Z, torch.bmm(Z, R))
+            i += 1
+    return (torch.bmm(Q, X).to(acc) * f).to(args.compute_dtype)

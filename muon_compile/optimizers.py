@@ -25,7 +25,7 @@ from . import coefficients as coeffs
 from . import offload
 from . import qk_clip as qk_clip_mod
 from . import stacks as stacks_mod
-from .ns_args import NSArgs
+from .ns_args import NSArgs, check_algorithm
 from .qk_clip import QKClip
 from .routing import Kind, layout_of
 from .stats import counters
@@ -123,6 +123,9 @@ class MuonAdamW(torch.optim.Optimizer):
         ns_dtype: dtype of the Newton–Schulz matmuls: ``torch.bfloat16`` (default) or
             ``torch.float32`` (and fp16 / fp64), or its name ``"bf16"``, ``"fp32"``, ...
         ns_eps: added to the Frobenius norm before normalising (default: the preset's).
+        ns_algorithm: how Newton–Schulz is evaluated: ``"auto"`` (default: per matrix
+            shape, the cheaper of the two on the device, :mod:`muon_compile.ns_cost`),
+            ``"textbook"`` or ``"gram"`` (on the Gram matrix ``X X^T``).
         adjust_lr: shape scaling of the Muon step: ``"original"`` sqrt(max(1, rows/cols)),
             ``"match_rms_adamw"`` 0.2 sqrt(max(rows, cols)), ``"spectral"`` sqrt(max(rows,
             cols)) or ``"none"``. Rows and cols are the last two dimensions.
@@ -168,6 +171,7 @@ class MuonAdamW(torch.optim.Optimizer):
         ns_steps: int = 5,
         ns_dtype: torch.dtype | str = torch.bfloat16,
         ns_eps: float | None = None,
+        ns_algorithm: str = "auto",
         adjust_lr: str = "original",
         extra_scale_factor: float = 1.0,
         normuon_beta2: float | None = None,
@@ -190,6 +194,7 @@ class MuonAdamW(torch.optim.Optimizer):
                 ns_steps=ns_steps,
                 ns_dtype=ns_dtype,
                 ns_eps=ns_eps,
+                ns_algorithm=ns_algorithm,
                 adjust_lr=adjust_lr,
                 extra_scale_factor=extra_scale_factor,
                 normuon_beta2=normuon_beta2,
@@ -243,6 +248,7 @@ class MuonAdamW(torch.optim.Optimizer):
         if not isinstance(group["ns_steps"], int) or group["ns_steps"] < 1:
             raise ValueError(f"ns_steps must be a positive int, got {group['ns_steps']!r}")
         group["ns_dtype"] = _ns_dtype(group["ns_dtype"])
+        check_algorithm(group["ns_algorithm"], "ns_algorithm")
         if group["adjust_lr"] not in ADJUST_LR_MODES:
             raise ValueError(f"unknown adjust_lr mode {group['adjust_lr']!r}; known: {ADJUST_LR_MODES}")
         if group["ns_eps"] is not None and not group["ns_eps"] >= 0:
@@ -390,7 +396,11 @@ class MuonAdamW(torch.optim.Optimizer):
 
     def _muon_step(self, group: dict, layout: stacks_mod.GroupStacks) -> None:
         ns_args = coeffs.ns_args(
-            group["ns_coefficients"], group["ns_steps"], eps=group["ns_eps"], compute_dtype=group["ns_dtype"]
+            group["ns_coefficients"],
+            group["ns_steps"],
+            eps=group["ns_eps"],
+            compute_dtype=group["ns_dtype"],
+            algorithm=group["ns_algorithm"],
         )
         decay = 1 - group["lr"] * group["weight_decay"]
         params = group["params"]

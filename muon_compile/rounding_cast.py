@@ -30,8 +30,14 @@ def _rounding_cast_fake(x: Tensor, dtype: torch.dtype) -> Tensor:
     return torch.empty_like(x, dtype=dtype)
 
 
+def opaque_cast(x: Tensor, dtype: torch.dtype) -> Tensor:
+    """``x.to(dtype)`` as the opaque op on every torch version: a kernel of its own that
+    Inductor does not fuse with the producer of ``x``."""
+    return torch.ops.muon_compile.rounding_cast.default(x, dtype)
+
+
 def to_low_precision(x: Tensor, dtype: torch.dtype) -> Tensor:
     """``x.to(dtype)``; through the opaque op only where fusion would lose its rounding."""
     if CPU_FUSION_DROPS_ROUND_TRIP and x.device.type == "cpu" and dtype.itemsize < x.dtype.itemsize:
-        return torch.ops.muon_compile.rounding_cast.default(x, dtype)
+        return opaque_cast(x, dtype)
     return x.to(dtype)

@@ -98,6 +98,7 @@ def newton_schulz(
     eps: float | None = None,
     compute_dtype: torch.dtype = torch.bfloat16,
     clamp_eps: bool = False,
+    algorithm: str = "auto",
 ) -> Tensor:
     """Orthogonalise ``x`` (a matrix or a batch of matrices) by Newton–Schulz iteration.
 
@@ -111,9 +112,13 @@ def newton_schulz(
         eps: added to the scaled Frobenius norm before dividing (default: the preset's).
         compute_dtype: dtype of the iteration's matmuls (bf16 by default; fp32 allowed).
         clamp_eps: divide by ``max(norm, eps)`` instead of ``norm + eps``.
+        algorithm: ``"textbook"`` (iterate on ``X``), ``"gram"`` (iterate on ``X X^T``, fewer
+            FLOPs for wide matrices) or ``"auto"`` (the cheaper one for the shape, dtype
+            and device, see :mod:`muon_compile.ns_cost`; ``MUON_COMPILE_NS_ALGORITHM``
+            overrides it).
 
     Returns:
         A tensor with ``x``'s shape and dtype.
     """
-    args = coeffs.ns_args(coefficients, steps, eps=eps, compute_dtype=compute_dtype, clamp_eps=clamp_eps)
+    args = coeffs.ns_args(coefficients, steps, eps=eps, compute_dtype=compute_dtype, clamp_eps=clamp_eps, algorithm=algorithm)
     return newton_schulz_any(x, args)

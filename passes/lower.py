@@ -3,7 +3,8 @@
 Algorithm:
   1. For each ``muon_compile::newton_schulz`` node, trace the op's own pure kernel
      (:func:`muon_compile.ns_kernel.orthogonalize`) on its input with Inductor's
-     decompositions, so the graph computes exactly what eager computes. A
+     decompositions, with the algorithm ``plan_algorithms`` chose for the node, so the
+     graph computes exactly what eager computes. A
      ``sharded_newton_schulz`` node that ``distribute`` left alone gets its own reference
      algorithm (all-gather, NS, slice) the same way.
   2. Splice the trace in place of the node. Inductor then calls extern bmm kernels and
@@ -19,6 +20,7 @@ Before / after (one iteration shown)::
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 
@@ -30,16 +32,19 @@ from muon_compile.sharded_ns import gather_orthogonalize_slice, group_rank
 from muon_compile.stats import counters
 
 from .graph_utils import NSCall, ns_call, ns_nodes, splice_trace
+from .plan_algorithms import AlgorithmPlan
 from .stages import stage_of, tagged
 
 log = logging.getLogger(__name__)
 
 
-def lower_ns_ops(graph: fx.Graph) -> None:
-    """Lower all NS op nodes of ``graph`` (see the module docstring)."""
+def lower_ns_ops(graph: fx.Graph, plan: AlgorithmPlan) -> None:
+    """Lower all NS op nodes of ``graph`` with the algorithms of ``plan`` (see the module docstring)."""
+    chosen = plan.by_node()
     for node in ns_nodes(graph):
-        call = ns_call(node)
+        call = dataclasses.replace(ns_call(node), args=chosen[node.name].chosen_args)
         log.debug("lowering %s on %s: %s", node.name, tuple(call.input.meta["val"].shape), call.args.describe())
+        counters[f"lower.{call.args.algorithm}"] += 1
         (out,) = splice_trace(graph, _kernel(call), [call.input], insert_before=node, meta=tagged(stage_of(node)))
         node.replace_all_uses_with(out)
         graph.erase_node(node)

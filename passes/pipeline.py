@@ -1,5 +1,6 @@
 """The pipeline, top to bottom: canonicalize on the Dynamo graph (before AOTAutograd),
-then on the post-grad graph find -> plan -> distribute -> bucket -> schedule -> lower,
+then on the post-grad graph find -> plan -> distribute -> bucket -> schedule -> plan
+algorithms -> lower,
 then the user's own post-grad passes, if any (:class:`MuonGraphPass`).
 
 Each pass is named; with ``MUON_COMPILE_DUMP_DIR`` set, the graph before and after each
@@ -34,8 +35,9 @@ from .canonicalize import apply_canonical, plan_canonical, reject_log
 from .distribute import apply_distribution
 from .find import find_ns_sites
 from .graph_text import graph_text
-from .graph_utils import alias_pattern, check_contract
+from .graph_utils import alias_pattern, check_contract, ns_nodes
 from .lower import lower_ns_ops
+from .plan_algorithms import plan_algorithms
 from .plan_buckets import plan_buckets
 from .plan_distributed import plan_distributed
 from .schedule import apply_schedule
@@ -145,7 +147,10 @@ def _post_grad(graph: fx.Graph, cfg: config_mod.Config, dump_name: str | None) -
     if cfg.enabled("schedule") and distributed:
         _run_pass("schedule", graph, dumper, lambda: apply_schedule(graph, cfg.prefetch))
     if cfg.enabled("lower"):
-        _run_pass("lower", graph, dumper, lambda: lower_ns_ops(graph))
+        algorithms = plan_algorithms(ns_nodes(graph), policy=cfg.ns_algorithm)
+        log.debug("algorithm plan:\n%s", algorithms.describe())
+        explain.note_plan(algorithms.describe())
+        _run_pass("lower", graph, dumper, lambda: lower_ns_ops(graph, algorithms))
 
 
 UserPasses = Callable[[fx.Graph], None] | Sequence[Callable[[fx.Graph], None]] | None

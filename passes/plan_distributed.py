@@ -24,7 +24,7 @@ from collections import defaultdict
 
 from muon_compile.config import Strategy
 from muon_compile.ns_args import NSArgs
-from muon_compile.ns_kernel import ns_flops
+from muon_compile.ns_cost import ns_flops
 
 from .find import NSSite
 

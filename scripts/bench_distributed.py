@@ -53,7 +53,7 @@ from torch._inductor.utils import fresh_cache
 
 import muon_compile
 from muon_compile import config
-from muon_compile.ns_kernel import ns_flops
+from muon_compile.ns_cost import ns_flops
 
 KELLER = (3.4445, -4.7750, 2.0315)
 LR, MOMENTUM, NS_STEPS = 0.02, 0.95, 5

@@ -65,7 +65,7 @@ the stack and the update, and ``torch._foreach_copy_`` writes the rows back.
 preallocated ``[K, m, n]`` bf16 tensor, and per Newton–Schulz iteration the three
 products ``A = X X^T``, ``A2 = A A``, ``Y = A2 X`` as ``torch.bmm(..., out=...)`` into
 preallocated buffers. That is ``4 m^2 n + 2 m^3`` FLOPs per matrix and iteration
-(:func:`muon_compile.ns_kernel.ns_flops`), the same matmul work as the optimizers' step,
+(:func:`muon_compile.ns_cost.ns_flops`), the same matmul work as the optimizers' step,
 without their elementwise work, normalisation or casts.
 
 Compile time (compiled arms only), all inside one ``torch._inductor.utils.fresh_cache()``
@@ -111,7 +111,7 @@ import torch
 from torch._inductor.utils import fresh_cache
 
 import muon_compile
-from muon_compile.ns_kernel import ns_flops
+from muon_compile.ns_cost import ns_flops
 
 LR = 0.02
 NS_STEPS = 5  # the default of both optimizers

@@ -13,6 +13,15 @@ compiled and eager, against the exact (fp64) evaluation of the same code. It pri
 distribution of ``err(compiled, exact) / err(eager, exact)`` and the largest
 ``err(compiled, exact) / max(5e-2, REWRITE_MARGIN * err(eager, exact))`` (the test bound, with REWRITE_MARGIN from tests/numerics.py; must stay < 1).
 The tolerances in tests/numerics.py quote these figures.
+
+``--algorithms`` measures the Newton–Schulz evaluations of muon_compile.ns_kernel
+instead: for each preset (keller, polar_express, quintic, aol), compute dtype (bf16,
+fp32), Newton–Schulz steps (5, 10), shape (wide, square, wider) and input class (random; condition numbers 1e2, 1e4,
+1e6 with log-spaced singular values; rank 4; near zero, entries ~1e-30), ``--samples``
+inputs each, the error of ``muon_compile.newton_schulz(x, algorithm=a)`` against the fp64
+textbook iteration of the same coefficients. It prints, per row, the largest
+``err(gram) / err(textbook)`` over the samples (the bound of issue 14: must stay <= 1
+wherever ``auto`` may pick Gram; muon_compile.ns_cost.GRAM_DTYPES quotes the result).
 """
 
 import argparse
@@ -74,11 +83,63 @@ def rewrite_ratios(form: str, samples: int) -> tuple[list[float], float]:
     return sorted(ratios), worst
 
 
+ALGORITHM_SHAPES = ((64, 256), (96, 96), (128, 384))
+INPUT_CLASSES = ("random", "cond1e2", "cond1e4", "cond1e6", "rank4", "near-zero")
+
+
+def stress_input(kind: str, rows: int, cols: int, gen: torch.Generator) -> torch.Tensor:
+    """One fp64 input of ``kind`` (see ``--algorithms``)."""
+    if kind == "random":
+        return torch.randn(rows, cols, generator=gen, dtype=torch.float64)
+    if kind == "near-zero":
+        return 1e-30 * torch.randn(rows, cols, generator=gen, dtype=torch.float64)
+    k = min(rows, cols)
+    u, _ = torch.linalg.qr(torch.randn(rows, k, generator=gen, dtype=torch.float64))
+    v, _ = torch.linalg.qr(torch.randn(cols, k, generator=gen, dtype=torch.float64))
+    if kind == "rank4":
+        sigma = torch.zeros(k, dtype=torch.float64)
+        sigma[:4] = 0.5 + torch.rand(4, generator=gen, dtype=torch.float64)
+    else:
+        sigma = torch.logspace(0, -float(kind[len("cond1e"):]), k, dtype=torch.float64)
+    return (u * sigma) @ v.mT
+
+
+def algorithm_ratios(
+    preset: str, dtype: torch.dtype, steps: int, shape: tuple[int, int], kind: str, samples: int
+) -> tuple[float, float, float]:
+    """Largest ``err(gram) / err(textbook)`` over ``samples`` inputs, and the largest of each error."""
+    worst, e_text, e_gram = 0.0, 0.0, 0.0
+    for seed in range(samples):
+        x = stress_input(kind, *shape, torch.Generator().manual_seed(seed))
+        exact = muon_compile.newton_schulz(x, preset, steps, compute_dtype=torch.float64, algorithm="textbook")
+        text = rel_err(muon_compile.newton_schulz(x, preset, steps, compute_dtype=dtype, algorithm="textbook"), exact)
+        gram = rel_err(muon_compile.newton_schulz(x, preset, steps, compute_dtype=dtype, algorithm="gram"), exact)
+        worst = max(worst, gram / text if text > 0 else (0.0 if gram == 0 else float("inf")))
+        e_text, e_gram = max(e_text, text), max(e_gram, gram)
+    return worst, e_text, e_gram
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--rewrites", action="store_true", help="measure the canonicalize pass's rewrites")
+    parser.add_argument("--algorithms", action="store_true", help="measure Gram against textbook Newton-Schulz")
+    parser.add_argument("--samples", type=int, default=3, help="inputs per row of --algorithms")
     args = parser.parse_args()
+    if args.algorithms:
+        print("preset          dtype     steps shape     input      max err(gram)/err(textbook)  max err textbook  max err gram")
+        for preset in ("keller", "polar_express", "quintic", "aol"):
+            for dtype in (torch.bfloat16, torch.float32):
+                for steps in (5, 10):
+                    for shape in ALGORITHM_SHAPES:
+                        for kind in INPUT_CLASSES:
+                            ratio, text, gram = algorithm_ratios(preset, dtype, steps, shape, kind, args.samples)
+                            print(
+                                f"{preset:15} {str(dtype)[6:]:9} {steps:5} {shape[0]}x{shape[1]:<6} {kind:10} "
+                                f"{ratio:27.3f}  {text:16.3g}  {gram:12.3g}",
+                                flush=True,
+                            )
+        return
     if args.rewrites:
         from ns_forms import FORMS
 

@@ -25,6 +25,17 @@ def test_gpt_single_device(tmp_path):
     step.assert_close(NS_RTOL["cpu"][torch.bfloat16])
 
 
+def test_gram_buckets(tmp_path):
+    """The Gram evaluation (issue 14), asked for by the optimizer: the MLP bucket's lowered
+    graph is X X^T, the fp16 iteration on 16x16 Gram matrices, a restart after three
+    iterations, and Q X; compiled against eager Gram."""
+    graphs, step = compile_with_dump(muon(ns_algorithm="gram"), [(64, 16), (16, 64)], tmp_path)
+    assert_golden("single_device_gram.lowered.txt", graphs["lower_after"])
+    # X X^T and Q X per run (two runs: 3 + 2 iterations), 4 L - 3 16x16 products per run of L
+    assert graphs["lower_after"].count("aten.bmm(") == 2 * 2 + (4 * 3 - 3) + (4 * 2 - 3)
+    step.assert_close(NS_RTOL["cpu"][torch.bfloat16])
+
+
 def test_padding_merge(tmp_path):
     # 16x40 and the tall 40x16 pad into the 16x48 bucket (14% of its NS FLOPs wasted)
     graphs, step = compile_with_dump(muon(), [(16, 48), (16, 40), (40, 16)], tmp_path, pad_waste=0.2)

@@ -1,6 +1,8 @@
 """NSArgs, the one owner of the Newton–Schulz arguments: the flat op form and back,
 one value per function, validation, and the ops' schemas built from it."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -25,8 +27,8 @@ def test_flat_form_round_trips(preset, steps):
 def test_one_value_per_function():
     """Keller's triple given once or five times is the same function: equal NSArgs, the
     same compact flat form (the op repeats the last triple)."""
-    once = NSArgs.from_op(([*KELLER], 5, 1e-7, 1.0, False, torch.bfloat16))
-    five = NSArgs.from_op(([*KELLER] * 5, 5, 1e-7, 1.0, False, torch.bfloat16))
+    once = NSArgs.from_op(([*KELLER], 5, 1e-7, 1.0, False, torch.bfloat16, "auto"))
+    five = NSArgs.from_op(([*KELLER] * 5, 5, 1e-7, 1.0, False, torch.bfloat16, "auto"))
     assert once == five == coeffs.ns_args("keller", 5)
     assert once.to_op()[0] == list(KELLER)
     assert hash(once) == hash(five)
@@ -44,6 +46,8 @@ def test_cycled_presets_expand_per_iteration():
 def test_describe_names_every_argument():
     text = coeffs.ns_args("keller", 5, eps=1e-6, clamp_eps=True).describe()
     assert text == "5 steps (3.4445, -4.775, 2.0315) x5; divide by max(norm * 1, 1e-06); torch.bfloat16"
+    gram = dataclasses.replace(coeffs.ns_args("keller", 5), algorithm="gram")
+    assert gram.describe().endswith("; torch.bfloat16; gram")
 
 
 @pytest.mark.parametrize(
@@ -56,6 +60,7 @@ def test_describe_names_every_argument():
         (dict(coefficients=(KELLER,), norm_scale=0.0), "norm_scale"),
         (dict(coefficients=(KELLER,), clamp_eps=1), "clamp_eps must be a bool"),
         (dict(coefficients=(KELLER,), compute_dtype=torch.int32), "compute_dtype"),
+        (dict(coefficients=(KELLER,), algorithm="fast"), r"algorithm must be one of \['auto', 'textbook', 'gram'\]"),
     ],
 )
 def test_invalid_arguments_raise_value_error(fields, match):
@@ -66,9 +71,9 @@ def test_invalid_arguments_raise_value_error(fields, match):
 @pytest.mark.parametrize(
     "flat, match",
     [
-        (([1.0, 2.0, 3.0, 4.0], 5, 1e-7, 1.0, False, torch.float32), r"3\*k values"),
-        (([*KELLER], 0, 1e-7, 1.0, False, torch.float32), "steps must be >= 1"),
-        (([*KELLER], 5, 1e-7, 1.0, False), "takes 6 arguments"),
+        (([1.0, 2.0, 3.0, 4.0], 5, 1e-7, 1.0, False, torch.float32, "auto"), r"3\*k values"),
+        (([*KELLER], 0, 1e-7, 1.0, False, torch.float32, "auto"), "steps must be >= 1"),
+        (([*KELLER], 5, 1e-7, 1.0, False, torch.float32), "takes 7 arguments"),
     ],
 )
 def test_invalid_flat_form_raises_value_error(flat, match):

@@ -39,10 +39,10 @@ def scalar_composition(sigma, triples, steps):
     return sigma
 
 
-def call(x, preset, steps, dtype, eps=None, clamp=False):
+def call(x, preset, steps, dtype, eps=None, clamp=False, algorithm="auto"):
     args = NSArgs.repeating(
         preset.coefficients, steps, eps=preset.eps if eps is None else eps,
-        norm_scale=preset.norm_scale, clamp_eps=clamp, compute_dtype=dtype,
+        norm_scale=preset.norm_scale, clamp_eps=clamp, compute_dtype=dtype, algorithm=algorithm,
     )
     return newton_schulz_op(x, args)
 
@@ -53,9 +53,11 @@ SHAPES = [(16, 48), (48, 16), (24, 24), (1, 9), (9, 1)]
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("preset", [KELLER, POLAR], ids=["keller", "polar_express"])
 @pytest.mark.parametrize("steps", [1, 5, 10])
-def test_matches_textbook_fp64(device, shape, preset, steps):
+@pytest.mark.parametrize("algorithm", ["textbook", "gram"])
+def test_matches_textbook_fp64(device, shape, preset, steps, algorithm):
+    """Both evaluations are the textbook iteration in exact arithmetic (fp64 here)."""
     g = torch.randn(*shape, dtype=torch.float64, generator=torch.Generator().manual_seed(0)).to(device)
-    got = call(g, preset, steps, torch.float64)
+    got = call(g, preset, steps, torch.float64, algorithm=algorithm)
     want = textbook_ns(g, preset.coefficients, steps, preset.eps, preset.norm_scale)
     assert got.shape == g.shape and got.dtype == g.dtype and got.is_contiguous()
     torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
@@ -180,7 +182,7 @@ def test_bad_input_raises_value_error(x, kwargs, match):
 
 def test_flat_coefficients_must_be_triples():
     with pytest.raises(ValueError, match="3\\*k values"):
-        NEWTON_SCHULZ(torch.randn(3, 3), [1.0, 2.0, 3.0, 4.0], 5, 1e-7, 1.0, False, torch.float32)
+        NEWTON_SCHULZ(torch.randn(3, 3), [1.0, 2.0, 3.0, 4.0], 5, 1e-7, 1.0, False, torch.float32, "auto")
 
 
 def test_backpropagating_through_the_op_is_an_error():

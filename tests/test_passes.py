@@ -8,7 +8,7 @@ import torch
 import torch.fx as fx
 
 import muon_compile
-from muon_compile import config
+from muon_compile import config, ns_cost
 from muon_compile.ns_args import NSArgs
 from muon_compile.ns_op import newton_schulz_op
 from muon_compile.passes.find import NSSite
@@ -93,7 +93,14 @@ def test_ns_calls_after_bucketing_equal_planned_buckets(device, tmp_path):
     step.assert_close(NS_RTOL[device][torch.bfloat16])
 
 
-def test_matmul_kernels_per_step_are_three_per_iteration_per_bucket(device):
+def bmm_calls(rows, cols, device, steps=5):
+    """The bmm calls of one bucket of ``rows x cols`` bf16 matrices: three per iteration for
+    the textbook algorithm, ``4 T - 1`` for Gram, whichever ``auto`` picks on ``device``."""
+    algorithm = ns_cost.choose(rows, cols, steps, torch.bfloat16, device).algorithm
+    return sum(p.count for p in ns_cost.products(algorithm, rows, cols, steps, torch.bfloat16))
+
+
+def test_matmul_kernels_per_step_are_one_set_per_bucket(device):
     shapes = [(8, 24)] * 6 + [(24, 8)]
     eager_params, params = make_params(shapes, device=device), make_params(shapes, device=device)
     eager, opt = muon_compile.Muon(eager_params), muon_compile.Muon(params)
@@ -109,7 +116,7 @@ def test_matmul_kernels_per_step_are_three_per_iteration_per_bucket(device):
             step()
     names = [e.name for e in prof.events()]
     matmuls = sum(names.count(k) for k in ("aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm"))
-    assert matmuls == names.count("aten::bmm") == 3 * 5  # one bucket of 7 matrices, 5 iterations
+    assert matmuls == names.count("aten::bmm") == bmm_calls(8, 24, device)  # one bucket of 7 matrices
     for p, e in zip(params, eager_params):
         torch.testing.assert_close(p, e, rtol=NS_RTOL[device][torch.bfloat16], atol=1e-3)
 
@@ -149,8 +156,10 @@ def test_dump_dir_and_debug_log_show_each_pass(device, tmp_path, caplog):
     assert list(graphs) == ["bucket_before", "bucket_after", "lower_before", "lower_after"]
     assert graphs["bucket_after"] == graphs["lower_before"]
     assert count_ns_calls(graphs["lower_after"]) == 0
-    assert graphs["lower_after"].count("aten.bmm(") == 3 * 5 * 3  # 3 buckets, 5 iterations
+    buckets = [(8, 24), (8, 8), (8, 32)]
+    assert graphs["lower_after"].count("aten.bmm(") == sum(bmm_calls(r, c, device) for r, c in buckets)
     text = caplog.text
+    assert "algorithm plan:\nns " in text
     assert "bucket plan for 4 NS ops" in text
     assert "bucket 2: 2 matrices 8x32 from sites [2, 3]" in text
     assert "lowering" in text and "5 steps (3.4445, -4.775, 2.0315) x5" in text

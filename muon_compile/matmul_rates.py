@@ -1,0 +1,85 @@
+"""Matmul throughput by device type, dtype and size: the device profile of the cost model.
+
+A :class:`MatmulRates` holds, per dtype, the measured GFLOP/s of a batched product of
+``s x s`` matrices for a few sizes ``s``. A product of other dimensions is priced at the
+size of the cube of equal volume (``(m k n) ** (1/3)``), interpolated log-log between the
+table's sizes and held flat beyond its ends. That is enough for what the table is used
+for: comparing two evaluations of one Newton–Schulz iteration whose products differ in
+shape and dtype, not predicting wall time to the percent.
+
+Tables:
+
+* ``cpu``: measured on the project's 2-core VM (torch 2.13.0+cpu, oneDNN/MKL) with
+  ``python scripts/measure_matmul_rates.py`` (medians of 7 batched products per size).
+* ``cuda``: an H100 SXM estimate, not a measurement: NVIDIA's dense peaks (989 TFLOP/s
+  bf16/fp16 tensor core, 67 TFLOP/s fp32 without TF32, PyTorch's default for matmul, 34
+  TFLOP/s fp64) scaled by cuBLAS efficiencies typical for those sizes. Replace it with a measured table
+  when a GPU run has produced one (``scripts/measure_matmul_rates.py`` on that machine).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+
+import torch
+
+Table = tuple[tuple[int, float], ...]  # (size, GFLOP/s), sizes ascending
+
+
+@dataclasses.dataclass(frozen=True)
+class MatmulRates:
+    """Measured (or estimated, see ``source``) matmul rates of one device type."""
+
+    device: str
+    source: str
+    tables: Mapping[torch.dtype, Table]
+
+    def rate(self, dtype: torch.dtype, m: int, k: int, n: int) -> float:
+        """GFLOP/s of an ``(m x k) @ (k x n)`` product in ``dtype`` (see the module docstring)."""
+        table = self.tables.get(dtype)
+        if table is None:
+            raise ValueError(f"no {self.device} matmul rates for {dtype}; known: {sorted(map(str, self.tables))}")
+        size = (m * k * n) ** (1 / 3)
+        if size <= table[0][0]:
+            return table[0][1]
+        for (s0, r0), (s1, r1) in zip(table, table[1:]):
+            if size <= s1:
+                t = (math.log(size) - math.log(s0)) / (math.log(s1) - math.log(s0))
+                return math.exp(math.log(r0) + t * (math.log(r1) - math.log(r0)))
+        return table[-1][1]
+
+    def seconds(self, dtype: torch.dtype, m: int, k: int, n: int, count: int = 1) -> float:
+        """Predicted seconds of ``count`` ``(m x k) @ (k x n)`` products in ``dtype``."""
+        return count * 2 * m * k * n / (self.rate(dtype, m, k, n) * 1e9)
+
+
+# python scripts/measure_matmul_rates.py, 2026-11-23, the 2-core VM (its bf16 products run on AMX).
+_CPU_BF16: Table = ((32, 109.7), (64, 420.2), (128, 499.6), (256, 664.3), (512, 759.1), (1024, 712.2), (2048, 678.0))
+_CPU_FP16: Table = ((32, 5.2), (64, 5.7), (128, 5.9), (256, 2.5), (512, 2.2), (1024, 1.0), (2048, 0.3))
+_CPU_FP32: Table = ((32, 83.9), (64, 123.2), (128, 169.9), (256, 179.7), (512, 190.3), (1024, 187.6), (2048, 195.0))
+_CPU_FP64: Table = ((32, 32.2), (64, 57.6), (128, 63.1), (256, 82.8), (512, 85.2), (1024, 92.0), (2048, 85.1))
+
+# H100 SXM estimate (see the module docstring); fp16 and bf16 share the tensor-core rate.
+_CUDA_HALF: Table = ((64, 2_000.0), (128, 15_000.0), (256, 90_000.0), (512, 300_000.0), (1024, 550_000.0), (2048, 650_000.0), (4096, 700_000.0))
+_CUDA_FP32: Table = ((64, 1_000.0), (128, 5_000.0), (256, 20_000.0), (512, 40_000.0), (1024, 48_000.0), (2048, 50_000.0), (4096, 50_000.0))
+_CUDA_FP64: Table = tuple((s, r / 2) for s, r in _CUDA_FP32)
+
+PROFILES: dict[str, MatmulRates] = {
+    "cpu": MatmulRates(
+        "cpu",
+        "measured on the 2-core CI VM, torch 2.13.0+cpu (scripts/measure_matmul_rates.py)",
+        {torch.bfloat16: _CPU_BF16, torch.float16: _CPU_FP16, torch.float32: _CPU_FP32, torch.float64: _CPU_FP64},
+    ),
+    "cuda": MatmulRates(
+        "cuda",
+        "H100 SXM estimate from NVIDIA's dense peaks and typical cuBLAS efficiency (not measured)",
+        {torch.bfloat16: _CUDA_HALF, torch.float16: _CUDA_HALF, torch.float32: _CUDA_FP32, torch.float64: _CUDA_FP64},
+    ),
+}
+
+
+def profile_for(device_type: str) -> MatmulRates:
+    """The rates of ``device_type`` (``"cpu"``, ``"cuda"``); another accelerator is priced as ``cuda``."""
+    return PROFILES.get(device_type, PROFILES["cuda"])

@@ -1,0 +1,133 @@
+"""What each Newton–Schulz algorithm computes, what it costs, and which one ``auto`` picks.
+
+For one wide ``m x n`` matrix (``m <= n``; a tall one is taken through its transpose) and
+``T`` iterations, the two evaluations of :mod:`muon_compile.ns_kernel` are these matmuls
+(:func:`products`), in FLOPs:
+
+* ``textbook``: per iteration ``A = X X^T``, ``A A``, ``B X``: ``T (4 m^2 n + 2 m^3)``, in
+  the compute dtype.
+* ``gram``: ``R = X X^T``, per iteration ``R R`` and (after the first) ``Q <- Z Q`` and
+  (before the last) ``R <- Z (Z R)``, then ``Q X``; every :data:`RESTART_EVERY` iterations
+  a restart (``X <- Q X``, ``R = X X^T``, ``Q`` dropped). With ``s`` restarts that is
+  ``4 (s + 1) m^2 n + (8 T - 6 (s + 1)) m^3``, in fp16 for a bf16 or fp16 step (the Gram
+  matrix's condition number is the square of ``X``'s: fp16 keeps 3 more bits than bf16
+  at the same matmul rate on GPUs), in the compute dtype otherwise.
+
+So for ``T = 5`` (one restart) Gram needs fewer FLOPs once ``n > 2 m`` (0.74x at
+``n = 3 m``, 0.67x at ``n = 4 m``) and more on square matrices (1.2x).
+
+:func:`choose` resolves ``auto`` per matrix shape, compute dtype and device type, never
+per batch size, so an eager call and a compiled bucket of the same matrices evaluate
+alike. The policy is ``MUON_COMPILE_NS_ALGORITHM`` (:mod:`muon_compile.config`): ``auto``
+prices both algorithms' products with the device's :mod:`muon_compile.matmul_rates` and
+takes the cheaper one, among those allowed by the numerics rule:
+
+* Gram is allowed for bf16 and fp16 compute and at most :data:`GRAM_MAX_STEPS`
+  iterations only. ``scripts/stress_numerics.py --algorithms`` measures, against the fp64
+  textbook iteration of the same coefficients, the error of each evaluation: a bf16 step
+  by Gram (in fp16, one restart) stays below the textbook bf16 step's error on every
+  input class and preset, while with fp32 compute Gram's error exceeds the textbook fp32
+  error by up to tens of times on ill-conditioned and square inputs (docs/benchmarks.md
+  has the table).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from .matmul_rates import MatmulRates, profile_for
+from .ns_args import AUTO, GRAM, TEXTBOOK, check_algorithm
+
+# Compute dtypes and iteration counts for which "auto" may pick Gram (see the module docstring).
+GRAM_DTYPES = (torch.bfloat16, torch.float16)
+GRAM_MAX_STEPS = 5
+# Gram restarts after every this many iterations (iteration 3 of 5: the measured best
+# position of one restart for all presets, docs/benchmarks.md).
+RESTART_EVERY = 3
+
+
+@dataclasses.dataclass(frozen=True)
+class Product:
+    """``count`` matmuls ``(m x k) @ (k x n)`` in ``dtype``."""
+
+    m: int
+    k: int
+    n: int
+    count: int
+    dtype: torch.dtype
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.m * self.k * self.n * self.count
+
+
+def iteration_dtype(algorithm: str, compute_dtype: torch.dtype) -> torch.dtype:
+    """The dtype of ``algorithm``'s products: the compute dtype, but fp16 for a bf16 Gram iteration."""
+    if algorithm == GRAM and compute_dtype == torch.bfloat16:
+        return torch.float16
+    return compute_dtype
+
+
+def segments(steps: int) -> tuple[int, ...]:
+    """The lengths of the runs of Gram iterations between restarts (:data:`RESTART_EVERY`)."""
+    return tuple(min(RESTART_EVERY, steps - start) for start in range(0, steps, RESTART_EVERY))
+
+
+def products(algorithm: str, rows: int, cols: int, steps: int, compute_dtype: torch.dtype) -> tuple[Product, ...]:
+    """The matmuls of one ``rows x cols`` matrix under ``algorithm`` (``textbook`` or ``gram``)."""
+    m, n = min(rows, cols), max(rows, cols)
+    dtype = iteration_dtype(algorithm, compute_dtype)
+    if algorithm == TEXTBOOK:
+        return (Product(m, n, m, steps, dtype), Product(m, m, m, steps, dtype), Product(m, m, n, steps, dtype))
+    if algorithm == GRAM:
+        runs = segments(steps)
+        # per run of L: R R each iteration, Z Q after the first, Z (Z R) before the last
+        square = sum(4 * length - 3 for length in runs)
+        return (Product(m, n, m, len(runs), dtype), Product(m, m, m, square, dtype), Product(m, m, n, len(runs), dtype))
+    raise ValueError(f"products of a concrete algorithm ({TEXTBOOK!r} or {GRAM!r}), got {algorithm!r}")
+
+
+def ns_flops(rows: int, cols: int, steps: int, algorithm: str = TEXTBOOK) -> int:
+    """Matmul FLOPs of ``steps`` iterations on one ``rows x cols`` matrix (see the module docstring)."""
+    return sum(p.flops for p in products(algorithm, rows, cols, steps, torch.float32))
+
+
+def predicted_seconds(algorithm: str, rows: int, cols: int, steps: int, compute_dtype: torch.dtype, rates: MatmulRates) -> float:
+    """Predicted matmul seconds of one matrix under ``algorithm`` on the device of ``rates``."""
+    return sum(rates.seconds(p.dtype, p.m, p.k, p.n, p.count) for p in products(algorithm, rows, cols, steps, compute_dtype))
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    """The algorithm for one matrix shape and why; ``flops`` and ``seconds`` per concrete algorithm."""
+
+    algorithm: str
+    reason: str
+    flops: dict[str, int]
+    seconds: dict[str, float]
+
+
+def choose(
+    rows: int, cols: int, steps: int, compute_dtype: torch.dtype, device_type: str, requested: str = AUTO, policy: str = AUTO
+) -> Choice:
+    """The algorithm for ``rows x cols`` matrices: ``requested`` unless it is ``auto``, then
+    ``policy`` unless it is ``auto``, then the cheaper allowed one (module docstring)."""
+    check_algorithm(requested)
+    check_algorithm(policy, "MUON_COMPILE_NS_ALGORITHM")
+    rates = profile_for(device_type)
+    algorithms = (TEXTBOOK, GRAM)
+    flops = {a: ns_flops(rows, cols, steps, a) for a in algorithms}
+    seconds = {a: predicted_seconds(a, rows, cols, steps, compute_dtype, rates) for a in algorithms}
+    if requested != AUTO:
+        return Choice(requested, "requested by the call", flops, seconds)
+    if policy != AUTO:
+        return Choice(policy, f"MUON_COMPILE_NS_ALGORITHM={policy}", flops, seconds)
+    if compute_dtype not in GRAM_DTYPES:
+        return Choice(TEXTBOOK, f"Gram is not accurate enough in {compute_dtype}", flops, seconds)
+    if steps > GRAM_MAX_STEPS:
+        return Choice(TEXTBOOK, f"Gram is measured accurate enough up to {GRAM_MAX_STEPS} steps only", flops, seconds)
+    best = min(algorithms, key=lambda a: (seconds[a], a != TEXTBOOK))
+    ratio = seconds[GRAM] / seconds[TEXTBOOK]
+    return Choice(best, f"predicted Gram/textbook time {ratio:.2f} on {rates.device}", flops, seconds)

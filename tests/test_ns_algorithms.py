@@ -1,0 +1,145 @@
+"""The Newton–Schulz algorithm per bucket (issue 14): what each evaluation computes and
+costs (muon_compile.ns_cost), the choice of ``auto`` and its policy variable, the plan the
+passes make of it, and compiled == eager with each algorithm."""
+
+import dataclasses
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+import muon_compile
+from muon_compile import config, matmul_rates, ns_cost
+from muon_compile.coefficients import ns_args
+from muon_compile.ns_kernel import orthogonalize
+from muon_compile.stats import counters
+
+from helpers import MIXED_SHAPES, compare_steps
+from numerics import NS_RTOL
+
+KELLER5 = ns_args("keller", 5)
+
+
+@pytest.mark.parametrize("shape", [(16, 48), (48, 16), (24, 24), (3, 16, 40)])
+@pytest.mark.parametrize("algorithm", ["textbook", "gram"])
+@pytest.mark.parametrize("steps", [1, 2, 5])
+def test_flop_formulas_count_the_kernels_matmuls(shape, algorithm, steps):
+    """ns_flops (used by the plans and the benchmarks) is what the kernel runs, counted by torch."""
+    x = torch.randn(shape)
+    args = dataclasses.replace(ns_args("keller", steps), algorithm=algorithm)
+    with FlopCounterMode(display=False) as counter:
+        orthogonalize(x, args)
+    batch = shape[0] if len(shape) == 3 else 1
+    assert counter.get_total_flops() == batch * ns_cost.ns_flops(shape[-2], shape[-1], steps, algorithm)
+
+
+def test_gram_flops_closed_form():
+    """``4 k m^2 n + (8 T - 6 k) m^3`` for ``k`` runs between restarts (a restart every 3 iterations)."""
+    m, n = 384, 1536
+    assert ns_cost.ns_flops(m, n, 5, "textbook") == 5 * (4 * m * m * n + 2 * m**3)
+    assert ns_cost.segments(5) == (3, 2) and ns_cost.segments(2) == (2,) and ns_cost.segments(7) == (3, 3, 1)
+    assert ns_cost.ns_flops(m, n, 5, "gram") == 4 * 2 * m * m * n + (8 * 5 - 6 * 2) * m**3
+    assert ns_cost.ns_flops(m, n, 2, "gram") == 4 * m * m * n + (8 * 2 - 6) * m**3
+    assert ns_cost.ns_flops(n, m, 5, "gram") == ns_cost.ns_flops(m, n, 5, "gram")  # tall = its transpose
+
+
+@pytest.fixture
+def flat_rates(monkeypatch):
+    """Every dtype and size at one rate: the choice then follows the FLOPs alone."""
+    table = ((1, 100.0),)
+    flat = matmul_rates.MatmulRates("cpu", "test", {d: table for d in (torch.float32, torch.bfloat16, torch.float16, torch.float64)})
+    monkeypatch.setitem(matmul_rates.PROFILES, "cpu", flat)
+
+
+def test_auto_takes_the_cheaper_algorithm(flat_rates):
+    assert ns_cost.choose(384, 1536, 5, torch.bfloat16, "cpu").algorithm == "gram"  # 0.67x the FLOPs
+    assert ns_cost.choose(1536, 384, 5, torch.bfloat16, "cpu").algorithm == "gram"
+    square = ns_cost.choose(384, 384, 5, torch.bfloat16, "cpu")
+    assert square.algorithm == "textbook" and square.flops["gram"] > square.flops["textbook"]
+    assert "predicted Gram/textbook time 1.20 on cpu" in square.reason
+
+
+def test_auto_prices_each_algorithm_in_its_own_dtype():
+    """A bf16 Gram iteration runs in fp16: on this project's CPU table fp16 products are
+    ~100x slower than bf16 ones (no AMX-FP16), so auto keeps the textbook iteration there
+    even where Gram needs fewer FLOPs; on the CUDA table they share a rate and Gram wins."""
+    cpu = ns_cost.choose(384, 1536, 5, torch.bfloat16, "cpu")
+    assert cpu.algorithm == "textbook"
+    assert cpu.flops["gram"] < cpu.flops["textbook"] and cpu.seconds["gram"] > cpu.seconds["textbook"]
+    assert ns_cost.choose(2048, 8192, 5, torch.bfloat16, "cuda").algorithm == "gram"
+    assert ns_cost.iteration_dtype("gram", torch.bfloat16) == torch.float16
+
+
+def test_auto_never_picks_gram_where_it_is_not_accurate(flat_rates):
+    for dtype in (torch.float32, torch.float64):
+        choice = ns_cost.choose(384, 1536, 5, dtype, "cpu")
+        assert choice.algorithm == "textbook" and f"Gram is not accurate enough in {dtype}" == choice.reason
+    long = ns_cost.choose(384, 1536, 6, torch.bfloat16, "cpu")
+    assert long.algorithm == "textbook" and "up to 5 steps" in long.reason
+
+
+def test_requested_algorithm_beats_policy_beats_cost(flat_rates):
+    assert ns_cost.choose(384, 384, 5, torch.bfloat16, "cpu", policy="gram").algorithm == "gram"
+    assert ns_cost.choose(384, 1536, 5, torch.bfloat16, "cpu", policy="textbook").algorithm == "textbook"
+    forced = ns_cost.choose(384, 1536, 5, torch.bfloat16, "cpu", requested="textbook", policy="gram")
+    assert (forced.algorithm, forced.reason) == ("textbook", "requested by the call")
+
+
+def test_policy_variable_is_parsed_validated_and_keyed():
+    assert config.from_env({}).ns_algorithm == "auto"
+    assert config.from_env({"MUON_COMPILE_NS_ALGORITHM": " gram "}).ns_algorithm == "gram"
+    with pytest.raises(ValueError, match=r"MUON_COMPILE_NS_ALGORITHM must be one of \['auto', 'textbook', 'gram'\], got 'fast'"):
+        config.from_env({"MUON_COMPILE_NS_ALGORITHM": "fast"})
+    assert config.Config(ns_algorithm="gram").cache_key() != config.Config().cache_key()
+
+
+def test_bad_algorithm_names_the_setting():
+    with pytest.raises(ValueError, match="newton_schulz algorithm must be one of"):
+        muon_compile.newton_schulz(torch.randn(4, 8), algorithm="fast")
+    with pytest.raises(ValueError, match="ns_algorithm must be one of"):
+        muon_compile.Muon([{"params": [torch.nn.Parameter(torch.randn(4, 8))], "kind": "muon"}], ns_algorithm="fast")
+
+
+def test_eager_auto_follows_the_policy(flat_rates):
+    """The op's eager ``auto`` resolves by the same rule as the passes: policy, then cost."""
+    x = torch.randn(16, 48)
+    gram = muon_compile.newton_schulz(x, algorithm="gram")
+    text = muon_compile.newton_schulz(x, algorithm="textbook")
+    assert not torch.equal(gram, text)
+    assert torch.equal(muon_compile.newton_schulz(x), gram)  # 16x48: Gram needs fewer FLOPs
+    with config.override(ns_algorithm="textbook"):
+        assert torch.equal(muon_compile.newton_schulz(x), text)
+
+
+def _muon(algorithm):
+    return lambda params: muon_compile.Muon(
+        [{"params": params, "kind": "muon"}], lr=0.05, ns_dtype=torch.bfloat16, ns_algorithm=algorithm
+    )
+
+
+@pytest.mark.parametrize("algorithm", ["textbook", "gram"])
+def test_compiled_step_equals_eager_with_each_algorithm(algorithm):
+    counters.clear()
+    compare_steps(_muon(algorithm), MIXED_SHAPES, rtol=NS_RTOL["cpu"][torch.bfloat16], dtype=torch.bfloat16)
+    assert counters[f"lower.{algorithm}"] > 0
+    assert counters["lower.gram" if algorithm == "textbook" else "lower.textbook"] == 0
+
+
+def test_policy_reaches_the_compiled_plan_and_the_explanation(flat_rates):
+    """With ``auto``, the wide and tall buckets run Gram and the square ones the textbook
+    iteration; the plan names each choice, its reason and the FLOPs per step."""
+    w, g = torch.randn(16, 48), torch.randn(16, 48)
+    s, h = torch.randn(16, 16), torch.randn(16, 16)
+
+    def step(w, g, s, h):
+        w.sub_(0.1 * muon_compile.newton_schulz(g))
+        s.sub_(0.1 * muon_compile.newton_schulz(h))
+
+    (report,) = muon_compile.explain.explain(step, w, g, s, h)
+    text = str(report)
+    assert "1 x 16x48 torch.bfloat16: gram (predicted Gram/textbook time" in text, text
+    assert "1 x 16x16 torch.bfloat16: textbook (predicted Gram/textbook time 1.20" in text, text
+    assert "NS GFLOP per step: chosen" in text
+    with config.override(ns_algorithm="textbook"):
+        (report,) = muon_compile.explain.explain(step, w, g, s, h)
+    assert "16x48 torch.bfloat16: textbook (MUON_COMPILE_NS_ALGORITHM=textbook;" in str(report)
