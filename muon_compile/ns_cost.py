@@ -13,7 +13,7 @@ For one wide ``m x n`` matrix (``m <= n``; a tall one is taken through its trans
   matrix's condition number is the square of ``X``'s: fp16 keeps 3 more bits than bf16
   at the same matmul rate on GPUs), in the compute dtype otherwise.
 
-So for ``T = 5`` (one restart) Gram needs fewer FLOPs once ``n > 2 m`` (0.74x at
+So for ``T = 5`` (one restart) Gram needs fewer FLOPs once ``n > 1.5 m`` (0.74x at
 ``n = 3 m``, 0.67x at ``n = 4 m``) and more on square matrices (1.2x).
 
 :func:`choose` resolves ``auto`` per matrix shape, compute dtype and device type, never

@@ -28,6 +28,7 @@ Workloads (``--workload``):
     many-small      96 small matrices of 8 shapes (64 to 384 rows or columns)
     llama-1b        16 layers of a 1B-parameter Llama: q, k, v, o 2048x2048; gate, up
                     5632x2048; down 2048x5632 (large: about 43 NS TFLOP per step)
+    llama-1b-2l     the same shapes, 2 layers (a CPU step of all 16 takes about a minute)
 
 A large workload takes hours on a CPU: ``--workload all`` runs it only on CUDA and says
 it skipped it on the CPU; naming it (``--workload llama-1b``) runs it on either device.
@@ -38,7 +39,10 @@ Arms (``--arms`` takes the keys, or the long names, comma-separated):
     eager-ours      eager muon_compile.Muon      muon_compile.Muon(lr=0.02)
     inductor-torch  inductor torch.optim.Muon    torch.compile(opt.step)
     inductor-ours   inductor muon_compile.Muon   torch.compile(opt.step)
-    muon            muon muon_compile.Muon       torch.compile(opt.step, backend="muon")
+    muon            muon muon_compile.Muon       torch.compile(opt.step, backend="muon"),
+                    (auto)                       Newton–Schulz algorithm chosen per bucket
+    muon-textbook   ... (textbook)               the same with ns_algorithm="textbook"
+    muon-gram       ... (gram)                   the same with ns_algorithm="gram"
     muon-torch      muon torch.optim.Muon        torch.compile(opt.step, backend="muon"):
                                                  unmodified, its loops canonicalised
     muon-offload    muon ..., offload_state      the muon arm with the state in host memory
@@ -46,6 +50,8 @@ Arms (``--arms`` takes the keys, or the long names, comma-separated):
     hand-stacked    hand-stacked (nanochat)      same-shape params stacked by hand, one
                                                  torch.compile'd momentum+NS+update per shape
     roofline        roofline                     bare bf16 bmm's of the same NS FLOPs
+    roofline-gram   roofline (gram products)     bare bmm's of the Gram algorithm's products,
+                                                 in the dtype it iterates in (fp16 for bf16)
 
 Both optimizers run their defaults otherwise: Keller Jordan's coefficients, 5 Newton–Schulz
 iterations in bf16, Nesterov momentum 0.95.
@@ -67,6 +73,10 @@ products ``A = X X^T``, ``A2 = A A``, ``Y = A2 X`` as ``torch.bmm(..., out=...)`
 preallocated buffers. That is ``4 m^2 n + 2 m^3`` FLOPs per matrix and iteration
 (:func:`muon_compile.ns_cost.ns_flops`), the same matmul work as the optimizers' step,
 without their elementwise work, normalisation or casts.
+
+Each table's header also gives the NS FLOPs of one step by algorithm
+(:func:`muon_compile.ns_cost.ns_flops`): all textbook, all Gram, and ``auto``, what the cost
+model picks per shape on the device (:func:`muon_compile.ns_cost.choose`).
 
 Compile time (compiled arms only), all inside one ``torch._inductor.utils.fresh_cache()``
 (an empty Inductor cache directory) per arm:
@@ -111,7 +121,7 @@ import torch
 from torch._inductor.utils import fresh_cache
 
 import muon_compile
-from muon_compile.ns_cost import ns_flops
+from muon_compile.ns_cost import choose, ns_flops, products
 
 LR = 0.02
 NS_STEPS = 5  # the default of both optimizers
@@ -137,8 +147,19 @@ class Workload:
 
     @property
     def flops(self) -> int:
-        """Newton–Schulz matmul FLOPs of one optimizer step over all matrices."""
+        """Newton–Schulz matmul FLOPs of one optimizer step over all matrices (textbook iteration)."""
         return sum(ns_flops(rows, cols, NS_STEPS) for rows, cols in self.shapes)
+
+    def flops_of(self, algorithm: str, device: torch.device) -> int:
+        """The NS FLOPs of one step with every matrix on ``algorithm`` (``auto``: what the
+        cost model picks for each shape on ``device``)."""
+        total = 0
+        for rows, cols in self.shapes:
+            chosen = algorithm
+            if algorithm == "auto":
+                chosen = choose(rows, cols, NS_STEPS, NS_DTYPE, device.type, policy="auto").algorithm
+            total += ns_flops(rows, cols, NS_STEPS, chosen)
+        return total
 
 
 def _gpt_small_shapes(d: int = 384, layers: int = 6) -> tuple[Shape, ...]:
@@ -164,6 +185,7 @@ WORKLOADS = {
             _cycled(((64, 192), (192, 64), (96, 96), (128, 256), (256, 128), (64, 64), (128, 384), (384, 128)), 96),
         ),
         Workload("llama-1b", _llama_shapes(), large=True),
+        Workload("llama-1b-2l", _llama_shapes(layers=2)),
     )
 }
 
@@ -194,6 +216,14 @@ def torch_muon_step(workload: Workload, device: torch.device) -> Step:
 
 def our_muon_step(workload: Workload, device: torch.device) -> Step:
     return muon_compile.Muon(make_params(workload, device), lr=LR).step
+
+
+def our_muon_textbook_step(workload: Workload, device: torch.device) -> Step:
+    return muon_compile.Muon(make_params(workload, device), lr=LR, ns_algorithm="textbook").step
+
+
+def our_muon_gram_step(workload: Workload, device: torch.device) -> Step:
+    return muon_compile.Muon(make_params(workload, device), lr=LR, ns_algorithm="gram").step
 
 
 def our_muon_offload_step(workload: Workload, device: torch.device) -> Step:
@@ -282,6 +312,25 @@ def roofline_step(workload: Workload, device: torch.device) -> Step:
     return step
 
 
+def gram_roofline_step(workload: Workload, device: torch.device) -> Step:
+    """Bare batched matmuls of the Gram algorithm's products (:func:`muon_compile.ns_cost.products`:
+    shapes, counts and the dtype Gram iterates in) for every canonical shape of ``workload``."""
+    gen = torch.Generator().manual_seed(SEED)
+    calls = []
+    for (m, n), k in canonical_counts(workload.shapes).items():
+        for p in products("gram", m, n, NS_STEPS, NS_DTYPE):
+            a = torch.randn(k, p.m, p.k, generator=gen).to(device=device, dtype=p.dtype) / p.k
+            b = torch.randn(k, p.k, p.n, generator=gen).to(device=device, dtype=p.dtype)
+            calls.append((a, b, torch.empty(k, p.m, p.n, dtype=p.dtype, device=device), p.count))
+
+    def step() -> None:
+        for a, b, out, count in calls:
+            for _ in range(count):
+                torch.bmm(a, b, out=out)
+
+    return step
+
+
 @dataclasses.dataclass(frozen=True)
 class Arm:
     """A way to run the step: ``make_step`` builds it on a device; ``backend`` is the torch.compile backend (None: eager)."""
@@ -298,11 +347,14 @@ ARMS = (
     # "inductor" is torch.compile's default backend
     Arm("inductor-torch", "inductor torch.optim.Muon", torch_muon_step, "inductor"),
     Arm("inductor-ours", "inductor muon_compile.Muon", our_muon_step, "inductor"),
-    Arm("muon", "muon muon_compile.Muon", our_muon_step, "muon"),
+    Arm("muon", "muon muon_compile.Muon (auto)", our_muon_step, "muon"),
+    Arm("muon-textbook", "muon muon_compile.Muon (textbook)", our_muon_textbook_step, "muon"),
+    Arm("muon-gram", "muon muon_compile.Muon (gram)", our_muon_gram_step, "muon"),
     Arm("muon-torch", "muon torch.optim.Muon", torch_muon_step, "muon"),
     Arm("muon-offload", "muon muon_compile.Muon, offload_state", our_muon_offload_step, "muon"),
     Arm("hand-stacked", "hand-stacked (nanochat)", hand_stacked_step),
     Arm("roofline", "roofline", roofline_step),
+    Arm("roofline-gram", "roofline (gram products)", gram_roofline_step),
 )
 MUON_ARM = "muon"
 ROOFLINE_ARM = "roofline"
@@ -527,6 +579,13 @@ def report(workload: Workload, results: list[ArmResult], machine: dict, warmup: 
         f"{workload.flops / 1e9:.3f} NS GFLOP/step ({NS_STEPS} iterations, {str(NS_DTYPE).removeprefix('torch.')}) ===",
         f"{machine_line(machine)}; median of {reps} steps after {warmup} warm-up",
     ]
+    device = torch.device(machine["device"])
+    per_algorithm = {a: workload.flops_of(a, device) for a in ("textbook", "gram", "auto")}
+    lines.append(
+        "NS GFLOP/step by algorithm: "
+        + ", ".join(f"{a} {f / 1e9:.3f} ({f / per_algorithm['textbook']:.2f}x)" for a, f in per_algorithm.items())
+        + f" (auto: the cost model's choice per shape on {device.type})"
+    )
     if roofline_s:
         lines.append(f"roofline: {workload.flops / roofline_s / 1e9:.1f} GFLOP/s")
     lines += ["", format_table([table_row(r, roofline_s, muon_s) for r in results]), ""]

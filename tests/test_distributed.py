@@ -56,6 +56,19 @@ def test_fsdp2_bf16_within_tolerance():
     check_against_reference(results, torch.bfloat16)
 
 
+def test_fsdp2_gram_on_the_owners_matches_the_reference():
+    """The owners' batched NS in the distributed plan follows the algorithm too (issue 14):
+    Gram asked for by the optimizer, against the single-process eager Gram step."""
+    opt = dict(OPT, ns_dtype=torch.bfloat16, ns_algorithm="gram")
+    results = run_world(fsdp_muon, 2, FSDP_SHAPES, STEPS, "all_to_all", opt)
+    reference = reference_run(FSDP_SHAPES, STEPS, **opt)
+    initial = reference_run(FSDP_SHAPES, 0)
+    for rank, result in enumerate(results):
+        assert result["counters"]["lower.gram"] >= 1 and result["counters"].get("lower.textbook", 0) == 0
+        for i, (got, want, start) in enumerate(zip(result["weights"], reference, initial)):
+            assert_rel_close(got - start, want - start, NS_RTOL["cpu"][torch.bfloat16], f"rank {rank} matrix {i}")
+
+
 def test_fsdp2_unmodified_torch_optim_muon_is_bucketed():
     """torch.optim.Muon on FSDP2: canonicalize turns each parameter's NS into the op, so the
     step issues one all_to_all pair in all, not DTensor's collectives per Gram matrix.

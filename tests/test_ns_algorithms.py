@@ -14,7 +14,7 @@ from muon_compile.coefficients import ns_args
 from muon_compile.ns_kernel import orthogonalize
 from muon_compile.stats import counters
 
-from helpers import MIXED_SHAPES, compare_steps
+from helpers import MIXED_SHAPES, compare_steps, make_params, set_grads
 from numerics import NS_RTOL
 
 KELLER5 = ns_args("keller", 5)
@@ -123,6 +123,28 @@ def test_compiled_step_equals_eager_with_each_algorithm(algorithm):
     compare_steps(_muon(algorithm), MIXED_SHAPES, rtol=NS_RTOL["cpu"][torch.bfloat16], dtype=torch.bfloat16)
     assert counters[f"lower.{algorithm}"] > 0
     assert counters["lower.gram" if algorithm == "textbook" else "lower.textbook"] == 0
+
+
+def test_unmodified_torch_optim_muon_follows_the_policy():
+    """A loop recognised in unmodified code becomes an op with ``auto``: the policy reaches
+    it; the Gram result is as accurate as eager's own bf16 textbook loop (the rewrite rule)."""
+    from ns_forms import exact_torch_muon
+    from numerics import assert_rewrite_close
+
+    shapes = [(16, 48), (48, 16)]
+    params, eager_params, exact = (make_params(shapes) for _ in range(3))
+    for ps in (params, eager_params, exact):
+        set_grads(ps, 0)
+    start = [p.detach().clone() for p in params]
+    counters.clear()
+    with config.override(ns_algorithm="gram"):
+        torch.compile(torch.optim.Muon(params, lr=0.02).step, backend="muon")()
+    assert counters["lower.gram"] == 1 and counters["lower.textbook"] == 0
+    torch.optim.Muon(eager_params, lr=0.02).step()
+    with exact_torch_muon():
+        torch.optim.Muon(exact, lr=0.02).step()
+    for c, e, x, s in zip(params, eager_params, exact, start):
+        assert_rewrite_close(c.detach() - s, e.detach() - s, x.detach() - s, torch.bfloat16)
 
 
 def test_policy_reaches_the_compiled_plan_and_the_explanation(flat_rates):
