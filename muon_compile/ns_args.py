@@ -12,9 +12,9 @@ evaluations of the same function compare equal whatever schedule spelling produc
 them. In the flat form the trailing repeats of the last triple are dropped (the op
 repeats the last triple), so Keller's five identical steps read ``[a, b, c], 5``.
 
-Adding a field means adding it here,
-to :data:`NSArgs.SCHEMA`, :meth:`NSArgs.to_op` and :meth:`NSArgs.from_op`, and to this
-module's tests; the ops, the kernel and the passes receive it inside the type.
+Adding a field means adding it here, to :data:`NSArgs.SCHEMA`, :meth:`NSArgs.to_op` and
+:meth:`NSArgs.from_op`, and to this module's tests; the ops, the kernel and the passes
+receive it inside the type (``algorithm`` was added so).
 """
 
 from __future__ import annotations
