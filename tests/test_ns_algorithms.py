@@ -17,9 +17,6 @@ from muon_compile.stats import counters
 from helpers import MIXED_SHAPES, compare_steps, make_params, set_grads
 from numerics import NS_RTOL
 
-KELLER5 = ns_args("keller", 5)
-
-
 @pytest.mark.parametrize("shape", [(16, 48), (48, 16), (24, 24), (3, 16, 40)])
 @pytest.mark.parametrize("algorithm", ["textbook", "gram"])
 @pytest.mark.parametrize("steps", [1, 2, 5])
