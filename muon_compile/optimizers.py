@@ -96,6 +96,20 @@ def _value(x: Any) -> float:
     return float(x.item()) if isinstance(x, Tensor) else float(x)
 
 
+def _state_mismatch(saved: Tensor, mine: Tensor) -> str | None:
+    """What differs between a saved state tensor and the one this optimizer holds, or None."""
+    if tuple(saved.shape) != tuple(mine.shape):
+        return f"the state dict holds shape {tuple(saved.shape)}, this optimizer needs {tuple(mine.shape)}"
+    if saved.dtype != mine.dtype:
+        return f"the state dict holds dtype {saved.dtype}, this optimizer needs {mine.dtype}"
+    if isinstance(saved, DTensor) != isinstance(mine, DTensor) or (
+        isinstance(mine, DTensor) and tuple(saved.placements) != tuple(mine.placements)
+    ):
+        placements = [getattr(t, "placements", "a plain tensor") for t in (saved, mine)]
+        return f"the state dict holds {placements[0]}, this optimizer needs {placements[1]}"
+    return None
+
+
 def _param_name(group: dict, index: int) -> str:
     names = group.get("param_names")
     if names is not None:
@@ -356,7 +370,14 @@ class MuonAdamW(torch.optim.Optimizer):
 
     def load_state_dict(self, state_dict: dict) -> None:
         """Load like ``torch.optim.Optimizer``, then restore 0-D tensor hyper-parameters
-        (and, with ``offload_state``, put the state back in host memory)."""
+        (and, with ``offload_state``, put the state back in host memory).
+
+        Before anything is loaded, every state tensor of ``state_dict`` is checked against
+        the state this optimizer holds for the same parameter (made at construction, so
+        for every parameter and key): a different shape, dtype, or DTensor placement
+        raises ``ValueError`` naming the parameter, the key and both values, and leaves the
+        optimizer as it was (e.g. a checkpoint of a model of another width)."""
+        self._check_loadable(state_dict)
         super().load_state_dict(state_dict)
         for p in self.state:
             self._offload_state_of(p)
@@ -368,6 +389,21 @@ class MuonAdamW(torch.optim.Optimizer):
                 group[key] = _scalar(group[key], key)
             if group["kind"] == "adamw":
                 group["betas"] = tuple(_scalar(b, "betas") for b in group["betas"])
+
+    def _check_loadable(self, state_dict: dict) -> None:
+        """Raise ``ValueError`` at the first saved state tensor that does not fit (see
+        :meth:`load_state_dict`); group and parameter counts are torch's own check."""
+        saved_state = state_dict.get("state", {})
+        for group, saved_group in zip(self.param_groups, state_dict.get("param_groups", ())):
+            for i, (p, saved_id) in enumerate(zip(group["params"], saved_group.get("params", ()))):
+                for key, saved in saved_state.get(saved_id, {}).items():
+                    mine = self.state[p].get(key)
+                    if isinstance(saved, Tensor) and isinstance(mine, Tensor):
+                        problem = _state_mismatch(saved, mine)
+                        if problem:
+                            raise ValueError(
+                                f"cannot load optimizer state {key!r} of parameter {_param_name(group, i)}: {problem}"
+                            )
 
     # ------------------------------------------------------------------------ step
     @torch.no_grad()

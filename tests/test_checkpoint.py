@@ -58,3 +58,22 @@ def test_fsdp2_distributed_checkpoint_resume_is_bit_identical():
         assert all(result["identical"]), (rank, result["identical"])
         # every rank holds every state key from step 0, the empty shard's rank included
         assert result["state_keys"] == sorted(["momentum_buffer"] * (len(CHECKPOINT_SHAPES) - 1) + ["exp_avg", "exp_avg_sq", "step"])
+
+
+def test_loading_state_of_another_width_names_the_parameter():
+    """A checkpoint of a model of another width fails at load, naming the parameter, the
+    key and both shapes, and leaves the optimizer as it was (issue 15, point 3)."""
+    narrow = muon_compile.Muon([("w", torch.nn.Parameter(torch.randn(8, 16)))])
+    wide_param = torch.nn.Parameter(torch.randn(8, 24))
+    wide = muon_compile.Muon([("w", wide_param)])
+    before = wide.state[wide_param]["momentum_buffer"].clone()
+    with pytest.raises(ValueError, match=r"optimizer state 'momentum_buffer' of parameter 'w': the state dict holds shape \(8, 16\), this optimizer needs \(8, 24\)"):
+        wide.load_state_dict(narrow.state_dict())
+    assert torch.equal(wide.state[wide_param]["momentum_buffer"], before)
+
+
+def test_loading_state_of_another_dtype_is_an_error():
+    saved = _optimizer(make_params(MIXED_SHAPES[:6] + [(8,), ()])).state_dict()
+    opt = _optimizer(make_params(MIXED_SHAPES[:6] + [(8,), ()], dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match=r"'momentum_buffer' of parameter #0 \(shape \(24, 8\)\): the state dict holds dtype torch.float32, this optimizer needs torch.bfloat16"):
+        opt.load_state_dict(saved)
