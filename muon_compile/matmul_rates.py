@@ -55,7 +55,7 @@ class MatmulRates:
         return count * 2 * m * k * n / (self.rate(dtype, m, k, n) * 1e9)
 
 
-# python scripts/measure_matmul_rates.py, 2026-11-23, the 2-core VM (its bf16 products run on AMX).
+# python scripts/measure_matmul_rates.py, 2026-11-23, the 2-core VM (AMD EPYC; its bf16 products run on AVX-512 BF16).
 _CPU_BF16: Table = ((32, 109.7), (64, 420.2), (128, 499.6), (256, 664.3), (512, 759.1), (1024, 712.2), (2048, 678.0))
 _CPU_FP16: Table = ((32, 5.2), (64, 5.7), (128, 5.9), (256, 2.5), (512, 2.2), (1024, 1.0), (2048, 0.3))
 _CPU_FP32: Table = ((32, 83.9), (64, 123.2), (128, 169.9), (256, 179.7), (512, 190.3), (1024, 187.6), (2048, 195.0))

@@ -16,9 +16,9 @@ The tolerances in tests/numerics.py quote these figures.
 
 ``--algorithms`` measures the Newton–Schulz evaluations of muon_compile.ns_kernel
 instead: for each preset (keller, polar_express, quintic, aol), compute dtype (bf16,
-fp32), Newton–Schulz steps (5, 10), shape (wide, square, wider) and input class (random; condition numbers 1e2, 1e4,
-1e6 with log-spaced singular values; rank 4; near zero, entries ~1e-30), ``--samples``
-inputs each, the error of ``muon_compile.newton_schulz(x, algorithm=a)`` against the fp64
+fp32), Newton–Schulz steps (5, 10), shape (wide, square, wider) and input class
+(random; condition numbers 1e2, 1e4, 1e6 with log-spaced singular values; rank 4; near
+zero, entries ~1e-30), ``--samples`` inputs each, the error of ``muon_compile.newton_schulz(x, algorithm=a)`` against the fp64
 textbook iteration of the same coefficients. It prints, per row, the largest
 ``err(gram) / err(textbook)`` over the samples (the bound of issue 14: must stay <= 1
 wherever ``auto`` may pick Gram; muon_compile.ns_cost.GRAM_DTYPES quotes the result).

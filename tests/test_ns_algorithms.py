@@ -58,7 +58,7 @@ def test_auto_takes_the_cheaper_algorithm(flat_rates):
 
 def test_auto_prices_each_algorithm_in_its_own_dtype():
     """A bf16 Gram iteration runs in fp16: on this project's CPU table fp16 products are
-    ~100x slower than bf16 ones (no AMX-FP16), so auto keeps the textbook iteration there
+    ~100x slower than bf16 ones (no fp16 matmul path), so auto keeps the textbook iteration there
     even where Gram needs fewer FLOPs; on the CUDA table they share a rate and Gram wins."""
     cpu = ns_cost.choose(384, 1536, 5, torch.bfloat16, "cpu")
     assert cpu.algorithm == "textbook"
