@@ -11,6 +11,7 @@ from .routing import newton_schulz
 from .optimizers import Muon, MuonAdamW
 from .param_groups import muon_param_groups
 from .qk_clip import QKClip, QKClipLayer
+from .rank_agreement import RankDivergenceError
 from .stats import counters
 
 __all__ = [
@@ -19,6 +20,7 @@ __all__ = [
     "MuonAdamW",
     "QKClip",
     "QKClipLayer",
+    "RankDivergenceError",
     "config",
     "counters",
     "muon_param_groups",

@@ -12,9 +12,10 @@ from typing import Any
 import torch
 from torch._inductor.compile_fx import compile_fx
 
-from . import config, explain
+from . import config, explain, rank_agreement
 from .cache_key import rank_key
 from .passes import MuonGraphPass, new_dump_name, run_torch_passes
+from .passes.fingerprint import fingerprint
 
 # Inductor's fusion search tries each node against the next N nodes that read the same
 # buffer. Every per-parameter kernel of an optimizer step reads the same 0-D
@@ -45,15 +46,36 @@ def muon_backend(
     ``torch._inductor.config``), one pass or a list, runs after this package's passes; the
     FX graph cache stays on only if each such pass is a ``CustomGraphPass`` with a
     ``uuid()``, as with plain Inductor.
+
+    A graph with collectives is compiled only once the ranks of each of its process
+    groups agree on it (:mod:`muon_compile.rank_agreement`; a cache hit included), and
+    the compiled step names this package when its collectives fail.
     """
     cfg = config.current()
     dump_name = new_dump_name()
     with explain.collecting(cfg.explain):
         run_torch_passes(gm, cfg, dump_name, example_inputs)
+        facts = fingerprint(gm, example_inputs, cfg, _traced_frame_locals())
+        if facts is not None:
+            try:
+                rank_agreement.agree(facts.as_lists(), cfg.agree_timeout)
+            except rank_agreement.RankDivergenceError as e:  # raised by the step, as this type, on every call
+                return rank_agreement.failing(e)
         patches: dict[str, Any] = dict(_INDUCTOR_DEFAULTS)
         if mode is not None:
             patches.update(torch._inductor.list_mode_options(mode))
         patches.update(options or {})
         user_passes = patches.pop("post_grad_custom_post_pass", torch._inductor.config.post_grad_custom_post_pass)
         patches["post_grad_custom_post_pass"] = MuonGraphPass(cfg, rank_key(example_inputs), dump_name, user_passes)
-        return compile_fx(gm, example_inputs, config_patches=patches)
+        compiled = compile_fx(gm, example_inputs, config_patches=patches)
+    return compiled if facts is None else rank_agreement.guard_collectives(compiled, list(facts.groups))
+
+
+def _traced_frame_locals() -> dict | None:
+    """The locals of the frame Dynamo is compiling (to name parameters in errors), or None."""
+    try:
+        from torch._dynamo.symbolic_convert import InstructionTranslator
+
+        return InstructionTranslator.current_tx().f_locals
+    except Exception:  # not inside Dynamo (a direct call), or an internal that moved
+        return None

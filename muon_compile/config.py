@@ -25,6 +25,10 @@ MUON_COMPILE_TRACE_HELPERS 1            0 leaves Dynamo's handling of setting re
                                         logging calls as it is (:mod:`tracing`)
 MUON_COMPILE_EXPLAIN       0            1 prints what the backend did with each graph
                                         (:mod:`muon_compile.explain`)
+MUON_COMPILE_AGREE_TIMEOUT 600          seconds a rank waits for the other ranks of a
+                                        process group to reach the same compilation
+                                        (:mod:`muon_compile.rank_agreement`); 0 turns
+                                        the rank-agreement check off
 =========================  ===========  ==============================================
 """
 
@@ -40,6 +44,18 @@ from .ns_args import AUTO, check_algorithm
 
 # The passes a user may switch on or off, in pipeline order.
 PASS_NAMES = ("canonicalize", "distribute", "bucket", "schedule", "lower")
+
+# The fields that change what the passes produce, with the variable that sets each: the
+# cache key (:meth:`Config.cache_key`) and what the ranks must agree on
+# (:meth:`Config.plan_settings`).
+PLAN_FIELDS = (
+    ("bucket_mb", "MUON_COMPILE_BUCKET_MB"),
+    ("strategy", "MUON_COMPILE_STRATEGY"),
+    ("prefetch", "MUON_COMPILE_PREFETCH"),
+    ("pad_waste", "MUON_COMPILE_PAD_WASTE"),
+    ("ns_algorithm", "MUON_COMPILE_NS_ALGORITHM"),
+    ("passes", "MUON_COMPILE_PASSES"),
+)
 
 
 class Strategy(enum.Enum):
@@ -73,6 +89,7 @@ class Config:
     dump_dir: str | None = None
     trace_helpers: bool = True
     explain: bool = False
+    agree_timeout: float = 600.0
 
     def __post_init__(self) -> None:
         if not self.bucket_mb > 0:
@@ -84,6 +101,8 @@ class Config:
         if not 0.0 <= self.pad_waste < 1.0:
             raise ValueError(f"MUON_COMPILE_PAD_WASTE must be in [0, 1), got {self.pad_waste!r}")
         check_algorithm(self.ns_algorithm, "MUON_COMPILE_NS_ALGORITHM")
+        if not self.agree_timeout >= 0:
+            raise ValueError(f"MUON_COMPILE_AGREE_TIMEOUT must be >= 0 seconds, got {self.agree_timeout!r}")
         unknown = [p for p in self.passes if p not in PASS_NAMES]
         if unknown:
             raise ValueError(f"unknown pass name(s) {unknown}; known passes: {PASS_NAMES}")
@@ -95,9 +114,24 @@ class Config:
         return pass_name in self.passes
 
     def cache_key(self) -> tuple:
-        """The fields that change what the passes produce (the dump directory, the tracing
-        helpers and the explanation do not)."""
-        return (self.bucket_mb, self.strategy, self.prefetch, self.pad_waste, self.ns_algorithm, self.passes)
+        """The fields that change what the passes produce (:data:`PLAN_FIELDS`; the dump
+        directory, the tracing helpers, the explanation and the agreement timeout do not)."""
+        return tuple(getattr(self, field) for field, _ in PLAN_FIELDS)
+
+    def plan_settings(self) -> list[tuple[str, str]]:
+        """``(variable, value)`` of each field of :data:`PLAN_FIELDS`, the value spelled as
+        in the environment (``("MUON_COMPILE_BUCKET_MB", "64")``)."""
+        return [(name, _spelling(getattr(self, field))) for field, name in PLAN_FIELDS]
+
+
+def _spelling(value: object) -> str:
+    if isinstance(value, Strategy):
+        return value.value
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, tuple):
+        return ",".join(value)
+    return str(value)
 
 
 def parse_passes(spec: str) -> tuple[str, ...]:
@@ -153,6 +187,7 @@ def from_env(env: Mapping[str, str] | None = None) -> Config:
         dump_dir=env.get("MUON_COMPILE_DUMP_DIR") or None,
         trace_helpers=_flag(env, "MUON_COMPILE_TRACE_HELPERS", Config.trace_helpers),
         explain=_flag(env, "MUON_COMPILE_EXPLAIN", Config.explain),
+        agree_timeout=_number(env, "MUON_COMPILE_AGREE_TIMEOUT", float, Config.agree_timeout),
     )
 
 

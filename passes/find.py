@@ -27,7 +27,7 @@ import torch.fx as fx
 from muon_compile.ns_args import NSArgs
 from muon_compile.sharded_ns import RowShard, group_rank, row_shard
 
-from .graph_utils import NS_TARGETS, escapes_to_output, ns_call, ns_nodes
+from .graph_utils import NS_TARGETS, TORCH_NS_TARGETS, escapes_to_output, ns_call, ns_nodes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,18 +61,18 @@ class NSSite:
     sharding: Sharding | None = None
 
 
-def _levels(graph: fx.Graph) -> dict[fx.Node, int]:
-    """Per node, the most NS ops on a path ending at it (the node itself included)."""
+def _levels(graph: fx.Graph, targets: tuple) -> dict[fx.Node, int]:
+    """Per node, the most NS calls (of ``targets``) on a path ending at it (the node itself included)."""
     level: dict[fx.Node, int] = {}
     for node in graph.nodes:
         inherited = max((level[n] for n in node.all_input_nodes), default=0)
-        level[node] = inherited + (node.target in NS_TARGETS)
+        level[node] = inherited + (node.target in targets)
     return level
 
 
-def _site(index: int, node: fx.Node, level: int) -> NSSite:
+def _site(index: int, node: fx.Node, level: int, meta_key: str) -> NSSite:
     call = ns_call(node)
-    x = call.input.meta["val"]
+    x = call.input.meta[meta_key]
     shape = tuple(x.shape)
     sharding = None
     if call.group is not None:
@@ -101,8 +101,16 @@ def _site(index: int, node: fx.Node, level: int) -> NSSite:
     )
 
 
-def find_ns_sites(graph: fx.Graph) -> tuple[list[fx.Node], list[NSSite]]:
-    """The NS nodes in graph order and their descriptions (``sites[i].index == i``)."""
-    nodes = ns_nodes(graph)
-    levels = _levels(graph) if nodes else {}
-    return nodes, [_site(i, n, levels[ns_call(n).input]) for i, n in enumerate(nodes)]
+def find_ns_sites(graph: fx.Graph, *, torch_level: bool = False) -> tuple[list[fx.Node], list[NSSite]]:
+    """The NS nodes in graph order and their descriptions (``sites[i].index == i``).
+
+    ``torch_level``: ``graph`` is a Dynamo graph after ``canonicalize`` (fake values in
+    ``meta["example_value"]``, DTensors not yet desugared, routed calls described by
+    their DTensor's layout): the sites the post-grad graph will hold, as every rank
+    plans them before compiling (:mod:`fingerprint`).
+    """
+    targets = TORCH_NS_TARGETS if torch_level else NS_TARGETS
+    nodes = ns_nodes(graph, targets)
+    levels = _levels(graph, targets) if nodes else {}
+    meta_key = "example_value" if torch_level else "val"
+    return nodes, [_site(i, n, levels[ns_call(n).input], meta_key) for i, n in enumerate(nodes)]

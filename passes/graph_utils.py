@@ -15,15 +15,19 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.distributed.tensor import DTensor
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from muon_compile import ns_op, sharded_ns
+from muon_compile import ns_op, routing, sharded_ns
 from muon_compile.ns_args import NSArgs
 from muon_compile.ns_op import NEWTON_SCHULZ
 from muon_compile.sharded_ns import SHARDED_NEWTON_SCHULZ, ShardGroup
 
 NS_TARGETS = (NEWTON_SCHULZ, SHARDED_NEWTON_SCHULZ)
+# In a Dynamo graph, canonicalize routes a DTensor's Newton–Schulz through this call,
+# which picks the op for the layout when AOTAutograd traces it.
+TORCH_NS_TARGETS = NS_TARGETS + (routing.newton_schulz_routed,)
 
 __all__ = [
     "NS_TARGETS",
+    "TORCH_NS_TARGETS",
     "GraphContractError",
     "NSCall",
     "check_contract",
@@ -63,10 +67,17 @@ class NSCall:
 
 
 def ns_call(node: fx.Node) -> NSCall:
-    """The arguments of an NS op node (see :data:`NS_TARGETS`)."""
+    """The arguments of an NS op node (see :data:`TORCH_NS_TARGETS`); a routed call's
+    group is its DTensor's process group when its rows are sharded over one."""
     if node.target is SHARDED_NEWTON_SCHULZ:
         x, group, args = sharded_ns.split_args(node.args)
         return NSCall(x, args, group)  # type: ignore[arg-type]
+    if node.target is routing.newton_schulz_routed:
+        x, args = node.args[0], NSArgs.from_op(node.args[1:])
+        value = x.meta["example_value"]
+        layout = routing.layout_of(value)
+        rows = layout.kind is routing.Kind.ROWS
+        return NSCall(x, args, ShardGroup(value.shape[0], layout.group_name, layout.group_size) if rows else None)  # type: ignore[arg-type]
     x, args = ns_op.split_args(node.args)
     return NSCall(x, args, None)  # type: ignore[arg-type]
 

@@ -14,6 +14,7 @@ fast tier's golden graphs), with the process group torn down afterwards.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import io
 import os
 import socket
@@ -40,14 +41,15 @@ def _to_bytes(value) -> bytes:
     return buffer.getvalue()
 
 
-def _worker(rank, world, port, fn, args, queue, cache_dir):
+def _worker(rank, world, port, fn, args, queue, cache_dir, pg_timeout):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache_dir
     try:
         if port is None:
             queue.put((rank, "ok", _to_bytes(fake_rank(fn, world, rank, *args))))
         else:
-            dist.init_process_group("gloo", rank=rank, world_size=world)
+            timeout = {} if pg_timeout is None else {"timeout": datetime.timedelta(seconds=pg_timeout)}
+            dist.init_process_group("gloo", rank=rank, world_size=world, **timeout)
             try:
                 queue.put((rank, "ok", _to_bytes(fn(rank, world, *args))))
             finally:
@@ -56,12 +58,15 @@ def _worker(rank, world, port, fn, args, queue, cache_dir):
         queue.put((rank, "error", traceback.format_exc()))
 
 
-def run_world(fn, world: int, *args, timeout: float = 600, cache_dir: str | None = None) -> list:
+def run_world(
+    fn, world: int, *args, timeout: float = 600, cache_dir: str | None = None, pg_timeout: float | None = None
+) -> list:
     """``[fn(0, world, *args), ..., fn(world - 1, world, *args)]``, each on its own gloo rank.
 
-    ``cache_dir`` sets TORCHINDUCTOR_CACHE_DIR for every rank (default: a fresh one).
+    ``cache_dir`` sets TORCHINDUCTOR_CACHE_DIR for every rank (default: a fresh one);
+    ``pg_timeout`` the process group's collective timeout in seconds (default: gloo's).
     """
-    return _spawn(fn, world, list(range(world)), args, timeout, cache_dir, fake=False)
+    return _spawn(fn, world, list(range(world)), args, timeout, cache_dir, fake=False, pg_timeout=pg_timeout)
 
 
 @contextlib.contextmanager
@@ -86,13 +91,13 @@ def run_fake(fn, world: int, ranks, *args, timeout: float = 600) -> list:
     return _spawn(fn, world, list(ranks), args, timeout, None, fake=True)
 
 
-def _spawn(fn, world, ranks, args, timeout, cache_dir, fake):
+def _spawn(fn, world, ranks, args, timeout, cache_dir, fake, pg_timeout=None):
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = None if fake else free_port()
     with tempfile.TemporaryDirectory() as fresh:
         procs = [
-            ctx.Process(target=_worker, args=(r, world, port, fn, args, queue, cache_dir or fresh), daemon=True)
+            ctx.Process(target=_worker, args=(r, world, port, fn, args, queue, cache_dir or fresh, pg_timeout), daemon=True)
             for r in ranks
         ]
         for p in procs:

@@ -4,11 +4,14 @@ single-process references they are compared with."""
 from __future__ import annotations
 
 import ast
+import datetime
 import re
 import tempfile
+import time
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 import muon_compile
@@ -481,3 +484,65 @@ def corpus_entries(rank, world, steps, names):
         torch._dynamo.reset()
         out[name] = corpus_run(rank, world, steps, name)
     return out
+
+
+# One rank's step made to differ from the others' (tests/test_rank_agreement.py): a
+# setting it overrides, or ("gradient") the parameter whose gradient it drops.
+DIVERGENCES = {
+    "bucket_mb": dict(bucket_mb=0.0005),
+    "strategy": dict(strategy="all_gather"),
+    "prefetch": dict(prefetch=0),
+    "passes": dict(passes="-distribute"),
+    "gradient": {},
+}
+AGREE_SHAPES = [(24, 16), (10, 16), (7, 16)]
+
+
+def _named_fsdp_muon(world):
+    """Muon over an FSDP2 Stack of :data:`AGREE_SHAPES`, parameters named ``layers.<i>.weight``,
+    with step 0's gradients set: ``(params, optimizer)``."""
+    params = sharded_stack(AGREE_SHAPES, device_mesh(world))
+    opt = muon_compile.Muon([(f"layers.{i}.weight", p) for i, p in enumerate(params)], lr=0.02)
+    set_step_grads(params, AGREE_SHAPES, 0)
+    return params, opt
+
+
+def _timed_step(step):
+    """``(outcome, seconds)``: "ok" or the RankDivergenceError's text."""
+    start = time.monotonic()
+    try:
+        step()
+        outcome = "ok"
+    except muon_compile.RankDivergenceError as e:
+        outcome = str(e)
+    return outcome, time.monotonic() - start
+
+
+def divergent_step(rank, world, case, odd_rank):
+    """Compile the Muon step with :data:`DIVERGENCES` ``[case]`` on ``odd_rank`` only."""
+    params, opt = _named_fsdp_muon(world)
+    changes = DIVERGENCES[case] if rank == odd_rank else {}
+    if case == "gradient" and rank == odd_rank:
+        params[1].grad = None
+    with config.override(**changes):
+        return _timed_step(torch.compile(opt.step, backend="muon"))
+
+
+def diverge_after_compile(rank, world, mode):
+    """Compile and run one agreed step, then diverge: ``"skip"``, rank 1 skips step 2
+    (waiting until rank 0 is done); ``"recompile"``, rank 0 alone recompiles (a guarded
+    setting changed). Every rank returns how its step 2 ended and how long it took."""
+    params, opt = _named_fsdp_muon(world)
+    store = dist.distributed_c10d._get_default_store()
+    with config.override(agree_timeout=3):
+        step = torch.compile(opt.step, backend="muon")
+        step()
+        if mode == "skip" and rank == 1:
+            store.wait(["test/rank0_done"], datetime.timedelta(seconds=120))
+            return "skipped", 0.0
+        if mode == "recompile" and rank == 0:
+            opt.param_groups[0]["nesterov"] = False
+        outcome = _timed_step(step)
+    if rank == 0:
+        store.set("test/rank0_done", "1")
+    return outcome
