@@ -6,6 +6,7 @@ Registered through the ``torch_dynamo_backends`` entry point, so
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -16,6 +17,7 @@ from . import config, explain, rank_agreement
 from .cache_key import rank_key
 from .passes import MuonGraphPass, new_dump_name, run_torch_passes
 from .passes.fingerprint import fingerprint
+from .stats import pass_seconds
 
 # Inductor's fusion search tries each node against the next N nodes that read the same
 # buffer. Every per-parameter kernel of an optimizer step reads the same 0-D
@@ -55,10 +57,12 @@ def muon_backend(
     dump_name = new_dump_name()
     with explain.collecting(cfg.explain):
         run_torch_passes(gm, cfg, dump_name, example_inputs)
+        start = time.perf_counter()
         facts = fingerprint(gm, example_inputs, cfg, _traced_frame_locals())
+        pass_seconds["fingerprint"] += time.perf_counter() - start
         if facts is not None:
             try:
-                rank_agreement.agree(facts.as_lists(), cfg.agree_timeout)
+                rank_agreement.agree(facts.as_lists(), cfg.agree_timeout, _compile_id())
             except rank_agreement.RankDivergenceError as e:  # raised by the step, as this type, on every call
                 return rank_agreement.failing(e)
         patches: dict[str, Any] = dict(_INDUCTOR_DEFAULTS)
@@ -69,6 +73,13 @@ def muon_backend(
         patches["post_grad_custom_post_pass"] = MuonGraphPass(cfg, rank_key(example_inputs), dump_name, user_passes)
         compiled = compile_fx(gm, example_inputs, config_patches=patches)
     return compiled if facts is None else rank_agreement.guard_collectives(compiled, list(facts.groups))
+
+
+def _compile_id() -> object:
+    """Dynamo's id of the compilation in progress (frame, recompilation), or None."""
+    from torch._guards import CompileContext
+
+    return CompileContext.current_compile_id()
 
 
 def _traced_frame_locals() -> dict | None:

@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
+import torch.distributed._functional_collectives as funcol
 from torch import Tensor
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor import zeros as dtensor_zeros
@@ -33,6 +34,7 @@ from .updates import (
     ADJUST_LR_MODES,
     adamw_update,
     apply_update,
+    gate,
     lr_ratio,
     muon_direction,
     muon_update,
@@ -162,6 +164,14 @@ class MuonAdamW(torch.optim.Optimizer):
             ``split_qkv`` / ``qkv_split_shapes``): ``(q_rows, k_rows, v_rows)`` for a fused
             QKV weight, or an int ``k`` for blocks of ``k`` rows (per-head NS). Each block
             gets its own ``adjust_lr`` ratio. Meant for a group of its own (the QKV weights).
+        skip_nonfinite: skip the whole step (every parameter and all state unchanged)
+            when any gradient holds a NaN or an infinity, and count it in each param
+            group's ``"skipped_steps"`` (a 0-D int64 tensor, saved with the state dict;
+            :attr:`skipped_steps`). One fused check over all gradients (their fp32 L2
+            norms, so a norm beyond fp32's range also counts), agreed across the ranks
+            of every sharded DTensor's mesh (one scalar all-reduce), no host sync: a
+            skipped step still runs, with its updates gated off. Off by default: a
+            non-finite gradient then propagates as in eager PyTorch.
         adamw_lr, adamw_betas, adamw_eps, adamw_weight_decay: AdamW group defaults.
 
     Muon parameters must be real 2-D matrices or 3-D stacks of matrices (the leading
@@ -193,6 +203,7 @@ class MuonAdamW(torch.optim.Optimizer):
         split_rows: int | tuple[int, ...] | None = None,
         qk_clip: QKClip | None = None,
         offload_state: bool = False,
+        skip_nonfinite: bool = False,
         adamw_lr: float = 3e-4,
         adamw_betas: tuple[float, float] = (0.9, 0.95),
         adamw_eps: float = 1e-8,
@@ -218,6 +229,7 @@ class MuonAdamW(torch.optim.Optimizer):
             "adamw": dict(lr=adamw_lr, betas=adamw_betas, eps=adamw_eps, weight_decay=adamw_weight_decay),
         }
         self._offload = bool(offload_state)  # read while the groups below are added
+        self._skip_nonfinite = bool(skip_nonfinite)  # likewise
         self._stacks: list[stacks_mod.GroupStacks] = []  # per param group
         super().__init__(params, defaults={})
         self._qk_clip = qk_clip
@@ -236,6 +248,8 @@ class MuonAdamW(torch.optim.Optimizer):
             param_group.setdefault(key, value)
         super().add_param_group(param_group)
         group = self.param_groups[-1]
+        if self._skip_nonfinite:
+            group.setdefault("skipped_steps", torch.zeros((), dtype=torch.int64))
         if kind == "muon":
             self._prepare_muon_group(group)
         else:
@@ -389,6 +403,8 @@ class MuonAdamW(torch.optim.Optimizer):
                 group[key] = _scalar(group[key], key)
             if group["kind"] == "adamw":
                 group["betas"] = tuple(_scalar(b, "betas") for b in group["betas"])
+            if self._skip_nonfinite:
+                group.setdefault("skipped_steps", torch.zeros((), dtype=torch.int64))
 
     def _check_loadable(self, state_dict: dict) -> None:
         """Raise ``ValueError`` at the first saved state tensor that does not fit (see
@@ -419,16 +435,49 @@ class MuonAdamW(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        live = self._live() if self._skip_nonfinite else None
         for group, layout in zip(self.param_groups, self._stacks):
+            if live is not None:
+                group["skipped_steps"].add_((1 - live).to(torch.int64))
+                group = _gated(group, live)
             if group["kind"] == "muon":
                 self._muon_step(group, layout)
             else:
-                self._adamw_step(group)
+                self._adamw_step(group, live)
         if qk_logits is not None:
             if self._qk_targets is None:
                 raise ValueError("step(qk_logits=...) needs the optimizer built with qk_clip=QKClip(...)")
-            qk_clip_mod.apply(self._qk_targets, qk_logits, self._qk_clip.threshold)
+            qk_clip_mod.apply(self._qk_targets, qk_logits, self._qk_clip.threshold, live)
         return loss
+
+    @property
+    def skipped_steps(self) -> Tensor:
+        """Steps skipped for a non-finite gradient (``skip_nonfinite=True``), a 0-D tensor."""
+        if not self._skip_nonfinite:
+            raise ValueError("skipped_steps is counted only by an optimizer built with skip_nonfinite=True")
+        return self.param_groups[0]["skipped_steps"]
+
+    def _live(self) -> Tensor:
+        """1.0 when every gradient is finite on every rank, else 0.0 (0-D float32, no host sync)."""
+        grads = [p.grad for g in self.param_groups for p in g["params"] if p.grad is not None]
+        if not grads:
+            return torch.ones((), dtype=torch.float32)
+        local = [g.to_local() if isinstance(g, DTensor) else g for g in grads]
+        norms = torch._foreach_norm(local, 2, dtype=torch.float32)
+        live = torch.stack(norms).sum().isfinite().to(torch.float32)
+        meshes = {id(g.device_mesh): g.device_mesh for g in grads if isinstance(g, DTensor)}
+        for mesh in meshes.values():
+            for dim in range(mesh.ndim):
+                if mesh.size(dim) > 1:
+                    live = funcol.all_reduce(live, "min", (mesh, dim))
+        return live
+
+    def _grad(self, p: Tensor) -> Tensor:
+        """``p``'s gradient as a step reads it: with ``skip_nonfinite``, NaN and inf as 0,
+        so that a skipped step, whose updates are gated off, computes with finite values."""
+        if self._skip_nonfinite:
+            return torch.nan_to_num(p.grad, nan=0.0, posinf=0.0, neginf=0.0)
+        return p.grad
 
     def _muon_step(self, group: dict, layout: stacks_mod.GroupStacks) -> None:
         ns_args = coeffs.ns_args(
@@ -459,7 +508,7 @@ class MuonAdamW(torch.optim.Optimizer):
         split, lr_scale = self._split_and_scale(group, p.shape)
         muon_update(
             p,
-            p.grad,
+            self._grad(p),
             state["momentum_buffer"],
             **self._direction_args(group, split, ns_args),
             second_moment=state.get("second_moment"),
@@ -480,7 +529,7 @@ class MuonAdamW(torch.optim.Optimizer):
         split, lr_scale = self._split_and_scale(group, members[0].shape)
         state = self._step_state(stack.state, members[0].device)
         ortho = muon_direction(
-            stacks_mod.stack([p.grad for p in members]),
+            stacks_mod.stack([self._grad(p) for p in members]),
             state["momentum_buffer"],
             **self._direction_args(group, split, ns_args),
             second_moment=state.get("second_moment"),
@@ -513,7 +562,7 @@ class MuonAdamW(torch.optim.Optimizer):
             beta2=group["normuon_beta2"],
         )
 
-    def _adamw_step(self, group: dict) -> None:
+    def _adamw_step(self, group: dict, live: Tensor | None) -> None:
         beta1, beta2 = group["betas"]
         for i, p in enumerate(group["params"]):
             if p.grad is None:
@@ -522,7 +571,7 @@ class MuonAdamW(torch.optim.Optimizer):
             state = self._step_state(self.state[p], p.device)
             adamw_update(
                 p,
-                p.grad,
+                self._grad(p),
                 state["exp_avg"],
                 state["exp_avg_sq"],
                 state["step"],
@@ -531,8 +580,21 @@ class MuonAdamW(torch.optim.Optimizer):
                 beta2=beta2,
                 eps=group["eps"],
                 weight_decay=group["weight_decay"],
+                live=live,
             )
             self._end_step_state(self.state[p], state)
+
+
+def _gated(group: dict, live: Tensor) -> dict:
+    """A Muon group's view for a step that ``live`` (0-D, 1 or 0) may skip: learning rate
+    times ``live`` (no update, no weight decay), momentum and NorMuon's beta 1 when
+    skipped (state kept). An AdamW group is gated inside :func:`adamw_update`."""
+    if group["kind"] != "muon":
+        return group
+    gated = {**group, "lr": group["lr"] * live, "momentum": gate(group["momentum"], live, 1.0)}
+    if group["normuon_beta2"] is not None:
+        gated["normuon_beta2"] = gate(group["normuon_beta2"], live, 1.0)
+    return gated
 
 
 class Muon(MuonAdamW):

@@ -102,14 +102,22 @@ def _row_scale(target: _Target, gamma: Tensor) -> Tensor:
 
 
 @torch.no_grad()
-def apply(targets: dict[str, tuple[_Target, _Target]], qk_logits: Mapping[str, Tensor], threshold: float) -> None:
+def apply(
+    targets: dict[str, tuple[_Target, _Target]],
+    qk_logits: Mapping[str, Tensor],
+    threshold: float,
+    live: Tensor | None = None,
+) -> None:
     """Rescale the query / key rows of every head whose logit in ``qk_logits[layer]`` (shape
-    ``(heads,)``, the same on every rank) exceeds ``threshold``."""
+    ``(heads,)``, the same on every rank) exceeds ``threshold``; nothing where the 0-D
+    ``live`` is 0 (a step skipped for a non-finite gradient)."""
     unknown = set(qk_logits) - set(targets)
     if unknown:
         raise ValueError(f"qk_logits names unknown qk_clip layer(s) {sorted(unknown)}; configured: {sorted(targets)}")
     for name, logits in qk_logits.items():
         query, key = targets[name]
         gamma = threshold / logits.double().clamp_min(threshold)  # 1 where the head is under the threshold
+        if live is not None:
+            gamma = torch.where(live > 0, gamma, torch.ones_like(gamma))
         for target in (query, key):
             target.param.mul_(_row_scale(target, gamma))

@@ -11,7 +11,8 @@ never arrives is reported by rank instead of hanging a collective.
 Algorithm, per compilation, for every process group of the fingerprint at once:
   1. Each rank writes the digest of its facts under ``<group>/<n>/digest/<rank>``, where
      ``n`` counts this process's exchanges on that group (the same on every rank while
-     they compile the same graphs); the group's first rank also writes its facts.
+     they compile the same graphs; a second backend call for one compilation, Dynamo's
+     restart, does not count); the group's first rank also writes its facts.
   2. Each rank waits for the first rank's digest and compares it with its own; a rank
      that differs writes its facts and counts itself in ``differs``. The last rank to
      arrive (a store counter) writes ``done``.
@@ -99,8 +100,21 @@ def _sentence(kind: str, key: str, ref_rank: int, ref_value: str | None, rank: i
     return f"{text}. {_HINTS[kind]}"
 
 
-# Exchanges made per (store, process group): the n of step 1.
-_exchanges: dict[tuple[int, str], itertools.count] = defaultdict(itertools.count)
+# Exchanges made per process group (the n of step 1), and the compilation each group last
+# agreed on (see agree's ``compilation``); both for the store they were made through,
+# held so that a new process group (a new store) starts again from 0.
+_exchanges: dict[str, itertools.count] = defaultdict(itertools.count)
+_agreed: dict[str, object] = {}
+_store: list = [None]
+
+
+def _default_store() -> dist.Store:
+    store = dist.distributed_c10d._get_default_store()
+    if store is not _store[0]:
+        _exchanges.clear()
+        _agreed.clear()
+        _store[0] = store
+    return store
 
 
 class _Exchange:
@@ -112,9 +126,8 @@ class _Exchange:
         group = dist.distributed_c10d._resolve_process_group(group_name)
         self.ranks = dist.get_process_group_ranks(group)
         self.me = dist.get_rank()
-        base = dist.distributed_c10d._get_default_store()
-        self.n = next(_exchanges[(id(base), group_name)])
-        self.store = dist.PrefixStore(f"muon_compile/agree/{group_name}/{self.n}/", base)
+        self.n = next(_exchanges[group_name])
+        self.store = dist.PrefixStore(f"muon_compile/agree/{group_name}/{self.n}/", _default_store())
         self.facts = [list(f) for f in facts]
         self.digest = hashlib.sha256(json.dumps(self.facts).encode()).hexdigest()
 
@@ -164,22 +177,31 @@ class _Exchange:
             ) from None
 
 
-def agree(groups: dict[str, FactList], timeout: float) -> None:
+def agree(groups: dict[str, FactList], timeout: float, compilation: object = None) -> None:
     """Check that the ranks of every process group in ``groups`` (name -> this rank's
     facts) hold the same facts; raise :class:`RankDivergenceError` otherwise, or when a
     rank does not arrive within ``timeout`` seconds. Does nothing under the fake process
-    group or with ``timeout`` 0. Its time adds to ``pass_seconds["rank_agreement"]``."""
+    group or with ``timeout`` 0. Its time adds to ``pass_seconds["rank_agreement"]``.
+
+    ``compilation`` identifies the compilation (Dynamo's compile id): a group that already
+    agreed on it is not asked again. Dynamo calls the backend a second time for one
+    compilation when it restarts its analysis, which a cold Inductor compile may make it
+    do and a cached one does not: counting that call would put the ranks' exchange
+    numbers out of step."""
     if timeout <= 0 or not dist.is_initialized() or dist.get_backend() == "fake":
         return
     start = time.monotonic()
     deadline = start + timeout
-    exchanges = [_Exchange(name, facts, timeout) for name, facts in groups.items()]
+    _default_store()
+    todo = {n: f for n, f in groups.items() if compilation is None or _agreed.get(n) != compilation}
+    exchanges = [_Exchange(name, facts, timeout) for name, facts in todo.items()]
     for e in exchanges:  # every rank writes before any waits: no order between groups to deadlock on
         e.publish()
     for e in exchanges:
         e.compare(deadline)
     for e in exchanges:
         e.conclude(deadline)
+        _agreed[e.name] = compilation
     pass_seconds["rank_agreement"] += time.monotonic() - start
     log.debug("ranks agree on %d process group(s) in %.4f s", len(exchanges), time.monotonic() - start)
 

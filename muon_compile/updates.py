@@ -162,6 +162,11 @@ def scaled_step(ortho: Tensor, lr: Tensor, lr_scale: float) -> Tensor:
     return ortho * (lr * -lr_scale)
 
 
+def gate(value: Tensor, live: Tensor, idle: float) -> Tensor:
+    """``value`` where the 0-D flag ``live`` is 1, ``idle`` where it is 0 (a skipped step)."""
+    return torch.where(live > 0, value, torch.full_like(value, idle))
+
+
 def adamw_update(
     param: Tensor,
     grad: Tensor,
@@ -174,13 +179,23 @@ def adamw_update(
     beta2: Tensor,
     eps: Tensor,
     weight_decay: Tensor,
+    live: Tensor | None = None,
 ) -> None:
-    """One AdamW step (decoupled weight decay, bias correction) on ``param``."""
-    step.add_(1)
+    """One AdamW step (decoupled weight decay, bias correction) on ``param``.
+
+    ``live`` (a 0-D 1 or 0, see ``MuonAdamW(skip_nonfinite=True)``): 0 leaves the
+    parameter, the moments and ``step`` as they are, with a finite ``grad``. The moments'
+    decay is gated, not the betas: bias correction needs the true ones.
+    """
+    ema1, ema2 = beta1, beta2
+    if live is not None:
+        lr, ema1, ema2 = lr * live, gate(beta1, live, 1.0), gate(beta2, live, 1.0)
+    step.add_(1 if live is None else live)
+    count = step if live is None else step.clamp_min(1)  # skipped since step 0: no bias to correct yet
     param.mul_(1 - lr * weight_decay)
-    exp_avg.mul_(beta1).add_(grad * (1 - beta1))
-    exp_avg_sq.mul_(beta2).add_(grad * grad * (1 - beta2))
-    bias1 = 1 - beta1**step
-    bias2 = 1 - beta2**step
+    exp_avg.mul_(ema1).add_(grad * (1 - ema1))
+    exp_avg_sq.mul_(ema2).add_(grad * grad * (1 - ema2))
+    bias1 = 1 - beta1**count
+    bias2 = 1 - beta2**count
     denom = (exp_avg_sq / bias2).sqrt() + eps
     param.sub_(exp_avg / denom * (lr / bias1))

@@ -85,11 +85,12 @@ def fingerprint(
     was given (``torch.optim`` keeps them as ``param_groups[i]["param_names"]``).
     """
     per_group: dict[str, list[Fact]] = {name: [] for name in _sharded_input_groups(example_inputs)}
-    _, sites = find_ns_sites(gm.graph, torch_level=True)
-    for group, fact in _plan_facts(sites, cfg) + _collective_facts(gm.graph):
-        per_group.setdefault(group, []).append(fact)
-    if not per_group:
+    collectives = _collective_facts(gm.graph)
+    if not per_group and not collectives:  # one device: nothing to agree on, nothing more to read
         return None
+    _, sites = find_ns_sites(gm.graph, torch_level=True)
+    for group, fact in _plan_facts(sites, cfg) + collectives:
+        per_group.setdefault(group, []).append(fact)
     common = _version_facts() + _setting_facts(cfg) + _gradient_facts(gm.graph, f_locals)
     order = {kind: i for i, kind in enumerate(KINDS)}
     return Fingerprint(

@@ -262,7 +262,8 @@ CHECKPOINT_SHAPES = [(24, 16), (7, 16), (1, 16), (12, 40)]
 
 
 def _checkpoint_model(world, shapes):
-    """An FSDP2 Stack of ``shapes``; MuonAdamW with Muon on all but the last weight (AdamW)."""
+    """An FSDP2 Stack of ``shapes``; MuonAdamW with Muon on all but the last weight (AdamW).
+    Returns ``(model, params, optimizer)``."""
     from torch.distributed.fsdp import fully_shard
 
     model = Stack(shapes)
@@ -311,6 +312,23 @@ def dcp_resume(rank, world, steps_before):
         "identical": [bool(torch.equal(a, b)) for a, b in zip(resumed, uninterrupted)],
         "state_keys": sorted(k for p in params2 for k in opt2.state[p]),
     }
+
+
+def dcp_load_other_width(rank, world):
+    """Take the sharded optimizer state dict (``get_state_dict``) of a model whose second
+    matrix is 7x16 and load it (``set_state_dict``) into one where it is 7x24: the error
+    text each rank raises, or "loaded"."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    model, _, opt = _checkpoint_model(world, CHECKPOINT_SHAPES)
+    _, optim_sd = get_state_dict(model, opt)
+    wider = [CHECKPOINT_SHAPES[0], (7, 24)] + CHECKPOINT_SHAPES[2:]
+    model2, _, opt2 = _checkpoint_model(world, wider)
+    try:
+        set_state_dict(model2, opt2, model_state_dict=get_state_dict(model2, opt2)[0], optim_state_dict=optim_sd)
+    except ValueError as e:
+        return str(e)
+    return "loaded"
 
 
 class DenseAndExperts(nn.Module):
@@ -546,3 +564,40 @@ def diverge_after_compile(rank, world, mode):
     if rank == 0:
         store.set("test/rank0_done", "1")
     return outcome
+
+
+# skip_nonfinite on FSDP2: steps 0-2, step 1's gradient of the 24-row matrix NaN in row 20
+# (rank 1's shard at W = 2); the reference takes steps 0 and 2 only.
+SKIP_OPT = dict(lr=0.05, weight_decay=0.1, ns_dtype=torch.float32)
+
+
+def _skip_grads(shapes, step):
+    grads = step_grads(shapes, step)
+    if step == 1:
+        grads[0][20, 3] = float("nan")
+    return grads
+
+
+def fsdp_skip_nonfinite(rank, world):
+    """Compiled MuonAdamW(skip_nonfinite=True) on an FSDP2 Stack: the full weights after
+    the three steps and the skipped-step count."""
+    shapes = FSDP_SHAPES
+    params = sharded_stack(shapes, device_mesh(world))
+    opt = muon_compile.Muon(params, skip_nonfinite=True, **SKIP_OPT)
+    step = torch.compile(opt.step, backend="muon")
+    for s in range(3):
+        for p, g in zip(params, _skip_grads(shapes, s)):
+            p.grad = distribute_like(g, p)
+        step()
+    return [p.full_tensor() for p in params], opt.skipped_steps.item()
+
+
+def skip_reference():
+    """One process, eager, plain Muon: steps 0 and 2 of :func:`fsdp_skip_nonfinite`."""
+    params = [nn.Parameter(w) for w in initial_weights(FSDP_SHAPES)]
+    opt = muon_compile.Muon(params, **SKIP_OPT)
+    for s in (0, 2):
+        for p, g in zip(params, step_grads(FSDP_SHAPES, s)):
+            p.grad = g
+        opt.step()
+    return [p.detach() for p in params]

@@ -10,7 +10,7 @@ import torch
 import muon_compile
 
 from dist_harness import run_world
-from dist_workers import CHECKPOINT_SHAPES, dcp_resume
+from dist_workers import CHECKPOINT_SHAPES, dcp_load_other_width, dcp_resume
 from helpers import MIXED_SHAPES, make_params, set_grads
 
 
@@ -58,6 +58,15 @@ def test_fsdp2_distributed_checkpoint_resume_is_bit_identical():
         assert all(result["identical"]), (rank, result["identical"])
         # every rank holds every state key from step 0, the empty shard's rank included
         assert result["state_keys"] == sorted(["momentum_buffer"] * (len(CHECKPOINT_SHAPES) - 1) + ["exp_avg", "exp_avg_sq", "step"])
+
+
+@pytest.mark.slow
+def test_fsdp2_set_state_dict_of_another_width_names_the_parameter():
+    """The DCP path (``set_state_dict`` of a sharded optimizer state dict) reaches the same
+    check: every rank raises, naming the parameter and both (global) shapes."""
+    for text in run_world(dcp_load_other_width, 2, timeout=300):
+        assert "cannot load optimizer state 'momentum_buffer' of parameter" in text, text
+        assert "the state dict holds shape (7, 16), this optimizer needs (7, 24)" in text, text
 
 
 def test_loading_state_of_another_width_names_the_parameter():

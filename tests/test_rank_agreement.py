@@ -65,7 +65,7 @@ def _fingerprint_at(rank, world, strategy):
 
     seen = []
     original = rank_agreement.agree
-    rank_agreement.agree = lambda groups, timeout: seen.append(groups)
+    rank_agreement.agree = lambda groups, timeout, compilation=None: seen.append(groups)
     try:
         params = sharded_stack(AGREE_SHAPES, device_mesh(world))
         opt = muon_compile.Muon([(f"layers.{i}.weight", p) for i, p in enumerate(params)], lr=0.02)
@@ -153,3 +153,22 @@ def test_agreement_timeout_setting():
     with pytest.raises(ValueError, match="MUON_COMPILE_AGREE_TIMEOUT"):
         config.Config(agree_timeout=-1)
     assert config.Config(agree_timeout=5).cache_key() == config.Config().cache_key()
+
+
+def test_one_compilation_is_agreed_once(monkeypatch):
+    """Dynamo may call the backend twice for one compilation (a restarted analysis, after a
+    cold compile only): the second call makes no exchange, so a rank whose compile came
+    from the cache stays in step. A new compilation exchanges again."""
+    import torch.distributed as dist
+
+    published = []
+    publish = rank_agreement._Exchange.publish
+    monkeypatch.setattr(rank_agreement._Exchange, "publish", lambda self: (published.append(self.n), publish(self)))
+    dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
+    try:
+        group = dist.group.WORLD.group_name
+        for compilation in ("frame 0", "frame 0", "frame 1"):
+            rank_agreement.agree({group: SETTINGS}, 5, compilation)
+    finally:
+        dist.destroy_process_group()
+    assert published == [0, 1]
