@@ -22,8 +22,8 @@ Algorithm, per compilation, for every process group of the fingerprint at once:
   A rank whose wait times out raises :class:`RankDivergenceError` naming the ranks that
   did not arrive.
 
-On the fast path a rank makes 4 store requests per group plus the waits; the cost is
-measured in docs/benchmarks.md ("Rank agreement").
+On the fast path a rank makes about 6 store requests per group, waits included, whatever
+the world size; the cost is measured in docs/benchmarks.md ("Rank agreement").
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ log = logging.getLogger(__name__)
 # Facts travel as [kind, key, value] lists (passes.fingerprint.Fact).
 FactList = Sequence[Sequence[str]]
 
+_TRACED_APART = "The ranks traced different step graphs (different shapes, parameters or param groups)."
 _HINTS = {
     "version": "Install the same torch and muon_compile on every rank.",
     "setting": "Set it the same on every rank (or unset it on every rank).",
@@ -54,8 +55,8 @@ _HINTS = {
         "Every rank must step the same parameters: give the parameter a gradient on every rank "
         "(zeros where it took no part in the loss) or on none."
     ),
-    "plan": "The ranks traced different step graphs (different shapes, parameters or param groups).",
-    "collective": "The ranks traced different step graphs (different shapes, parameters or param groups).",
+    "plan": _TRACED_APART,
+    "collective": _TRACED_APART,
 }
 
 
