@@ -54,6 +54,19 @@ def test_heads_above_threshold_are_rescaled(rope_dim):
     torch.testing.assert_close(mlp.detach(), pm.detach(), rtol=0, atol=0)
 
 
+def test_skipped_step_does_not_clip():
+    """With skip_nonfinite, a step skipped for a NaN gradient rescales no head either."""
+    named = _named_params()
+    layer = QKClipLayer("layer0", query="attn.wq", key="attn.wk", heads=HEADS, head_dim=HEAD_DIM)
+    opt = muon_compile.Muon(named, lr=0.05, ns_dtype="fp32", skip_nonfinite=True, qk_clip=QKClip(threshold=10.0, layers=[layer]))
+    _grads(named, 0)
+    named[2][1].grad[0, 0] = float("nan")
+    before = [p.detach().clone() for _, p in named]
+    opt.step(qk_logits={"layer0": LOGITS})
+    assert all(torch.equal(p, b) for (_, p), b in zip(named, before))
+    assert opt.skipped_steps.item() == 1
+
+
 @pytest.mark.slow
 def test_compiled_matches_eager(device):
     eager, comp = _named_params(device=device), _named_params(device=device)
