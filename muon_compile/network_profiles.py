@@ -1,0 +1,96 @@
+"""Collective times by kind, size and group: the network profile of the cost model.
+
+Each collective of a process group of ``W`` ranks is priced with the alpha-beta model of
+the ring and pairwise algorithms that NCCL and gloo use for large messages, ``b`` being
+the bytes one rank contributes (its input):
+
+==========================  ==================================  ============================
+collective                  what each rank sends                 seconds
+==========================  ==================================  ============================
+``all_gather_into_tensor``  its input to W - 1 peers (ring)      ``(W-1) a + (W-1) b / B``
+``all_to_all_single``       ``b`` in all, ``b / W`` kept         ``(W-1) a + (W-1)/W b / B``
+``all_reduce``              reduce-scatter, then all-gather      ``2 (W-1) a + 2 (W-1)/W b / B``
+``reduce_scatter_tensor``   ring                                 ``(W-1) a + (W-1)/W b / B``
+==========================  ==================================  ============================
+
+Here ``a`` is the latency of one step and ``B`` the bandwidth one rank sends at (NCCL's
+"bus bandwidth"). A group that fits in one node uses the intra-node link; a larger one is
+limited by the inter-node link. The all-to-all row assumes the uneven split sizes of a
+bucket cost what even ones of the same total cost.
+
+Profiles (:data:`PROFILES`):
+
+* ``nvlink-ib``: a DGX-H100-class cluster, from published figures, not measured here:
+  8 GPUs per node on NVLink 4 / NVSwitch (450 GB/s per direction per GPU; nccl-tests
+  report 460-480 GB/s bus bandwidth for a large all-reduce on 8 x H100 SXM5), and one
+  400 Gb/s NDR InfiniBand adapter per GPU between nodes (50 GB/s line rate, 45 GB/s taken
+  as achieved). Latencies: 10 us per step within a node, 20 us between nodes, typical
+  small-message nccl-tests figures.
+
+A profile measured on this project's machines (gloo over 127.0.0.1) is still to come:
+the cost model's validation (issue 16) needs it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+COLLECTIVES = ("all_gather_into_tensor", "all_to_all_single", "all_reduce", "reduce_scatter_tensor")
+
+
+@dataclasses.dataclass(frozen=True)
+class Link:
+    """One kind of link: ``latency`` seconds per algorithm step, ``bandwidth`` bytes/s sent per rank."""
+
+    latency: float
+    bandwidth: float
+
+
+@dataclasses.dataclass(frozen=True)
+class NetworkProfile:
+    """The links of a cluster: ``intra`` within a node of ``ranks_per_node`` ranks,
+    ``inter`` between nodes; ``source`` says where the figures come from."""
+
+    name: str
+    source: str
+    intra: Link
+    inter: Link
+    ranks_per_node: int
+
+    def link(self, group_size: int) -> Link:
+        """The link a group of ``group_size`` ranks (placed on consecutive ranks) is limited by."""
+        return self.intra if group_size <= self.ranks_per_node else self.inter
+
+    def seconds(self, kind: str, nbytes: float, group_size: int) -> float:
+        """Predicted seconds of collective ``kind`` with ``nbytes`` of input per rank over
+        ``group_size`` ranks (see the module docstring); 0 for a group of one."""
+        if kind not in COLLECTIVES:
+            raise ValueError(f"unknown collective {kind!r}; known: {COLLECTIVES}")
+        w = group_size
+        if w <= 1:
+            return 0.0
+        link = self.link(w)
+        if kind == "all_gather_into_tensor":
+            return (w - 1) * link.latency + (w - 1) * nbytes / link.bandwidth
+        if kind == "all_reduce":
+            return 2 * (w - 1) * link.latency + 2 * (w - 1) / w * nbytes / link.bandwidth
+        return (w - 1) * link.latency + (w - 1) / w * nbytes / link.bandwidth
+
+
+PROFILES: dict[str, NetworkProfile] = {
+    "nvlink-ib": NetworkProfile(
+        "nvlink-ib",
+        "published figures (DGX H100: NVLink 4 450 GB/s per direction, nccl-tests 460-480 GB/s bus "
+        "bandwidth on 8 x H100 SXM5; NDR 400 Gb/s InfiniBand per GPU), not measured here",
+        intra=Link(latency=10e-6, bandwidth=450e9),
+        inter=Link(latency=20e-6, bandwidth=45e9),
+        ranks_per_node=8,
+    ),
+}
+
+
+def profile(name: str) -> NetworkProfile:
+    """The network profile called ``name``; ``ValueError`` naming the known ones otherwise."""
+    if name not in PROFILES:
+        raise ValueError(f"unknown network profile {name!r}; known: {sorted(PROFILES)}")
+    return PROFILES[name]

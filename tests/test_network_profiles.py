@@ -1,0 +1,32 @@
+"""The network profile of the cost model: the alpha-beta price of each collective."""
+
+import pytest
+
+from muon_compile.network_profiles import Link, NetworkProfile, profile
+
+NET = NetworkProfile("test", "made up", intra=Link(1e-5, 100e9), inter=Link(2e-5, 10e9), ranks_per_node=4)
+
+
+def test_collective_prices_within_a_node():
+    b = 8e6
+    assert NET.seconds("all_gather_into_tensor", b, 4) == pytest.approx(3 * 1e-5 + 3 * b / 100e9)
+    assert NET.seconds("all_to_all_single", b, 4) == pytest.approx(3 * 1e-5 + 0.75 * b / 100e9)
+    assert NET.seconds("reduce_scatter_tensor", b, 4) == pytest.approx(3 * 1e-5 + 0.75 * b / 100e9)
+    assert NET.seconds("all_reduce", b, 4) == pytest.approx(6 * 1e-5 + 1.5 * b / 100e9)
+
+
+def test_a_group_beyond_a_node_pays_the_inter_node_link():
+    assert NET.seconds("all_to_all_single", 8e6, 8) == pytest.approx(7 * 2e-5 + 7 / 8 * 8e6 / 10e9)
+
+
+def test_one_rank_costs_nothing_and_unknown_kinds_are_refused():
+    assert NET.seconds("all_reduce", 1e9, 1) == 0.0
+    with pytest.raises(ValueError, match="unknown collective 'broadcast'"):
+        NET.seconds("broadcast", 1.0, 2)
+    with pytest.raises(ValueError, match="known: \\['nvlink-ib'\\]"):
+        profile("ethernet")
+
+
+def test_published_profile_orders_links():
+    net = profile("nvlink-ib")
+    assert net.seconds("all_gather_into_tensor", 64e6, 8) < net.seconds("all_gather_into_tensor", 64e6, 16)
