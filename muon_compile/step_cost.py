@@ -1,0 +1,190 @@
+"""The cost model: a distributed Muon step's predicted time, from its plan alone.
+
+Input: the distribution plan (:func:`muon_compile.passes.plan_distributed.plan_distributed`,
+which needs shapes only, so any world size can be planned without a process), the
+prefetch depth, a :class:`DeviceProfile` and a
+:class:`~muon_compile.network_profiles.NetworkProfile`. Output: a :class:`StepCost` per
+rank: Newton–Schulz matmul seconds, pointwise (memory-bound) seconds, communication
+seconds, the part of it not hidden behind compute, and the total.
+
+Work per bucket (docs/design.md, "Distributed layout"):
+
+* launch: pack the local shards (read in the parameter dtype, write in the compute
+  dtype), then the first collective;
+* compute: wait, reassemble the owned matrices, Newton–Schulz per matrix (its products
+  priced by :mod:`muon_compile.ns_cost` with the device's matmul rates, the algorithm
+  that ``auto`` would choose), cut the results back into shards, the return collective
+  (``all_to_all``);
+* finish (``all_to_all``): wait, unpack;
+* and per parameter, outside the buckets, the momentum and the update: read the
+  gradient, read and write the momentum and the parameter.
+
+Timeline: the stages run in the order of the ``schedule`` pass
+(:func:`~muon_compile.passes.schedule.stage_order`), each rank's compute on its own
+clock, the collectives on one shared communication clock: a collective starts when the
+last rank has issued it and the previous one is done, and a rank that waits for it
+stalls. On a device that cannot overlap communication with compute (the CPU: gloo runs
+on the compute cores) a collective holds every rank's compute clock instead. Exposed
+communication is a rank's total minus its own compute.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from .config import Strategy
+from .matmul_rates import PROFILES as MATMUL_PROFILES
+from .matmul_rates import MatmulRates
+from .network_profiles import NetworkProfile
+from .ns_cost import choose, predicted_seconds
+from .passes.plan_distributed import EVERY_RANK, DistBucket, DistPlan
+from .passes.schedule import stage_order
+from .passes.stages import Stage
+
+# Elementwise passes of the momentum and the update, in parameter-sized tensors: read the
+# gradient, read and write the momentum, read and write the parameter.
+UPDATE_ACCESSES = 5
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceProfile:
+    """What a device computes at: matmul rates, memory bandwidth (bytes/s) for
+    pointwise work, and whether collectives overlap compute on it."""
+
+    name: str
+    source: str
+    matmul: MatmulRates
+    memory_bandwidth: float
+    overlaps_communication: bool
+
+
+DEVICES: dict[str, DeviceProfile] = {
+    "h100": DeviceProfile(
+        "h100",
+        "published figures: the matmul rates of muon_compile.matmul_rates 'cuda' (an estimate); "
+        "HBM3 3.35 TB/s peak, 2.8 TB/s taken as achieved; NCCL runs on its own stream",
+        MATMUL_PROFILES["cuda"],
+        memory_bandwidth=2.8e12,
+        overlaps_communication=True,
+    ),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class StepCost:
+    """Predicted seconds of one step, per rank (tuples indexed by rank in the group)."""
+
+    ns: tuple[float, ...]
+    pointwise: tuple[float, ...]
+    communication: float
+    exposed: tuple[float, ...]
+    total: tuple[float, ...]
+
+    @property
+    def step(self) -> float:
+        """The step's time: its slowest rank's."""
+        return max(self.total)
+
+    def describe(self) -> str:
+        rows = ["rank  total ms  NS ms  pointwise ms  exposed comm ms"]
+        for r, (t, n, p, e) in enumerate(zip(self.total, self.ns, self.pointwise, self.exposed)):
+            rows.append(f"{r:4d}  {t * 1e3:8.3f}  {n * 1e3:5.3f}  {p * 1e3:12.3f}  {e * 1e3:15.3f}")
+        rows.append(f"communication {self.communication * 1e3:.3f} ms per rank")
+        return "\n".join(rows)
+
+
+def _ns_seconds(bucket: DistBucket, rank: int, rates: MatmulRates) -> float:
+    args = bucket.args
+    total = 0.0
+    for m in bucket.members:
+        if m.owner in (rank, EVERY_RANK):
+            algorithm = choose(m.rows, m.cols, args.steps, args.compute_dtype, rates.device, args.algorithm).algorithm
+            total += predicted_seconds(algorithm, m.rows, m.cols, args.steps, args.compute_dtype, rates)
+    return total
+
+
+@dataclasses.dataclass(frozen=True)
+class _BucketWork:
+    """One bucket's seconds: pointwise per stage and rank, NS per rank, each collective."""
+
+    launch: tuple[float, ...]
+    compute: tuple[float, ...]
+    finish: tuple[float, ...]
+    ns: tuple[float, ...]
+    collectives: tuple[float, ...]
+
+
+def _bucket_work(bucket: DistBucket, device: DeviceProfile, network: NetworkProfile, param_itemsize: int) -> _BucketWork:
+    world, bw = bucket.group_size, device.memory_bandwidth
+    itemsize = bucket.args.compute_dtype.itemsize
+    shard_elems = sum(m.slot for m in bucket.members)  # this rank's padded shards, packed
+    pack = shard_elems * (param_itemsize + itemsize) / bw
+    ns = tuple(_ns_seconds(bucket, r, device.matmul) for r in range(world))
+    owned = [sum(m.slot for m in bucket.computed_by(r)) * world for r in range(world)]  # whole matrices
+    # reassemble (read, write) and, for all_to_all, cut back into shards (read, write)
+    cuts = 2 if bucket.strategy is Strategy.ALL_TO_ALL else 1
+    compute = tuple(cuts * 2 * e * itemsize / bw for e in owned)
+    finish = pack if bucket.strategy is Strategy.ALL_TO_ALL else 0.0
+    seconds = tuple(network.seconds(kind, shard_elems * itemsize, world) for kind, _, _ in bucket.collectives())
+    return _BucketWork((pack,) * world, compute, (finish,) * world, ns, seconds)
+
+
+def predict(
+    plan: DistPlan,
+    prefetch: int,
+    device: DeviceProfile,
+    network: NetworkProfile,
+    param_itemsize: int = 4,
+) -> StepCost:
+    """The predicted :class:`StepCost` of the buckets of ``plan`` (one process group)
+    scheduled with ``prefetch`` (see the module docstring); parameters of
+    ``param_itemsize`` bytes (fp32 by default)."""
+    groups = {b.group_name for b in plan.buckets}
+    if len(groups) > 1:
+        raise ValueError(f"predict prices one process group's buckets; the plan has {sorted(groups)}")
+    if not plan.buckets:
+        return StepCost((0.0,), (0.0,), 0.0, (0.0,), (0.0,))
+    world = plan.buckets[0].group_size
+    work = [_bucket_work(b, device, network, param_itemsize) for b in plan.buckets]
+    finish = any(b.strategy is Strategy.ALL_TO_ALL for b in plan.buckets)
+    clock = [0.0] * world  # each rank's compute clock
+    busy = [0.0] * world  # each rank's own compute
+    comm_free = 0.0
+    done: dict[tuple[int, int], float] = {}  # (bucket, collective) -> end time
+
+    def run(rank_seconds: tuple[float, ...]) -> None:
+        for r, s in enumerate(rank_seconds):
+            clock[r] += s
+            busy[r] += s
+
+    def collective(b: int, i: int) -> None:
+        nonlocal comm_free
+        start = max(max(clock), comm_free)
+        end = start + work[b].collectives[i]
+        comm_free = end
+        done[(b, i)] = end
+        if not device.overlaps_communication:
+            clock[:] = [end] * world
+
+    def wait(b: int, i: int) -> None:
+        clock[:] = [max(c, done[(b, i)]) for c in clock]
+
+    for tag in stage_order(len(work), finish, prefetch):
+        w = work[tag.bucket]
+        if tag.stage is Stage.LAUNCH:
+            run(w.launch)
+            collective(tag.bucket, 0)
+        elif tag.stage is Stage.COMPUTE:
+            wait(tag.bucket, 0)
+            run(tuple(n + c for n, c in zip(w.ns, w.compute)))
+            if len(w.collectives) > 1:
+                collective(tag.bucket, 1)
+        else:
+            wait(tag.bucket, 1)
+            run(w.finish)
+    elems = sum(m.rows_per_shard * m.cols for b in plan.buckets for m in b.members)  # the longest shards
+    run((UPDATE_ACCESSES * elems * param_itemsize / device.memory_bandwidth,) * world)
+    ns = tuple(sum(w.ns[r] for w in work) for r in range(world))
+    communication = sum(s for w in work for s in w.collectives)
+    exposed = tuple(c - b for c, b in zip(clock, busy))
+    return StepCost(ns, tuple(b - n for b, n in zip(busy, ns)), communication, exposed, tuple(clock))

@@ -1,0 +1,65 @@
+"""The cost model (muon_compile/step_cost.py): a plan's predicted step, by hand on one
+bucket, the overlap that prefetch buys, and the all_gather strategy's compute."""
+
+import pytest
+import torch
+
+from muon_compile import coefficients
+from muon_compile.config import Strategy
+from muon_compile.matmul_rates import PROFILES
+from muon_compile.network_profiles import Link, NetworkProfile
+from muon_compile.ns_cost import predicted_seconds
+from muon_compile.passes.plan_distributed import EVERY_RANK, DistBucket, DistMember, DistPlan
+from muon_compile.step_cost import UPDATE_ACCESSES, DeviceProfile, predict
+
+ARGS = coefficients.ns_args("keller", 5, compute_dtype=torch.bfloat16, algorithm="textbook")
+NET = NetworkProfile("test", "made up", intra=Link(1e-5, 1e9), inter=Link(1e-5, 1e9), ranks_per_node=8)
+BW = 10e9
+
+
+def _device(overlap):
+    return DeviceProfile("test", "made up", PROFILES["cpu"], BW, overlap)
+
+
+def _bucket(strategy=Strategy.ALL_TO_ALL, owners=(0, 1), rows=8, cols=16):
+    members = tuple(DistMember(i, rows, cols, rows // 2, rows // 2, owner, 5) for i, owner in enumerate(owners))
+    return DistBucket("0", 2, 0, strategy, ARGS, members)
+
+
+def test_one_bucket_without_overlap_by_hand():
+    cost = predict(DistPlan((_bucket(),), (), {}), 1, _device(False), NET)
+    shard = 2 * 4 * 16  # two members, 4 rows of 16 each
+    pack = shard * (4 + 2) / BW
+    collective = NET.seconds("all_to_all_single", shard * 2, 2)
+    ns = predicted_seconds("textbook", 8, 16, 5, torch.bfloat16, PROFILES["cpu"])
+    compute = 2 * 2 * (8 * 16) * 2 / BW  # reassemble and cut one owned 8x16 matrix, bf16
+    update = UPDATE_ACCESSES * shard * 4 / BW
+    expected = pack + collective + ns + compute + collective + pack + update
+    assert cost.total == pytest.approx((expected, expected))
+    assert cost.exposed == pytest.approx((2 * collective, 2 * collective))
+    assert cost.communication == pytest.approx(2 * collective)
+    assert cost.ns == pytest.approx((ns, ns))
+
+
+def test_prefetch_hides_communication_where_it_can_overlap():
+    plan = DistPlan(tuple(_bucket(rows=64, cols=256) for _ in range(3)), (), {})
+    serial, prefetched = (predict(plan, k, _device(True), NET) for k in (0, 1))
+    assert serial.exposed[0] == pytest.approx(serial.communication)  # k = 0: every wait stalls
+    assert prefetched.exposed[0] < 0.7 * serial.exposed[0]
+    assert prefetched.step < serial.step
+    no_overlap = predict(plan, 1, _device(False), NET)
+    assert no_overlap.exposed[0] == pytest.approx(no_overlap.communication)
+
+
+def test_all_gather_computes_every_matrix_on_every_rank():
+    a2a = predict(DistPlan((_bucket(),), (), {}), 1, _device(False), NET)
+    gather = predict(DistPlan((_bucket(Strategy.ALL_GATHER, (EVERY_RANK, EVERY_RANK)),), (), {}), 1, _device(False), NET)
+    assert gather.ns[0] == pytest.approx(2 * a2a.ns[0])
+    assert gather.ns == pytest.approx(gather.ns[::-1])
+    assert len([c for c in _bucket(Strategy.ALL_GATHER).collectives()]) == 1
+
+
+def test_one_group_per_prediction():
+    other = DistBucket("1", 2, 0, Strategy.ALL_TO_ALL, ARGS, _bucket().members)
+    with pytest.raises(ValueError, match="one process group"):
+        predict(DistPlan((_bucket(), other), (), {}), 1, _device(True), NET)
