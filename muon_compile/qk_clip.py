@@ -23,6 +23,8 @@ from torch import Tensor
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
+from .updates import gate
+
 
 @dataclasses.dataclass(frozen=True)
 class QKClipLayer:
@@ -118,6 +120,6 @@ def apply(
         query, key = targets[name]
         gamma = threshold / logits.double().clamp_min(threshold)  # 1 where the head is under the threshold
         if live is not None:
-            gamma = torch.where(live > 0, gamma, torch.ones_like(gamma))
+            gamma = gate(gamma, live, 1.0)
         for target in (query, key):
             target.param.mul_(_row_scale(target, gamma))

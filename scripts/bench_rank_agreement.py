@@ -28,17 +28,11 @@ from torch._inductor.utils import fresh_cache
 from torch.distributed.device_mesh import init_device_mesh
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_distributed import WORKLOADS, init_backend, machine, sharded_params  # noqa: E402
+from bench_distributed import WORKLOADS, init_backend, machine, sharded_params, slowest  # noqa: E402
 
 import muon_compile  # noqa: E402
 from muon_compile import rank_agreement  # noqa: E402
 from muon_compile.stats import pass_seconds  # noqa: E402
-
-
-def slowest(value: float) -> float:
-    t = torch.tensor([value], dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return float(t.item())
 
 
 def main() -> None:

@@ -23,13 +23,9 @@ import time
 import torch
 import torch.distributed as dist
 
+from bench_distributed import slowest
+
 SIZES = [2**k for k in range(12, 26, 2)]  # bytes per rank
-
-
-def slowest(value: float) -> float:
-    t = torch.tensor([value], dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return float(t.item())
 
 
 def timed(fn, reps: int) -> float:

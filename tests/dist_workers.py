@@ -59,10 +59,11 @@ def make_optimizer(kind, params, opt_kw):
 
 
 def reference_run(shapes, steps, optimizer="muon_compile", **opt_kw):
-    """Muon on the whole matrices in one process, eager: the distributed runs must match it."""
+    """Muon on the whole matrices in one process, eager: the distributed runs must match it.
+    ``steps``: how many steps (0, 1, ...), or which ones (their gradients are step_grads')."""
     params = [nn.Parameter(w) for w in initial_weights(shapes)]
     opt = make_optimizer(optimizer, params, opt_kw)
-    for s in range(steps):
+    for s in range(steps) if isinstance(steps, int) else steps:
         for p, g in zip(params, step_grads(shapes, s)):
             p.grad = g
         opt.step()
@@ -591,13 +592,3 @@ def fsdp_skip_nonfinite(rank, world):
         step()
     return [p.full_tensor() for p in params], opt.skipped_steps.item()
 
-
-def skip_reference():
-    """One process, eager, plain Muon: steps 0 and 2 of :func:`fsdp_skip_nonfinite`."""
-    params = [nn.Parameter(w) for w in initial_weights(FSDP_SHAPES)]
-    opt = muon_compile.Muon(params, **SKIP_OPT)
-    for s in (0, 2):
-        for p, g in zip(params, step_grads(FSDP_SHAPES, s)):
-            p.grad = g
-        opt.step()
-    return [p.detach() for p in params]

@@ -11,7 +11,7 @@ import torch
 import muon_compile
 
 from dist_harness import run_world
-from dist_workers import fsdp_skip_nonfinite, skip_reference
+from dist_workers import FSDP_SHAPES, SKIP_OPT, fsdp_skip_nonfinite, reference_run
 from helpers import MIXED_SHAPES, make_params, set_grads
 from numerics import NS_RTOL, assert_rel_close
 
@@ -118,7 +118,7 @@ def test_fsdp2_every_rank_skips_when_one_shard_is_nonfinite():
     """World 2: the NaN sits in rows only rank 1 holds; both ranks skip (one scalar
     all-reduce), count it, and end where a one-process run without that step ends."""
     results = run_world(fsdp_skip_nonfinite, 2, timeout=600)
-    reference = skip_reference()
+    reference = reference_run(FSDP_SHAPES, (0, 2), **SKIP_OPT)  # plain Muon without step 1
     for rank, (weights, skipped) in enumerate(results):
         assert skipped == 1, rank
         for i, (w, r) in enumerate(zip(weights, reference)):
