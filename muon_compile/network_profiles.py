@@ -15,7 +15,8 @@ collective                  what each rank sends                 seconds
 
 Here ``a`` is the latency of one step and ``B`` the bandwidth one rank sends at (NCCL's
 "bus bandwidth"). A group that fits in one node uses the intra-node link; a larger one is
-limited by the inter-node link. The all-to-all row assumes the uneven split sizes of a
+limited by the inter-node link. A measured profile may give a kind its own intra-node
+link (``kinds``): gloo's algorithms differ by kind more than one link describes. The all-to-all row assumes the uneven split sizes of a
 bucket cost what even ones of the same total cost.
 
 Profiles (:data:`PROFILES`):
@@ -27,13 +28,16 @@ Profiles (:data:`PROFILES`):
   as achieved). Latencies: 10 us per step within a node, 20 us between nodes, typical
   small-message nccl-tests figures.
 
-A profile measured on this project's machines (gloo over 127.0.0.1) is still to come:
-the cost model's validation (issue 16) needs it.
+A profile of this project's VM (gloo over 127.0.0.1) is measured by
+``scripts/measure_profiles.py``; the validation of the cost model
+(``scripts/validate_step_cost.py``) measures it again in the same run as the steps it
+predicts, because this VM's speed drifts between days.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 
 COLLECTIVES = ("all_gather_into_tensor", "all_to_all_single", "all_reduce", "reduce_scatter_tensor")
 
@@ -48,18 +52,27 @@ class Link:
 
 @dataclasses.dataclass(frozen=True)
 class NetworkProfile:
-    """The links of a cluster: ``intra`` within a node of ``ranks_per_node`` ranks,
-    ``inter`` between nodes; ``source`` says where the figures come from."""
+    """The links of a cluster: ``intra`` within a node of ``ranks_per_node`` ranks (or
+    ``kinds[kind]`` for a collective kind that has its own), ``inter`` between nodes;
+    ``source`` says where the figures come from."""
 
     name: str
     source: str
     intra: Link
     inter: Link
     ranks_per_node: int
+    kinds: Mapping[str, Link] = dataclasses.field(default_factory=dict)
 
-    def link(self, group_size: int) -> Link:
-        """The link a group of ``group_size`` ranks (placed on consecutive ranks) is limited by."""
-        return self.intra if group_size <= self.ranks_per_node else self.inter
+    def __post_init__(self) -> None:
+        if unknown := set(self.kinds) - set(COLLECTIVES):
+            raise ValueError(f"network profile {self.name!r}: unknown collective kinds {sorted(unknown)}; known: {COLLECTIVES}")
+
+    def link(self, group_size: int, kind: str | None = None) -> Link:
+        """The link a group of ``group_size`` ranks (placed on consecutive ranks) is limited
+        by; within a node, ``kind``'s own link where the profile has one."""
+        if group_size > self.ranks_per_node:
+            return self.inter
+        return self.kinds.get(kind, self.intra)
 
     def seconds(self, kind: str, nbytes: float, group_size: int) -> float:
         """Predicted seconds of collective ``kind`` with ``nbytes`` of input per rank over
@@ -69,7 +82,7 @@ class NetworkProfile:
         w = group_size
         if w <= 1:
             return 0.0
-        link = self.link(w)
+        link = self.link(w, kind)
         if kind == "all_gather_into_tensor":
             return (w - 1) * link.latency + (w - 1) * nbytes / link.bandwidth
         if kind == "all_reduce":

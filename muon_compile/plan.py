@@ -1,0 +1,158 @@
+"""Plan a distributed Muon step for a cluster this machine cannot hold: predicted step
+times per strategy, bucket size and prefetch depth, from shapes alone.
+
+    python -m muon_compile.plan --model llama-8b --world 8,64,1024 \\
+        [--device h100] [--network nvlink-ib] [--bucket-mb 16,64,256] [--prefetch 0,1,2] \\
+        [--tokens 4194304] [--mfu 0.4]
+
+The matrices of the model (:mod:`muon_compile.model_shapes`) become the sharded
+Newton–Schulz sites an FSDP2 run over ``world`` ranks would have (one process group,
+``torch.chunk`` rows), planned by the distribute pass's own planner
+(:func:`~muon_compile.passes.plan_distributed.plan_distributed`) and priced by the cost
+model (:func:`muon_compile.step_cost.predict`). For each world size it prints, per
+strategy, bucket size and prefetch depth, the predicted optimizer step, its NS, pointwise
+and exposed-communication parts, and recommends the fastest configuration; then Muon's
+share of a training step of ``--tokens`` tokens at ``--mfu`` of the device's bf16 matmul
+rate (forward and backward at ``6 * active parameters`` FLOPs per token).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+import torch
+
+from . import coefficients
+from .config import Config, Strategy
+from .model_shapes import MODELS, ModelShapes, model
+from .network_profiles import PROFILES as NETWORKS
+from .network_profiles import NetworkProfile
+from .ns_args import NSArgs
+from .passes.find import NSSite, Sharding
+from .passes.plan_distributed import DistPlan, plan_distributed
+from .sharded_ns import row_shard
+from .step_cost import DEVICES, DeviceProfile, StepCost, predict
+
+# muon_compile.Muon's defaults: Keller's quintic, 5 steps, bf16, the algorithm chosen per shape
+DEFAULT_ARGS = coefficients.ns_args("keller", 5)
+
+
+def sharded_sites(shapes: list[tuple[int, int]], world: int, args: NSArgs = DEFAULT_ARGS) -> list[NSSite]:
+    """The NS sites of FSDP2-sharded fp32 ``(rows, cols)`` matrices over ``world`` ranks,
+    as the find pass reads them from rank 0's graph."""
+    return [
+        NSSite(i, 1, rows, cols, 2, torch.float32, "cuda", args, 0, None, Sharding("0", world, 0, row_shard(rows, world, 0)))
+        for i, (rows, cols) in enumerate(shapes)
+    ]
+
+
+def plan_for(shapes: list[tuple[int, int]], world: int, strategy: Strategy, bucket_mb: float, args: NSArgs = DEFAULT_ARGS) -> DistPlan:
+    """The distribution plan of ``shapes`` over ``world`` ranks (see :func:`sharded_sites`)."""
+    return plan_distributed(sharded_sites(shapes, world, args), bucket_mb=bucket_mb, strategy=strategy)
+
+
+@dataclasses.dataclass(frozen=True)
+class Prediction:
+    """One configuration's predicted step."""
+
+    world: int
+    strategy: Strategy
+    bucket_mb: float
+    prefetch: int
+    buckets: int
+    cost: StepCost
+
+    @property
+    def exposed_share(self) -> float:
+        """The slowest rank's exposed communication as a share of the step."""
+        slowest = max(range(len(self.cost.total)), key=lambda r: self.cost.total[r])
+        return self.cost.exposed[slowest] / self.cost.step if self.cost.step else 0.0
+
+
+def sweep(
+    shapes: list[tuple[int, int]],
+    world: int,
+    device: DeviceProfile,
+    network: NetworkProfile,
+    bucket_mbs: list[float],
+    prefetches: list[int],
+    strategies: tuple[Strategy, ...] = (Strategy.ALL_TO_ALL, Strategy.ALL_GATHER),
+) -> list[Prediction]:
+    """Every configuration's :class:`Prediction` at ``world`` ranks."""
+    rows = []
+    for strategy in strategies:
+        for mb in bucket_mbs:
+            plan = plan_for(shapes, world, strategy, mb)
+            for k in prefetches:
+                rows.append(Prediction(world, strategy, mb, k, len(plan.buckets), predict(plan, k, device, network)))
+    return rows
+
+
+def best(predictions: list[Prediction]) -> Prediction:
+    """The fastest configuration (ties: the earlier one)."""
+    return min(predictions, key=lambda p: p.cost.step)
+
+
+def training_seconds(shapes: ModelShapes, tokens: int, world: int, device: DeviceProfile, mfu: float) -> float:
+    """Seconds of the forward and backward pass of ``tokens`` tokens over ``world``
+    devices at ``mfu`` of the device's largest-size bf16 matmul rate."""
+    peak = device.matmul.tables[torch.bfloat16][-1][1] * 1e9
+    return 6 * shapes.active * tokens / (world * peak * mfu)
+
+
+def describe(predictions: list[Prediction]) -> str:
+    """One line per configuration, the fastest marked."""
+    fastest = best(predictions)
+    lines = [f"{'strategy':<11} {'bucket MiB':>10} {'buckets':>7} {'prefetch':>8} {'step ms':>9} {'NS ms':>8} {'pointwise ms':>12} {'exposed comm':>12}"]
+    for p in predictions:
+        r = max(range(len(p.cost.total)), key=lambda i: p.cost.total[i])
+        mark = "  <- fastest" if p is fastest else ""
+        lines.append(
+            f"{p.strategy.value:<11} {p.bucket_mb:>10g} {p.buckets:>7} {p.prefetch:>8} {p.cost.step * 1e3:>9.2f} "
+            f"{p.cost.ns[r] * 1e3:>8.2f} {p.cost.pointwise[r] * 1e3:>12.2f} {p.exposed_share:>12.1%}{mark}"
+        )
+    return "\n".join(lines)
+
+
+def _numbers(text: str, kind: type) -> list:
+    return [kind(x) for x in text.split(",") if x.strip()]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m muon_compile.plan", description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model", required=True, choices=sorted(MODELS))
+    parser.add_argument("--world", default="8,64,1024", help="comma list of world sizes (default %(default)s)")
+    parser.add_argument("--device", default="h100", choices=sorted(DEVICES))
+    parser.add_argument("--network", default="nvlink-ib", choices=sorted(NETWORKS))
+    parser.add_argument("--bucket-mb", default=f"16,{Config.bucket_mb:g},256", help="comma list (default %(default)s)")
+    parser.add_argument("--prefetch", default="0,1,2", help="comma list of depths (default %(default)s)")
+    parser.add_argument("--tokens", type=int, default=4 * 2**20, help="tokens per training step (default %(default)s)")
+    parser.add_argument("--mfu", type=float, default=0.4, help="forward/backward matmul utilisation (default %(default)s)")
+    args = parser.parse_args(argv)
+    shapes, device, network = model(args.model), DEVICES[args.device], NETWORKS[args.network]
+    try:
+        worlds, mbs, depths = _numbers(args.world, int), _numbers(args.bucket_mb, float), _numbers(args.prefetch, int)
+    except ValueError as e:
+        parser.error(f"--world, --bucket-mb and --prefetch take comma lists of numbers: {e}")
+    print(f"{shapes.name} ({shapes.source}): {len(shapes.matrices)} Muon matrices, {shapes.muon_params / 1e9:.2f}B parameters")
+    print(f"device {device.name}: {device.source}")
+    print(f"network {network.name}: {network.source}")
+    for world in worlds:
+        predictions = sweep(list(shapes.matrices), world, device, network, mbs, depths)
+        chosen = best(predictions)
+        train = training_seconds(shapes, args.tokens, world, device, args.mfu)
+        print(f"\n=== world {world} ===")
+        print(describe(predictions))
+        print(
+            f"recommended: MUON_COMPILE_STRATEGY={chosen.strategy.value} MUON_COMPILE_BUCKET_MB={chosen.bucket_mb:g} "
+            f"MUON_COMPILE_PREFETCH={chosen.prefetch}: {chosen.cost.step * 1e3:.2f} ms per step; "
+            f"{chosen.cost.step / (chosen.cost.step + train):.2%} of a training step of {args.tokens} tokens "
+            f"({train * 1e3:.1f} ms forward and backward at {args.mfu:.0%} MFU)"
+        )
+
+
+if __name__ == "__main__":
+    main()

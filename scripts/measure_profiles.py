@@ -1,0 +1,218 @@
+"""Measure the cost model's profiles of this machine, as seen by the ranks of a run: the
+network (collective latency and bandwidth over the process group's backend) and the
+device (matmul rates, memory bandwidth, a compiled step's fixed costs).
+
+    torchrun --nproc-per-node 2 scripts/measure_profiles.py [--reps 9]
+
+Everything is timed on every rank at once, after a barrier, and the slowest rank's time
+is kept (median of ``--reps``): a rank of this run shares the cores with the others, so
+its rates are the ones that hold while they all run.
+
+* Network: each collective kind of muon_compile.network_profiles on inputs of 4 KiB to
+  16 MiB per rank (bf16; fp32 for the reductions), fitted to the profile's own formula,
+  ``seconds = steps * latency + factor * bytes / bandwidth``, by least squares on the
+  relative error; the fit's worst relative error says how well the alpha-beta model
+  describes the backend.
+* Matmul: bf16 batched ``s x s`` products (scripts/measure_matmul_rates.py), the
+  iteration's dtype on this CPU.
+* Memory: ``y.copy_(x)`` on 64 MiB fp32 tensors, read + write counted.
+* Fixed costs: the compiled ``muon_compile.Muon`` step (scripts/bench_distributed.py's
+  arms, each strategy) on ``n`` FSDP2 matrices of 8 x 8 for ``n`` in 1, 8, 32, less
+  what the cost model predicts for their arithmetic and collectives, fitted to
+  ``step + n * parameter`` seconds: guards, DTensor unwrapping, the runtime wrapper and
+  kernel dispatch, what the step costs beyond its arithmetic.
+
+:func:`network_profile` and :func:`device_profile` return the profiles as the cost model
+takes them (scripts/validate_step_cost.py measures them in the same run as the steps it
+predicts); run as a script, this prints them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import platform
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+
+from bench_distributed import measure, slowest
+from measure_matmul_rates import rate
+
+from muon_compile.config import Config, Strategy
+from muon_compile.matmul_rates import MatmulRates
+from muon_compile.network_profiles import COLLECTIVES, Link, NetworkProfile
+from muon_compile.plan import plan_for
+from muon_compile.step_cost import DeviceProfile, predict
+
+SIZES = [2**k for k in range(12, 26, 2)]  # bytes per rank
+MATMUL_SIZES = (32, 64, 128, 256, 512, 1024)
+OVERHEAD_COUNTS = (1, 8, 32)
+# scripts/bench_distributed.py's arm of muon_compile.Muon with each strategy
+STRATEGY_ARMS = {Strategy.ALL_TO_ALL: "muon-a2a", Strategy.ALL_GATHER: "muon-gather"}
+
+
+def timed_each(fns: list, reps: int) -> list[float]:
+    """Per function, the median over ``reps`` of the slowest rank's seconds after a
+    barrier; the functions take turns, so a slow spell of the machine spreads over all
+    of them instead of spoiling one."""
+    for fn in fns:
+        fn()  # warm-up
+    times: list[list[float]] = [[] for _ in fns]
+    for _ in range(reps):
+        for fn, samples in zip(fns, times):
+            dist.barrier()
+            start = time.perf_counter()
+            fn()
+            samples.append(slowest(time.perf_counter() - start))
+    return [statistics.median(t) for t in times]
+
+
+def timed(fn, reps: int) -> float:
+    """The median over ``reps`` of the slowest rank's seconds of ``fn`` after a barrier."""
+    return timed_each([fn], reps)[0]
+
+
+def collective(kind: str, nbytes: int, world: int):
+    x = torch.zeros(nbytes // 2, dtype=torch.bfloat16)
+    if kind == "all_gather_into_tensor":
+        out = torch.empty(world * x.numel(), dtype=x.dtype)
+        return lambda: dist.all_gather_into_tensor(out, x)
+    if kind == "all_to_all_single":
+        x = torch.zeros(world * (x.numel() // world), dtype=x.dtype)
+        out = torch.empty_like(x)
+        return lambda: dist.all_to_all_single(out, x)
+    if kind == "reduce_scatter_tensor":
+        x = torch.zeros(world * (nbytes // 4 // world), dtype=torch.float32)
+        out = torch.empty(x.numel() // world, dtype=x.dtype)
+        return lambda: dist.reduce_scatter_tensor(out, x)
+    x = torch.zeros(nbytes // 4, dtype=torch.float32)
+    return lambda: dist.all_reduce(x)
+
+
+def coefficients(kind: str, world: int) -> tuple[float, float]:
+    """``(steps, factor)`` of ``kind`` in the model of muon_compile.network_profiles."""
+    w = world
+    if kind == "all_gather_into_tensor":
+        return w - 1, w - 1
+    if kind == "all_reduce":
+        return 2 * (w - 1), 2 * (w - 1) / w
+    return w - 1, (w - 1) / w
+
+
+def fit(points: list[tuple[float, float]], steps: float, factor: float) -> tuple[float, float, float]:
+    """Fit ``t = steps * latency + factor * b / bandwidth`` minimising the squared *relative*
+    error (small messages count as much as large ones): latency, bandwidth, worst error."""
+    rows = [(steps / t, factor * b / t) for b, t in points]  # each row times (latency, 1/bandwidth) ~ 1
+    saa = sum(a * a for a, _ in rows)
+    sab = sum(a * c for a, c in rows)
+    scc = sum(c * c for _, c in rows)
+    sa, sc = sum(a for a, _ in rows), sum(c for _, c in rows)
+    det = saa * scc - sab * sab
+    latency, inverse = (sa * scc - sc * sab) / det, (saa * sc - sab * sa) / det
+    if latency < 0:  # no latency term fits: bandwidth alone
+        latency, inverse = 0.0, sc / scc
+    worst = max(abs(steps * latency + factor * b * inverse - t) / t for b, t in points)
+    return latency, 1 / inverse, worst
+
+
+def network_profile(reps: int, log=print) -> NetworkProfile:
+    """This run's links, one per collective kind (all ranks on one node); ``log`` gets a
+    line per kind with its fit and its points."""
+    world = dist.get_world_size()
+    links = {}
+    for kind in COLLECTIVES:
+        points = list(zip(SIZES, timed_each([collective(kind, b, world) for b in SIZES], reps)))
+        latency, bandwidth, worst = fit(points, *coefficients(kind, world))
+        links[kind] = Link(latency, bandwidth)
+        shown = ", ".join(f"{b // 1024} KiB {t * 1e3:.3f} ms" for b, t in points)
+        log(f"{kind}: latency {latency * 1e6:.1f} us, bandwidth {bandwidth / 1e9:.3f} GB/s, worst fit error {worst:.0%}")
+        log(f"    {shown}")
+    backend = dist.get_backend()
+    a2a = links["all_to_all_single"]
+    return NetworkProfile(
+        f"{backend}-w{world}",
+        f"measured by scripts/measure_profiles.py, {backend}, world {world}, {platform.machine()}",
+        intra=a2a,
+        inter=a2a,
+        ranks_per_node=world,
+        kinds=links,
+    )
+
+
+def _memory_bandwidth(reps: int) -> float:
+    x = torch.ones(16 * 2**20)
+    y = torch.empty_like(x)
+    return 2 * x.numel() * x.element_size() / timed(lambda: y.copy_(x), reps)
+
+
+def _fixed_costs(arithmetic: DeviceProfile, network: NetworkProfile, reps: int, log) -> tuple[float, float]:
+    """``(per step, per parameter)`` seconds of the compiled Muon step beyond its arithmetic
+    and communication: the step on ``n`` 8x8 FSDP2 matrices, each strategy, less what
+    the cost model predicts for that plan without fixed costs, fitted over ``n``."""
+    world = dist.get_world_size()
+    mesh = init_device_mesh("cpu", (world,))
+    points = []
+    for n in OVERHEAD_COUNTS:
+        shapes = [(8, 8)] * n
+        for strategy, arm in STRATEGY_ARMS.items():
+            result = measure(arm, shapes, mesh, 2, reps)
+            if "error" in result:
+                raise RuntimeError(f"measuring the fixed costs: {arm} on {n} matrices failed: {result['error']}")
+            plan = plan_for(shapes, world, strategy, Config.bucket_mb)
+            predicted = predict(plan, Config.prefetch, arithmetic, network).step
+            points.append((n, statistics.median(result["times"]) - predicted))
+    ns, ts = [n for n, _ in points], [t for _, t in points]
+    mean_n, mean_t = statistics.fmean(ns), statistics.fmean(ts)
+    per = sum((n - mean_n) * (t - mean_t) for n, t in points) / sum((n - mean_n) ** 2 for n in ns)
+    shown = ", ".join(f"{n} matrices {t * 1e3:.3f} ms" for n, t in points)
+    log(f"compiled Muon step beyond its arithmetic: {shown}")
+    return max(mean_t - per * mean_n, 0.0), max(per, 0.0)
+
+
+def device_profile(network: NetworkProfile, reps: int, log=print) -> DeviceProfile:
+    """This run's device as one rank sees it while the others run (CPU only: the
+    collectives hold its cores, so nothing overlaps); ``network`` prices the collectives
+    of the fixed-cost measurement."""
+    table = []
+    for s in MATMUL_SIZES:
+        # every rank multiplies at once; the slowest rank's rate
+        gflops = rate(torch.bfloat16, s, "cpu", reps)
+        t = torch.tensor(gflops, dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MIN)
+        table.append((s, round(t.item(), 1)))
+    bandwidth = _memory_bandwidth(reps)
+    log(f"matmul bf16 GFLOP/s: {tuple(table)}")
+    log(f"memory bandwidth (copy, read + write): {bandwidth / 1e9:.2f} GB/s")
+    world = dist.get_world_size()
+    source = f"measured by scripts/measure_profiles.py, {world} ranks x {torch.get_num_threads()} threads, {platform.machine()}"
+    arithmetic = DeviceProfile(
+        f"cpu-w{world}",
+        source,
+        MatmulRates("cpu", source, {torch.bfloat16: tuple(table)}),
+        memory_bandwidth=bandwidth,
+        overlaps_communication=False,
+    )
+    step, per_param = _fixed_costs(arithmetic, network, reps, log)
+    log(f"fixed costs: {step * 1e6:.0f} us per step, {per_param * 1e6:.1f} us per parameter")
+    return dataclasses.replace(arithmetic, step_overhead=step, tensor_overhead=per_param)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--backend", default="gloo")
+    parser.add_argument("--reps", type=int, default=9)
+    args = parser.parse_args()
+    dist.init_process_group(args.backend)
+    world, rank = dist.get_world_size(), dist.get_rank()
+    log = print if rank == 0 else (lambda *_: None)
+    log(f"# {args.backend}, world {world}, torch {torch.__version__}, {platform.machine()}, {torch.get_num_threads()} threads per rank")
+    device_profile(network_profile(args.reps, log), args.reps, log)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
