@@ -18,8 +18,8 @@ Work per bucket (docs/design.md, "Distributed layout"):
 * finish (``all_to_all``): wait, unpack;
 * and per parameter, outside the buckets, the momentum and the update: read the
   gradient, read and write the momentum and the parameter;
-* the step's fixed costs: the device's overhead per call and per parameter, counted as
-  pointwise time.
+* the step's fixed costs: the device's overhead per step, per parameter, per NS call and
+  per bucket (:func:`overhead_counts`), counted as pointwise time.
 
 Timeline: the stages run in the order of the ``schedule`` pass
 (:func:`~muon_compile.passes.schedule.stage_order`), each rank's compute on its own
@@ -39,7 +39,7 @@ from .matmul_rates import PROFILES as MATMUL_PROFILES
 from .matmul_rates import MatmulRates
 from .network_profiles import NetworkProfile
 from .ns_cost import choose, predicted_seconds
-from .passes.plan_distributed import EVERY_RANK, DistBucket, DistPlan
+from .passes.plan_distributed import EVERY_RANK, DistBucket, DistMember, DistPlan
 from .passes.schedule import stage_order
 from .passes.stages import Stage
 
@@ -52,8 +52,12 @@ UPDATE_ACCESSES = 5
 class DeviceProfile:
     """What a device computes at: matmul rates, memory bandwidth (bytes/s) for
     pointwise work, whether collectives overlap compute on it, and the fixed costs of a
-    compiled step on it: ``step_overhead`` seconds per call (guards, the runtime wrapper)
-    and ``tensor_overhead`` seconds per parameter (unwrapping it, its kernels' launches)."""
+    compiled step on it: ``step_overhead`` seconds per call (guards, the runtime wrapper),
+    ``param_overhead`` seconds per parameter (unwrapping it, its share of the update's
+    kernels), ``call_overhead`` seconds per Newton–Schulz call (the launches of its
+    matmul and pointwise kernels, which the rates of large batched products leave out)
+    and ``bucket_overhead`` seconds per bucket (packing, its collectives' dispatch and
+    waits beyond their transfer)."""
 
     name: str
     source: str
@@ -61,7 +65,9 @@ class DeviceProfile:
     memory_bandwidth: float
     overlaps_communication: bool
     step_overhead: float = 0.0
-    tensor_overhead: float = 0.0
+    param_overhead: float = 0.0
+    call_overhead: float = 0.0
+    bucket_overhead: float = 0.0
 
 
 DEVICES: dict[str, DeviceProfile] = {
@@ -69,13 +75,15 @@ DEVICES: dict[str, DeviceProfile] = {
         "h100",
         "published figures: the matmul rates of muon_compile.matmul_rates 'cuda' (an estimate); "
         "HBM3 3.35 TB/s peak, 2.8 TB/s taken as achieved; NCCL runs on its own stream; "
-        "fixed costs: 50 us per step (a CUDA-graph-free compiled call) and 10 us per parameter "
-        "(about two kernel launches of ~5 us each), typical launch figures",
+        "fixed costs, estimates: 50 us per step (a compiled call without CUDA graphs), 10 us per "
+        "parameter, 100 us per NS call (about 20 kernel launches of ~5 us) and 50 us per bucket",
         MATMUL_PROFILES["cuda"],
         memory_bandwidth=2.8e12,
         overlaps_communication=True,
         step_overhead=50e-6,
-        tensor_overhead=10e-6,
+        param_overhead=10e-6,
+        call_overhead=100e-6,
+        bucket_overhead=50e-6,
     ),
 }
 
@@ -103,6 +111,28 @@ class StepCost:
         return "\n".join(rows)
 
 
+def _ranks(member: DistMember, world: int) -> range | tuple[int]:
+    """The ranks that orthogonalise ``member``."""
+    return range(world) if member.owner == EVERY_RANK else (member.owner,)
+
+
+def ns_calls(bucket: DistBucket) -> tuple[int, ...]:
+    """Each rank's Newton–Schulz calls in ``bucket``: one per canonical shape it orthogonalises."""
+    shapes: list[set[tuple[int, int]]] = [set() for _ in range(bucket.group_size)]
+    for m in bucket.members:
+        for r in _ranks(m, bucket.group_size):
+            shapes[r].add(m.canonical)
+    return tuple(len(s) for s in shapes)
+
+
+def overhead_counts(plan: DistPlan) -> tuple[int, int, int]:
+    """What the fixed costs of ``plan``'s step are counted by: its parameters, the NS
+    calls of its busiest rank, its buckets."""
+    members = sum(len(b.members) for b in plan.buckets)
+    calls = [sum(c) for c in zip(*(ns_calls(b) for b in plan.buckets))]
+    return members, max(calls, default=0), len(plan.buckets)
+
+
 def _ns_seconds(bucket: DistBucket, rates: MatmulRates) -> tuple[float, ...]:
     """Each rank's NS seconds in ``bucket``: its matrices, each with the algorithm ``auto`` picks."""
     args = bucket.args
@@ -112,7 +142,7 @@ def _ns_seconds(bucket: DistBucket, rates: MatmulRates) -> tuple[float, ...]:
         if (m.rows, m.cols) not in per_shape:
             algorithm = choose(m.rows, m.cols, args.steps, args.compute_dtype, rates.device, args.algorithm).algorithm
             per_shape[m.rows, m.cols] = predicted_seconds(algorithm, m.rows, m.cols, args.steps, args.compute_dtype, rates)
-        for r in range(bucket.group_size) if m.owner == EVERY_RANK else (m.owner,):
+        for r in _ranks(m, bucket.group_size):
             total[r] += per_shape[m.rows, m.cols]
     return tuple(total)
 
@@ -136,14 +166,15 @@ def _bucket_work(bucket: DistBucket, device: DeviceProfile, network: NetworkProf
     ns = _ns_seconds(bucket, device.matmul)
     owned = [0] * world  # elements of the whole matrices each rank orthogonalises
     for m in bucket.members:
-        for r in range(world) if m.owner == EVERY_RANK else (m.owner,):
+        for r in _ranks(m, world):
             owned[r] += m.slot * world
     # reassemble (read, write) and, for all_to_all, cut back into shards (read, write)
     cuts = 2 if bucket.strategy is Strategy.ALL_TO_ALL else 1
-    compute = tuple(cuts * 2 * e * itemsize / bw for e in owned)
+    calls = ns_calls(bucket)
+    compute = tuple(cuts * 2 * e * itemsize / bw + c * device.call_overhead for e, c in zip(owned, calls))
     finish = pack if bucket.strategy is Strategy.ALL_TO_ALL else 0.0
     seconds = tuple(network.seconds(kind, shard_elems * itemsize, world) for kind, _, _ in bucket.collectives())
-    return _BucketWork((pack,) * world, compute, (finish,) * world, ns, seconds)
+    return _BucketWork((pack + device.bucket_overhead,) * world, compute, (finish,) * world, ns, seconds)
 
 
 def predict(
@@ -202,7 +233,7 @@ def predict(
     members = [m for b in plan.buckets for m in b.members]
     elems = sum(m.rows_per_shard * m.cols for m in members)  # the longest shards
     update = UPDATE_ACCESSES * elems * param_itemsize / device.memory_bandwidth
-    run((update + device.step_overhead + device.tensor_overhead * len(members),) * world)
+    run((update + device.step_overhead + device.param_overhead * len(members),) * world)
     ns = tuple(sum(w.ns[r] for w in work) for r in range(world))
     communication = sum(s for w in work for s in w.collectives)
     exposed = tuple(c - b for c, b in zip(clock, busy))

@@ -17,10 +17,12 @@ its rates are the ones that hold while they all run.
   iteration's dtype on this CPU.
 * Memory: ``y.copy_(x)`` on 64 MiB fp32 tensors, read + write counted.
 * Fixed costs: the compiled ``muon_compile.Muon`` step (scripts/bench_distributed.py's
-  arms, each strategy) on ``n`` FSDP2 matrices of 8 x 8 for ``n`` in 1, 8, 32, less
-  what the cost model predicts for their arithmetic and collectives, fitted to
-  ``step + n * parameter`` seconds: guards, DTensor unwrapping, the runtime wrapper and
-  kernel dispatch, what the step costs beyond its arithmetic.
+  arms, each strategy) on FSDP2 matrices of 8 to 31 columns, of one shape or of many, in
+  one bucket or in one bucket each, less what the cost model predicts for their arithmetic and collectives, fitted to
+  ``step + parameters * per_parameter + NS calls * per_call + buckets * per_bucket``
+  seconds: guards, DTensor unwrapping, the runtime wrapper, kernel launches, the
+  collectives' dispatch and waits in the compiled graph: what the step costs beyond its
+  arithmetic and its collectives' transfer.
 
 :func:`network_profile` and :func:`device_profile` return the profiles as the cost model
 takes them (scripts/validate_step_cost.py measures them in the same run as the steps it
@@ -42,15 +44,26 @@ from torch.distributed.device_mesh import init_device_mesh
 from bench_distributed import measure, slowest
 from measure_matmul_rates import rate
 
+from muon_compile import config
 from muon_compile.config import Config, Strategy
 from muon_compile.matmul_rates import MatmulRates
 from muon_compile.network_profiles import COLLECTIVES, Link, NetworkProfile
 from muon_compile.plan import plan_for
-from muon_compile.step_cost import DeviceProfile, predict
+from muon_compile.step_cost import DeviceProfile, overhead_counts, predict
 
 SIZES = [2**k for k in range(12, 26, 2)]  # bytes per rank
 MATMUL_SIZES = (32, 64, 128, 256, 512, 1024)
-OVERHEAD_COUNTS = (1, 8, 32)
+# matrices too small for their arithmetic to count, with a bucket size: the same shape
+# (one NS call per rank, however many parameters), distinct shapes (one NS call per
+# matrix), and one bucket per matrix
+_SHAPES_8 = [(8, 8 + i) for i in range(8)]
+FIXED_COST_WORKLOADS = {
+    "1 x 8x8": ([(8, 8)], Config.bucket_mb),
+    "32 x 8x8": ([(8, 8)] * 32, Config.bucket_mb),
+    "8 shapes": (_SHAPES_8, Config.bucket_mb),
+    "24 shapes": ([(8 + i // 2, 8 + i) for i in range(24)], Config.bucket_mb),
+    "8 shapes, 8 buckets": (_SHAPES_8, 1e-4),
+}
 # scripts/bench_distributed.py's arm of muon_compile.Muon with each strategy
 STRATEGY_ARMS = {Strategy.ALL_TO_ALL: "muon-a2a", Strategy.ALL_GATHER: "muon-gather"}
 
@@ -149,28 +162,29 @@ def _memory_bandwidth(reps: int) -> float:
     return 2 * x.numel() * x.element_size() / timed(lambda: y.copy_(x), reps)
 
 
-def _fixed_costs(arithmetic: DeviceProfile, network: NetworkProfile, reps: int, log) -> tuple[float, float]:
-    """``(per step, per parameter)`` seconds of the compiled Muon step beyond its arithmetic
-    and communication: the step on ``n`` 8x8 FSDP2 matrices, each strategy, less what
-    the cost model predicts for that plan without fixed costs, fitted over ``n``."""
+def _fixed_costs(arithmetic: DeviceProfile, network: NetworkProfile, reps: int, log) -> tuple[float, ...]:
+    """``(per step, per parameter, per NS call, per bucket)`` seconds of the compiled Muon step beyond
+    its arithmetic and communication: the step on small FSDP2 matrices (see
+    :data:`FIXED_COST_WORKLOADS`), each strategy, less what the cost model predicts for
+    that plan without fixed costs, fitted by least squares on the plan's
+    :func:`~muon_compile.step_cost.overhead_counts`."""
     world = dist.get_world_size()
     mesh = init_device_mesh("cpu", (world,))
-    points = []
-    for n in OVERHEAD_COUNTS:
-        shapes = [(8, 8)] * n
+    rows, times, shown = [], [], []
+    for name, (shapes, mb) in FIXED_COST_WORKLOADS.items():
         for strategy, arm in STRATEGY_ARMS.items():
-            result = measure(arm, shapes, mesh, 2, reps)
+            with config.override(bucket_mb=mb):
+                result = measure(arm, shapes, mesh, 2, reps)
             if "error" in result:
-                raise RuntimeError(f"measuring the fixed costs: {arm} on {n} matrices failed: {result['error']}")
-            plan = plan_for(shapes, world, strategy, Config.bucket_mb)
-            predicted = predict(plan, Config.prefetch, arithmetic, network).step
-            points.append((n, statistics.median(result["times"]) - predicted))
-    ns, ts = [n for n, _ in points], [t for _, t in points]
-    mean_n, mean_t = statistics.fmean(ns), statistics.fmean(ts)
-    per = sum((n - mean_n) * (t - mean_t) for n, t in points) / sum((n - mean_n) ** 2 for n in ns)
-    shown = ", ".join(f"{n} matrices {t * 1e3:.3f} ms" for n, t in points)
-    log(f"compiled Muon step beyond its arithmetic: {shown}")
-    return max(mean_t - per * mean_n, 0.0), max(per, 0.0)
+                raise RuntimeError(f"measuring the fixed costs: {arm} on {name} failed: {result['error']}")
+            plan = plan_for(shapes, world, strategy, mb)
+            beyond = statistics.median(result["times"]) - predict(plan, Config.prefetch, arithmetic, network).step
+            rows.append([1.0, *overhead_counts(plan)])
+            times.append(beyond)
+            shown.append(f"{name} {strategy.value} {beyond * 1e3:.3f} ms")
+    log(f"compiled Muon step beyond its arithmetic: {', '.join(shown)}")
+    fit = torch.linalg.lstsq(torch.tensor(rows, dtype=torch.float64), torch.tensor(times, dtype=torch.float64)[:, None])
+    return tuple(max(x, 0.0) for x in fit.solution.flatten().tolist())
 
 
 def device_profile(network: NetworkProfile, reps: int, log=print) -> DeviceProfile:
@@ -196,9 +210,14 @@ def device_profile(network: NetworkProfile, reps: int, log=print) -> DeviceProfi
         memory_bandwidth=bandwidth,
         overlaps_communication=False,
     )
-    step, per_param = _fixed_costs(arithmetic, network, reps, log)
-    log(f"fixed costs: {step * 1e6:.0f} us per step, {per_param * 1e6:.1f} us per parameter")
-    return dataclasses.replace(arithmetic, step_overhead=step, tensor_overhead=per_param)
+    step, per_param, per_call, per_bucket = _fixed_costs(arithmetic, network, reps, log)
+    log(
+        f"fixed costs: {step * 1e6:.0f} us per step, {per_param * 1e6:.1f} us per parameter, "
+        f"{per_call * 1e6:.1f} us per NS call, {per_bucket * 1e6:.1f} us per bucket"
+    )
+    return dataclasses.replace(
+        arithmetic, step_overhead=step, param_overhead=per_param, call_overhead=per_call, bucket_overhead=per_bucket
+    )
 
 
 def main() -> None:

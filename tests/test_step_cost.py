@@ -1,5 +1,7 @@
 """The cost model (muon_compile/step_cost.py): a plan's predicted step, by hand on one
-bucket, the overlap that prefetch buys, and the all_gather strategy's compute."""
+bucket, the overlap that prefetch buys, the all_gather strategy's compute, the fixed costs."""
+
+import dataclasses
 
 import pytest
 import torch
@@ -10,7 +12,7 @@ from muon_compile.matmul_rates import PROFILES
 from muon_compile.network_profiles import Link, NetworkProfile
 from muon_compile.ns_cost import predicted_seconds
 from muon_compile.passes.plan_distributed import EVERY_RANK, DistBucket, DistMember, DistPlan
-from muon_compile.step_cost import UPDATE_ACCESSES, DeviceProfile, predict
+from muon_compile.step_cost import UPDATE_ACCESSES, DeviceProfile, overhead_counts, predict
 
 ARGS = coefficients.ns_args("keller", 5, compute_dtype=torch.bfloat16, algorithm="textbook")
 NET = NetworkProfile("test", "made up", intra=Link(1e-5, 1e9), inter=Link(1e-5, 1e9), ranks_per_node=8)
@@ -63,3 +65,15 @@ def test_one_group_per_prediction():
     other = DistBucket("1", 2, 0, Strategy.ALL_TO_ALL, ARGS, _bucket().members)
     with pytest.raises(ValueError, match="one process group"):
         predict(DistPlan((_bucket(), other), (), {}), 1, _device(True), NET)
+
+
+def test_fixed_costs_add_per_step_parameter_call_and_bucket():
+    plan = DistPlan((_bucket(owners=(0, 0)),), (), {})  # two members of one shape, both on rank 0
+    assert overhead_counts(plan) == (2, 1, 1)  # parameters, NS calls of the busiest rank, buckets
+    base = predict(plan, 1, _device(False), NET)
+    fixed = dataclasses.replace(_device(False), step_overhead=1e-3, param_overhead=1e-4, call_overhead=1e-5, bucket_overhead=1e-6)
+    cost = predict(plan, 1, fixed, NET)
+    # rank 0's NS call delays the return collective, which every rank waits for
+    added = 1e-3 + 2 * 1e-4 + 1e-5 + 1e-6
+    assert [t - b for t, b in zip(cost.total, base.total)] == pytest.approx([added, added])
+    assert cost.ns == base.ns  # fixed costs are not Newton–Schulz arithmetic

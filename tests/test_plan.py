@@ -1,0 +1,75 @@
+"""The planner (muon_compile/plan.py, muon_compile/model_shapes.py): published model shapes,
+plans from shapes alone at any world size, HSDP layouts, the command line."""
+
+import pytest
+
+from muon_compile import plan as planner
+from muon_compile.config import Strategy
+from muon_compile.model_shapes import MODELS, model
+from muon_compile.network_profiles import profile
+from muon_compile.step_cost import DEVICES
+
+
+@pytest.mark.parametrize(
+    "name, matrices, total",
+    [("llama-1b", 16 * 7, 1.236e9), ("llama-8b", 32 * 7, 8.030e9), ("llama-70b", 80 * 7, 70.55e9)],
+)
+def test_llama_shapes_add_up_to_the_published_sizes(name, matrices, total):
+    shapes = model(name)
+    assert len(shapes.matrices) == matrices
+    assert shapes.active == pytest.approx(total, rel=0.005)  # the release's parameter count
+
+
+def test_moe_counts_two_of_sixteen_experts_as_active():
+    moe, dense = model("moe-16x1b"), model("llama-1b")
+    ffn = 3 * 2048 * 8192 * 16  # one expert's three matrices, 16 layers
+    assert moe.muon_params == dense.muon_params + 15 * ffn
+    assert moe.active == dense.active + ffn
+    with pytest.raises(ValueError, match="known: \\['llama-1b'"):
+        model("gpt-5")
+
+
+def test_plans_from_shapes_balance_owners_at_any_world():
+    for world in (8, 64):
+        p = planner.plan_for(list(MODELS["llama-1b"].matrices), world, Strategy.ALL_TO_ALL, 256)
+        assert sum(len(b.members) for b in p.buckets) == 112
+        flops = p.flops_per_rank["0"]
+        assert max(flops) <= 1.1 * sum(flops) / world
+        assert all(b.group_size == world for b in p.buckets)
+
+
+def test_shard_sizes_divide_the_world():
+    assert planner.shard_sizes(1024, [8, 64]) == [8, 64, 1024]
+    assert planner.shard_sizes(12, [8, 64]) == [12]
+    assert planner.shard_sizes(8, [8, 64]) == [8]
+
+
+def test_sweep_covers_every_configuration_and_prices_hsdp_within_the_shard_group():
+    shapes = list(MODELS["llama-1b"].matrices)
+    rows = planner.sweep(shapes, 64, DEVICES["h100"], profile("nvlink-ib"), [64, 256], [0, 1], [8])
+    assert len(rows) == 2 * 2 * 2 * 2  # shard groups x strategies x bucket sizes x depths
+    assert {r.layout for r in rows} == {"HSDP 8x8", "FSDP"}
+    hsdp = next(r for r in rows if r.shard == 8)
+    assert len(hsdp.cost.total) == 8  # one entry per rank of the shard group
+    fastest = planner.best(rows)
+    assert all(fastest.cost.step <= r.cost.step for r in rows)
+    table = planner.describe(rows)
+    assert table.count("<- fastest") == 1 and len(table.splitlines()) == 1 + 2 * 2 * 2
+
+
+def test_owner_compute_beats_every_rank_computing_everything_within_a_node():
+    rows = planner.sweep(list(MODELS["llama-8b"].matrices), 8, DEVICES["h100"], profile("nvlink-ib"), [1024], [1])
+    by = {r.strategy: r.cost for r in rows}
+    assert by[Strategy.ALL_TO_ALL].step < by[Strategy.ALL_GATHER].step
+    # all_gather: every rank runs all of the NS; all_to_all: about an eighth of it each
+    assert max(by[Strategy.ALL_TO_ALL].ns) < 0.2 * by[Strategy.ALL_GATHER].ns[0]
+
+
+def test_command_line_prints_a_recommendation(capsys):
+    planner.main(["--model", "llama-1b", "--world", "8,16", "--bucket-mb", "256", "--prefetch", "1"])
+    out = capsys.readouterr().out
+    assert "=== world 8 ===" in out and "=== world 16 ===" in out
+    assert out.count("recommended: ") == 2
+    assert "HSDP 2x8" in out  # 16 ranks: shard groups of 8 tried besides FSDP
+    with pytest.raises(SystemExit):
+        planner.main(["--model", "llama-1b", "--world", "eight"])
