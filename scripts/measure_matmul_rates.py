@@ -32,8 +32,13 @@ def seconds(fn, device: str, reps: int) -> float:
     return statistics.median(times)
 
 
+def matmul_batch(size: int) -> int:
+    """How many ``size x size`` products one timed batch holds (about 2**27 multiply-adds, at most 64)."""
+    return max(1, min(64, 2**27 // size**3))
+
+
 def rate(dtype: torch.dtype, size: int, device: str, reps: int) -> float:
-    batch = max(1, min(64, 2**27 // size**3))
+    batch = matmul_batch(size)
     a = torch.randn(batch, size, size, device=device).to(dtype)
     b = torch.randn(batch, size, size, device=device).to(dtype)
     return 2 * batch * size**3 / seconds(lambda: torch.bmm(a, b), device, reps) / 1e9

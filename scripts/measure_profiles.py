@@ -42,7 +42,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
 from bench_distributed import measure, slowest
-from measure_matmul_rates import rate
+from measure_matmul_rates import matmul_batch
 
 from muon_compile import config
 from muon_compile.config import Config, Strategy
@@ -193,11 +193,9 @@ def device_profile(network: NetworkProfile, reps: int, log=print) -> DeviceProfi
     of the fixed-cost measurement."""
     table = []
     for s in MATMUL_SIZES:
-        # every rank multiplies at once; the slowest rank's rate
-        gflops = rate(torch.bfloat16, s, "cpu", reps)
-        t = torch.tensor(gflops, dtype=torch.float64)
-        dist.all_reduce(t, op=dist.ReduceOp.MIN)
-        table.append((s, round(t.item(), 1)))
+        # every rank multiplies at once, after a barrier; the slowest rank's rate
+        a, b = (torch.randn(matmul_batch(s), s, s).to(torch.bfloat16) for _ in range(2))
+        table.append((s, round(2 * a.shape[0] * s**3 / timed(lambda: torch.bmm(a, b), reps) / 1e9, 1)))
     bandwidth = _memory_bandwidth(reps)
     log(f"matmul bf16 GFLOP/s: {tuple(table)}")
     log(f"memory bandwidth (copy, read + write): {bandwidth / 1e9:.2f} GB/s")
