@@ -170,7 +170,9 @@ def main(argv: list[str] | None = None) -> None:
         worlds, mbs, depths = _numbers(args.world, int), _numbers(args.bucket_mb, float), _numbers(args.prefetch, int)
         shards = _numbers(args.shard, int)
     except ValueError as e:
-        parser.error(f"--world, --bucket-mb and --prefetch take comma lists of numbers: {e}")
+        parser.error(f"--world, --bucket-mb, --prefetch and --shard take comma lists of numbers: {e}")
+    if min(worlds + shards, default=1) < 1 or min(mbs, default=1) <= 0 or min(depths, default=0) < 0:
+        parser.error("world and shard sizes must be >= 1, bucket sizes > 0, prefetch depths >= 0")
     print(f"{shapes.name} ({shapes.source}): {len(shapes.matrices)} Muon matrices, {shapes.muon_params / 1e9:.2f}B parameters")
     print(f"device {device.name}: {device.source}")
     print(f"network {network.name}: {network.source}")

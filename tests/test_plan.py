@@ -34,7 +34,11 @@ def test_plans_from_shapes_balance_owners_at_any_world():
         p = planner.plan_for(list(MODELS["llama-1b"].matrices), world, Strategy.ALL_TO_ALL, 256)
         assert sum(len(b.members) for b in p.buckets) == 112
         flops = p.flops_per_rank["0"]
-        assert max(flops) <= 1.1 * sum(flops) / world
+        largest = max(m.flops for b in p.buckets for m in b.members)
+        # the least-loaded-rank guarantee: no rank above an even share plus one matrix
+        assert max(flops) <= sum(flops) / world + largest
+        if world == 8:  # many matrices per rank: within 10% of an even share
+            assert max(flops) <= 1.1 * sum(flops) / world
         assert all(b.group_size == world for b in p.buckets)
 
 
