@@ -51,7 +51,7 @@ def main() -> None:
     for ax, (name, shapes) in zip(axes.flat, MODELS.items()):
         lines: dict[str, list[float]] = {}
         for world in WORLDS:
-            rows = planner.sweep(list(shapes.matrices), world, device, network, BUCKETS, DEPTHS, [8])
+            rows = planner.sweep(list(shapes.matrices), world, device, network, BUCKETS, DEPTHS, [8, 64])
             for strategy in Strategy:
                 for shard, layout in ((world, "FSDP"), (8, "HSDP x8")):
                     picked = [r for r in rows if r.strategy is strategy and r.shard == shard]
