@@ -77,17 +77,24 @@ class NetworkProfile:
     def seconds(self, kind: str, nbytes: float, group_size: int) -> float:
         """Predicted seconds of collective ``kind`` with ``nbytes`` of input per rank over
         ``group_size`` ranks (see the module docstring); 0 for a group of one."""
-        if kind not in COLLECTIVES:
-            raise ValueError(f"unknown collective {kind!r}; known: {COLLECTIVES}")
-        w = group_size
-        if w <= 1:
+        steps, factor = alpha_beta(kind, group_size)
+        if group_size <= 1:
             return 0.0
-        link = self.link(w, kind)
-        if kind == "all_gather_into_tensor":
-            return (w - 1) * link.latency + (w - 1) * nbytes / link.bandwidth
-        if kind == "all_reduce":
-            return 2 * (w - 1) * link.latency + 2 * (w - 1) / w * nbytes / link.bandwidth
-        return (w - 1) * link.latency + (w - 1) / w * nbytes / link.bandwidth
+        link = self.link(group_size, kind)
+        return steps * link.latency + factor * nbytes / link.bandwidth
+
+
+def alpha_beta(kind: str, group_size: int) -> tuple[float, float]:
+    """``(steps, factor)`` of collective ``kind`` over ``group_size`` ranks: it takes
+    ``steps * latency + factor * input bytes / bandwidth`` (the table of the module docstring)."""
+    if kind not in COLLECTIVES:
+        raise ValueError(f"unknown collective {kind!r}; known: {COLLECTIVES}")
+    w = group_size
+    if kind == "all_gather_into_tensor":
+        return w - 1, w - 1
+    if kind == "all_reduce":
+        return 2 * (w - 1), 2 * (w - 1) / w
+    return w - 1, (w - 1) / w
 
 
 PROFILES: dict[str, NetworkProfile] = {

@@ -42,11 +42,13 @@ from .step_cost import DEVICES, DeviceProfile, StepCost, predict
 DEFAULT_ARGS = coefficients.ns_args("keller", 5)
 
 
-def sharded_sites(shapes: list[tuple[int, int]], world: int, args: NSArgs = DEFAULT_ARGS) -> list[NSSite]:
-    """The NS sites of FSDP2-sharded fp32 ``(rows, cols)`` matrices over ``world`` ranks,
-    as the find pass reads them from rank 0's graph."""
+def sharded_sites(
+    shapes: list[tuple[int, int]], world: int, args: NSArgs = DEFAULT_ARGS, rank: int = 0, group: str = "0"
+) -> list[NSSite]:
+    """The NS sites of FSDP2-sharded fp32 ``(rows, cols)`` matrices over ``world`` ranks
+    of process group ``group``, as the find pass reads them from ``rank``'s graph."""
     return [
-        NSSite(i, 1, rows, cols, 2, torch.float32, "cuda", args, 0, None, Sharding("0", world, 0, row_shard(rows, world, 0)))
+        NSSite(i, 1, rows, cols, 2, torch.float32, "cuda", args, 0, None, Sharding(group, world, rank, row_shard(rows, world, rank)))
         for i, (rows, cols) in enumerate(shapes)
     ]
 
@@ -77,8 +79,7 @@ class Prediction:
     @property
     def exposed_share(self) -> float:
         """The slowest rank's exposed communication as a share of the step."""
-        slowest = max(range(len(self.cost.total)), key=lambda r: self.cost.total[r])
-        return self.cost.exposed[slowest] / self.cost.step if self.cost.step else 0.0
+        return self.cost.exposed[self.cost.slowest_rank] / self.cost.step if self.cost.step else 0.0
 
 
 def shard_sizes(world: int, candidates: list[int]) -> list[int]:
@@ -135,7 +136,7 @@ def describe(predictions: list[Prediction]) -> str:
         f"{'step ms':>9} {'NS ms':>8} {'pointwise ms':>12} {'exposed comm':>12}"
     ]
     for p in at_best_depth.values():
-        r = max(range(len(p.cost.total)), key=lambda i: p.cost.total[i])
+        r = p.cost.slowest_rank
         mark = "  <- fastest" if p is fastest else ""
         lines.append(
             f"{p.layout:<12} {p.strategy.value:<10} {p.bucket_mb:>10g} {p.buckets:>7} {p.prefetch:>8} "

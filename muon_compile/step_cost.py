@@ -103,6 +103,11 @@ class StepCost:
         """The step's time: its slowest rank's."""
         return max(self.total)
 
+    @property
+    def slowest_rank(self) -> int:
+        """The rank whose total is the step (the first of equals)."""
+        return self.total.index(self.step)
+
     def describe(self) -> str:
         rows = ["rank  total ms  NS ms  pointwise ms  exposed comm ms"]
         for r, (t, n, p, e) in enumerate(zip(self.total, self.ns, self.pointwise, self.exposed)):

@@ -47,7 +47,7 @@ from measure_matmul_rates import matmul_batch
 from muon_compile import config
 from muon_compile.config import Config, Strategy
 from muon_compile.matmul_rates import MatmulRates
-from muon_compile.network_profiles import COLLECTIVES, Link, NetworkProfile
+from muon_compile.network_profiles import COLLECTIVES, Link, NetworkProfile, alpha_beta
 from muon_compile.plan import plan_for
 from muon_compile.step_cost import DeviceProfile, overhead_counts, predict
 
@@ -106,16 +106,6 @@ def collective(kind: str, nbytes: int, world: int):
     return lambda: dist.all_reduce(x)
 
 
-def coefficients(kind: str, world: int) -> tuple[float, float]:
-    """``(steps, factor)`` of ``kind`` in the model of muon_compile.network_profiles."""
-    w = world
-    if kind == "all_gather_into_tensor":
-        return w - 1, w - 1
-    if kind == "all_reduce":
-        return 2 * (w - 1), 2 * (w - 1) / w
-    return w - 1, (w - 1) / w
-
-
 def fit(points: list[tuple[float, float]], steps: float, factor: float) -> tuple[float, float, float]:
     """Fit ``t = steps * latency + factor * b / bandwidth`` minimising the squared *relative*
     error (small messages count as much as large ones): latency, bandwidth, worst error."""
@@ -139,7 +129,7 @@ def network_profile(reps: int, log=print) -> NetworkProfile:
     links = {}
     for kind in COLLECTIVES:
         points = list(zip(SIZES, timed_each([collective(kind, b, world) for b in SIZES], reps)))
-        latency, bandwidth, worst = fit(points, *coefficients(kind, world))
+        latency, bandwidth, worst = fit(points, *alpha_beta(kind, world))
         links[kind] = Link(latency, bandwidth)
         shown = ", ".join(f"{b // 1024} KiB {t * 1e3:.3f} ms" for b, t in points)
         log(f"{kind}: latency {latency * 1e6:.1f} us, bandwidth {bandwidth / 1e9:.3f} GB/s, worst fit error {worst:.0%}")

@@ -72,7 +72,7 @@ def main() -> None:
                     error = cost.step / measured - 1
                     errors.append(abs(error))
                     pair[strategy] = (cost.step, measured)
-                    r = max(range(world), key=lambda i: cost.total[i])
+                    r = cost.slowest_rank
                     log(f"{name:<10} {mb:>10g} {len(plan.buckets):>7} {strategy.value:<10} {prefetch:>8} "
                         f"{cost.step * 1e3:>12.2f} {cost.ns[r] * 1e3:>7.2f} {cost.pointwise[r] * 1e3:>9.2f} "
                         f"{cost.exposed[r] * 1e3:>9.2f} {measured * 1e3:>11.2f} {error:>+7.1%}")

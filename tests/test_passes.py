@@ -1,6 +1,7 @@
 """The passes: the plan as plain data, the count and order properties of the rewritten
 graph, padding, levels, unbucketable sites, dumps, logs and the graph contract."""
 
+import dataclasses
 import logging
 
 import pytest
@@ -198,23 +199,17 @@ def test_contract_rejects_missing_meta_and_new_aliasing():
 
 
 # ------------------------------------------------------------------ distributed plan
-from muon_compile.passes.find import Sharding  # noqa: E402
 from muon_compile.config import Strategy  # noqa: E402
 from muon_compile.passes.plan_distributed import EVERY_RANK, plan_distributed  # noqa: E402
-from muon_compile.sharded_ns import row_shard  # noqa: E402
+from muon_compile.plan import sharded_sites  # noqa: E402
 
 # the distributed benchmark's model: gpt-small plus two odd-row matrices and a single row
 BENCH_SHAPES = [(1152, 384), (384, 384), (1536, 384), (384, 1536)] * 6 + [(1001, 384), (383, 1536), (1, 384)]
 
 
-def sharded_site(index, rows, cols, rank=0, world=2, group="0", args=ARGS):
-    sharding = Sharding(group, world, rank, row_shard(rows, world, rank))
-    return NSSite(index, 1, rows, cols, 2, torch.float32, "cpu", args, 0, None, sharding)
-
-
 def test_owners_balance_ns_flops_on_the_benchmark_model():
     for world in (2, 3, 8):
-        sites = [sharded_site(i, r, c, world=world) for i, (r, c) in enumerate(BENCH_SHAPES)]
+        sites = sharded_sites(BENCH_SHAPES, world, ARGS)
         plan = plan_distributed(sites, bucket_mb=64, strategy=Strategy.ALL_TO_ALL)
         flops = plan.flops_per_rank["0"]
         share = sum(flops) / world
@@ -225,8 +220,7 @@ def test_owners_balance_ns_flops_on_the_benchmark_model():
 def test_all_ranks_plan_the_same_collectives_and_owners():
     shapes = [(24, 16), (10, 16), (7, 16), (1, 16), (40, 12), (12, 40)]
     plans = [
-        plan_distributed([sharded_site(i, r, c, rank=rank, world=3) for i, (r, c) in enumerate(shapes)],
-                         bucket_mb=0.002, strategy=Strategy.ALL_TO_ALL)
+        plan_distributed(sharded_sites(shapes, 3, ARGS, rank=rank), bucket_mb=0.002, strategy=Strategy.ALL_TO_ALL)
         for rank in range(3)
     ]
     assert len(plans[0].buckets) >= 2
@@ -239,7 +233,8 @@ def test_all_ranks_plan_the_same_collectives_and_owners():
 
 
 def test_tall_and_wide_share_a_distributed_bucket_and_groups_never_mix():
-    sites = [sharded_site(0, 40, 12), sharded_site(1, 12, 40), sharded_site(2, 12, 40, group="hsdp-shard")]
+    other_group = sharded_sites([(12, 40)], 2, ARGS, group="hsdp-shard")[0]
+    sites = [*sharded_sites([(40, 12), (12, 40)], 2, ARGS), dataclasses.replace(other_group, index=2)]
     plan = plan_distributed(sites, bucket_mb=64, strategy=Strategy.ALL_TO_ALL)
     assert [[m.site for m in b.members] for b in plan.buckets] == [[0, 1], [2]]
     assert plan.buckets[1].group_name == "hsdp-shard"
