@@ -106,18 +106,20 @@ def collective(kind: str, nbytes: int, world: int):
     return lambda: dist.all_reduce(x)
 
 
+def least_squares(a: torch.Tensor, b: torch.Tensor) -> list[float]:
+    """The ``x`` minimising ``|a x - b|`` (``b`` a column)."""
+    return torch.linalg.lstsq(a, b).solution.flatten().tolist()
+
+
 def fit(points: list[tuple[float, float]], steps: float, factor: float) -> tuple[float, float, float]:
     """Fit ``t = steps * latency + factor * b / bandwidth`` minimising the squared *relative*
     error (small messages count as much as large ones): latency, bandwidth, worst error."""
-    rows = [(steps / t, factor * b / t) for b, t in points]  # each row times (latency, 1/bandwidth) ~ 1
-    saa = sum(a * a for a, _ in rows)
-    sab = sum(a * c for a, c in rows)
-    scc = sum(c * c for _, c in rows)
-    sa, sc = sum(a for a, _ in rows), sum(c for _, c in rows)
-    det = saa * scc - sab * sab
-    latency, inverse = (sa * scc - sc * sab) / det, (saa * sc - sab * sa) / det
+    # each row times (latency, 1/bandwidth) ~ 1
+    rows = torch.tensor([(steps / t, factor * b / t) for b, t in points], dtype=torch.float64)
+    ones = torch.ones(len(points), 1, dtype=torch.float64)
+    latency, inverse = least_squares(rows, ones)
     if latency < 0:  # no latency term fits: bandwidth alone
-        latency, inverse = 0.0, sc / scc
+        latency, (inverse,) = 0.0, least_squares(rows[:, 1:], ones)
     worst = max(abs(steps * latency + factor * b * inverse - t) / t for b, t in points)
     return latency, 1 / inverse, worst
 
@@ -173,8 +175,8 @@ def _fixed_costs(arithmetic: DeviceProfile, network: NetworkProfile, reps: int, 
             times.append(beyond)
             shown.append(f"{name} {strategy.value} {beyond * 1e3:.3f} ms")
     log(f"compiled Muon step beyond its arithmetic: {', '.join(shown)}")
-    fit = torch.linalg.lstsq(torch.tensor(rows, dtype=torch.float64), torch.tensor(times, dtype=torch.float64)[:, None])
-    return tuple(max(x, 0.0) for x in fit.solution.flatten().tolist())
+    solution = least_squares(torch.tensor(rows, dtype=torch.float64), torch.tensor(times, dtype=torch.float64)[:, None])
+    return tuple(max(x, 0.0) for x in solution)
 
 
 def device_profile(network: NetworkProfile, reps: int, log=print) -> DeviceProfile:
