@@ -2,8 +2,8 @@
 times per strategy, bucket size and prefetch depth, from shapes alone.
 
     python -m muon_compile.plan --model llama-8b --world 8,64,1024 \\
-        [--device h100] [--network nvlink-ib] [--bucket-mb 64,256,1024] [--prefetch 0,1,2] \\
-        [--shard 8,64] [--tokens 4194304] [--mfu 0.4]
+        [--device h100] [--network nvlink-ib] [--bucket-mb 64,256,1024,4096,16384] \\
+        [--prefetch 0,1,2] [--shard 8,64] [--memory-share 0.25] [--tokens 4194304] [--mfu 0.4]
 
 The matrices of the model (:mod:`muon_compile.model_shapes`) become the sharded
 Newton–Schulz sites an FSDP2 run over ``world`` ranks would have (one process group,
@@ -14,10 +14,16 @@ layouts are tried: Muon's collectives then run within shard groups of ``--shard`
 and the replica groups repeat the step without communicating in it (the gradient
 all-reduce across replicas belongs to the backward pass, not priced here). For each
 world size it prints, per layout, strategy and bucket size, at the best prefetch depth,
-the predicted optimizer step, its NS, pointwise and exposed-communication parts, and
-recommends the fastest configuration; then Muon's
-share of a training step of ``--tokens`` tokens at ``--mfu`` of the device's bf16 matmul
-rate (forward and backward at ``6 * active parameters`` FLOPs per token).
+the predicted optimizer step, its NS, pointwise and exposed-communication parts and its
+bucket buffers (:func:`~muon_compile.step_cost.buffer_bytes`), and recommends the fastest
+configuration whose buffers fit in ``--memory-share`` of the device's memory (the rest
+holds the model, its gradients, optimizer state and activations); then Muon's share of a
+training step of ``--tokens`` tokens at ``--mfu`` of the device's bf16 matmul rate
+(forward and backward at ``6 * active parameters`` FLOPs per token).
+
+Bucket sizes are swept up to 16 GiB by default: a bucket gives work to as many owners
+as it has matrices, so a model of large matrices over many ranks needs large buckets
+(``llama-70b``'s FFN matrices are 448 MiB each in bf16).
 """
 
 from __future__ import annotations
@@ -36,10 +42,16 @@ from .ns_args import NSArgs
 from .passes.find import NSSite, Sharding
 from .passes.plan_distributed import DistPlan, plan_distributed
 from .sharded_ns import row_shard
-from .step_cost import DEVICES, DeviceProfile, StepCost, predict
+from .step_cost import DEVICES, DeviceProfile, StepCost, buffer_bytes, predict
 
 # muon_compile.Muon's defaults: Keller's quintic, 5 steps, bf16, the algorithm chosen per shape
 DEFAULT_ARGS = coefficients.ns_args("keller", 5)
+# what the planner sweeps unless told otherwise
+BUCKET_MBS = (Config.bucket_mb, 256.0, 1024.0, 4096.0, 16384.0)
+PREFETCHES = (0, 1, 2)
+SHARDS = (8, 64)
+# the share of a device's memory the step's bucket buffers may take
+MEMORY_SHARE = 0.25
 
 
 def sharded_sites(
@@ -71,6 +83,7 @@ class Prediction:
     prefetch: int
     buckets: int
     cost: StepCost
+    buffers: int  # bytes, see muon_compile.step_cost.buffer_bytes
 
     @property
     def layout(self) -> str:
@@ -106,13 +119,20 @@ def sweep(
                 plan = plan_for(shapes, shard, strategy, mb)
                 for k in prefetches:
                     cost = predict(plan, k, device, network)
-                    rows.append(Prediction(world, shard, strategy, mb, k, len(plan.buckets), cost))
+                    rows.append(Prediction(world, shard, strategy, mb, k, len(plan.buckets), cost, buffer_bytes(plan, k)))
     return rows
 
 
-def best(predictions: list[Prediction]) -> Prediction:
-    """The fastest configuration (ties: the earlier one)."""
-    return min(predictions, key=lambda p: p.cost.step)
+def best(predictions: list[Prediction], max_buffers: float = 0.0) -> Prediction | None:
+    """The fastest configuration whose buffers take at most ``max_buffers`` bytes (0: no
+    limit; ties: the earlier one), or None when none fits."""
+    fitting = [p for p in predictions if not max_buffers or p.buffers <= max_buffers]
+    return min(fitting, key=lambda p: p.cost.step, default=None)
+
+
+def memory_limit(device: DeviceProfile, share: float = MEMORY_SHARE) -> float:
+    """The bytes of bucket buffers the planner allows on ``device`` (0: its memory is unknown)."""
+    return device.memory * share
 
 
 def training_seconds(shapes: ModelShapes, tokens: int, world: int, device: DeviceProfile, mfu: float) -> float:
@@ -122,28 +142,38 @@ def training_seconds(shapes: ModelShapes, tokens: int, world: int, device: Devic
     return 6 * shapes.active * tokens / (world * peak * mfu)
 
 
-def describe(predictions: list[Prediction]) -> str:
-    """One line per layout, strategy and bucket size at its best prefetch depth, the
-    fastest configuration marked."""
-    fastest = best(predictions)
-    at_best_depth: dict[tuple, Prediction] = {}
+def describe(predictions: list[Prediction], max_buffers: float = 0.0) -> str:
+    """One line per layout, strategy and bucket size at its best prefetch depth among
+    those whose buffers fit in ``max_buffers`` bytes (0: no limit), the fastest
+    configuration that fits marked; a line none of whose depths fits is shown at its
+    smallest buffers and marked."""
+    fastest = best(predictions, max_buffers)
+    shown: dict[tuple, Prediction] = {}
     for p in predictions:
         key = (p.shard, p.strategy, p.bucket_mb)
-        if key not in at_best_depth or p.cost.step < at_best_depth[key].cost.step:
-            at_best_depth[key] = p
+        held = shown.get(key)
+        if held is None or _preference(p, max_buffers) < _preference(held, max_buffers):
+            shown[key] = p
     lines = [
         f"{'layout':<12} {'strategy':<10} {'bucket MiB':>10} {'buckets':>7} {'prefetch':>8} "
-        f"{'step ms':>9} {'NS ms':>8} {'pointwise ms':>12} {'exposed comm':>12}"
+        f"{'step ms':>9} {'NS ms':>8} {'pointwise ms':>12} {'exposed comm':>12} {'buffers GiB':>11}"
     ]
-    for p in at_best_depth.values():
+    for p in shown.values():
         r = p.cost.slowest_rank
-        mark = "  <- fastest" if p is fastest else ""
+        mark = "  <- fastest" if p is fastest else "  (over memory)" if max_buffers and p.buffers > max_buffers else ""
         lines.append(
             f"{p.layout:<12} {p.strategy.value:<10} {p.bucket_mb:>10g} {p.buckets:>7} {p.prefetch:>8} "
             f"{p.cost.step * 1e3:>9.2f} {p.cost.ns[r] * 1e3:>8.2f} {p.cost.pointwise[r] * 1e3:>12.2f} "
-            f"{p.exposed_share:>12.1%}{mark}"
+            f"{p.exposed_share:>12.1%} {p.buffers / 2**30:>11.2f}{mark}"
         )
     return "\n".join(lines)
+
+
+def _preference(p: Prediction, max_buffers: float) -> tuple:
+    """Fitting first, then faster; among those that do not fit, smaller buffers."""
+    if not max_buffers or p.buffers <= max_buffers:
+        return (0, p.cost.step)
+    return (1, p.buffers)
 
 
 def _numbers(text: str, kind: type) -> list:
@@ -158,11 +188,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--world", default="8,64,1024", help="comma list of world sizes (default %(default)s)")
     parser.add_argument("--device", default="h100", choices=sorted(DEVICES))
     parser.add_argument("--network", default="nvlink-ib", choices=sorted(NETWORKS))
-    parser.add_argument("--bucket-mb", default=f"{Config.bucket_mb:g},256,1024", help="comma list (default %(default)s)")
+    parser.add_argument("--bucket-mb", default=_listed(BUCKET_MBS), help="comma list (default %(default)s)")
     parser.add_argument(
-        "--shard", default="8,64", help="comma list of HSDP shard group sizes tried besides FSDP over the world (default %(default)s)"
+        "--shard", default=_listed(SHARDS), help="comma list of HSDP shard group sizes tried besides FSDP over the world (default %(default)s)"
     )
-    parser.add_argument("--prefetch", default="0,1,2", help="comma list of depths (default %(default)s)")
+    parser.add_argument("--prefetch", default=_listed(PREFETCHES), help="comma list of depths (default %(default)s)")
+    parser.add_argument(
+        "--memory-share", type=float, default=MEMORY_SHARE, help="of the device's memory, the most the bucket buffers may take (default %(default)s)"
+    )
     parser.add_argument("--tokens", type=int, default=4 * 2**20, help="tokens per training step (default %(default)s)")
     parser.add_argument("--mfu", type=float, default=0.4, help="forward/backward matmul utilisation (default %(default)s)")
     args = parser.parse_args(argv)
@@ -174,15 +207,23 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"--world, --bucket-mb, --prefetch and --shard take comma lists of numbers: {e}")
     if min(worlds + shards, default=1) < 1 or min(mbs, default=1) <= 0 or min(depths, default=0) < 0:
         parser.error("world and shard sizes must be >= 1, bucket sizes > 0, prefetch depths >= 0")
+    if not 0 < args.memory_share <= 1:
+        parser.error(f"--memory-share must be in (0, 1], got {args.memory_share}")
+    limit = memory_limit(device, args.memory_share)
     print(f"{shapes.name} ({shapes.source}): {len(shapes.matrices)} Muon matrices, {shapes.muon_params / 1e9:.2f}B parameters")
     print(f"device {device.name}: {device.source}")
     print(f"network {network.name}: {network.source}")
+    if limit:
+        print(f"bucket buffers limited to {limit / 2**30:.1f} GiB per device ({args.memory_share:g} of its memory)")
     for world in worlds:
         predictions = sweep(list(shapes.matrices), world, device, network, mbs, depths, shards)
-        chosen = best(predictions)
+        chosen = best(predictions, limit)
         train = training_seconds(shapes, args.tokens, world, device, args.mfu)
         print(f"\n=== world {world} ===")
-        print(describe(predictions))
+        print(describe(predictions, limit))
+        if chosen is None:
+            print(f"recommended: none; no configuration's buffers fit in {limit / 2**30:.1f} GiB: try smaller --bucket-mb")
+            continue
         print(
             f"recommended: {chosen.layout}, MUON_COMPILE_STRATEGY={chosen.strategy.value} MUON_COMPILE_BUCKET_MB={chosen.bucket_mb:g} "
             f"MUON_COMPILE_PREFETCH={chosen.prefetch}: {chosen.cost.step * 1e3:.2f} ms per step; "
@@ -190,6 +231,9 @@ def main(argv: list[str] | None = None) -> None:
             f"({train * 1e3:.1f} ms forward and backward at {args.mfu:.0%} MFU)"
         )
 
+
+def _listed(values) -> str:
+    return ",".join(f"{v:g}" for v in values)
 
 if __name__ == "__main__":
     main()

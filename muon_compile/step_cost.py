@@ -57,7 +57,7 @@ class DeviceProfile:
     kernels), ``call_overhead`` seconds per Newton–Schulz call (the launches of its
     matmul and pointwise kernels, which the rates of large batched products leave out)
     and ``bucket_overhead`` seconds per bucket (packing, its collectives' dispatch and
-    waits beyond their transfer)."""
+    waits beyond their transfer); ``memory``, its bytes (0: unknown)."""
 
     name: str
     source: str
@@ -68,13 +68,14 @@ class DeviceProfile:
     param_overhead: float = 0.0
     call_overhead: float = 0.0
     bucket_overhead: float = 0.0
+    memory: float = 0.0
 
 
 DEVICES: dict[str, DeviceProfile] = {
     "h100": DeviceProfile(
         "h100",
         "published figures: the matmul rates of muon_compile.matmul_rates 'cuda' (an estimate); "
-        "HBM3 3.35 TB/s peak, 2.8 TB/s taken as achieved; NCCL runs on its own stream; "
+        "HBM3 3.35 TB/s peak, 2.8 TB/s taken as achieved, 80 GB; NCCL runs on its own stream; "
         "fixed costs, estimates: 50 us per step (a compiled call without CUDA graphs), 10 us per "
         "parameter, 100 us per NS call (about 20 kernel launches of ~5 us) and 50 us per bucket",
         MATMUL_PROFILES["cuda"],
@@ -84,6 +85,7 @@ DEVICES: dict[str, DeviceProfile] = {
         param_overhead=10e-6,
         call_overhead=100e-6,
         bucket_overhead=50e-6,
+        memory=80e9,
     ),
 }
 
@@ -138,6 +140,30 @@ def overhead_counts(plan: DistPlan) -> tuple[int, int, int]:
     return members, max(calls, default=0), len(plan.buckets)
 
 
+def _owned_elements(bucket: DistBucket) -> list[int]:
+    """Elements of the whole matrices each rank orthogonalises in ``bucket``."""
+    owned = [0] * bucket.group_size
+    for m in bucket.members:
+        for r in _ranks(m, bucket.group_size):
+            owned[r] += m.slot * bucket.group_size
+    return owned
+
+
+def buffer_bytes(plan: DistPlan, prefetch: int) -> int:
+    """An estimate of the peak bytes of the step's bucket buffers on its busiest rank,
+    beyond the parameters, gradients and momentum: per bucket, the packed shards sent and
+    received (twice this rank's shard bytes) and the whole matrices it orthogonalises
+    three times over (received, iterated, result), in the compute dtype; the
+    ``prefetch + 1`` largest buckets in flight at once."""
+    per_rank: list[list[int]] = []
+    for b in plan.buckets:
+        shard = sum(m.slot for m in b.members)
+        per_rank.append([b.args.compute_dtype.itemsize * (2 * shard + 3 * o) for o in _owned_elements(b)])
+    if not per_rank:
+        return 0
+    return max(sum(sorted(rank, reverse=True)[: prefetch + 1]) for rank in zip(*per_rank))
+
+
 def _ns_seconds(bucket: DistBucket, rates: MatmulRates) -> tuple[float, ...]:
     """Each rank's NS seconds in ``bucket``: its matrices, each with the algorithm ``auto`` picks."""
     args = bucket.args
@@ -169,10 +195,7 @@ def _bucket_work(bucket: DistBucket, device: DeviceProfile, network: NetworkProf
     shard_elems = sum(m.slot for m in bucket.members)  # this rank's padded shards, packed
     pack = shard_elems * (param_itemsize + itemsize) / bw
     ns = _ns_seconds(bucket, device.matmul)
-    owned = [0] * world  # elements of the whole matrices each rank orthogonalises
-    for m in bucket.members:
-        for r in _ranks(m, world):
-            owned[r] += m.slot * world
+    owned = _owned_elements(bucket)
     # reassemble (read, write) and, for all_to_all, cut back into shards (read, write)
     cuts = 2 if bucket.strategy is Strategy.ALL_TO_ALL else 1
     calls = ns_calls(bucket)

@@ -14,8 +14,14 @@ its rates are the ones that hold while they all run.
   relative error; the fit's worst relative error says how well the alpha-beta model
   describes the backend.
 * Matmul: bf16 batched ``s x s`` products (scripts/measure_matmul_rates.py), the
-  iteration's dtype on this CPU.
-* Memory: ``y.copy_(x)`` on 64 MiB fp32 tensors, read + write counted.
+  iteration's dtype on this CPU, repeated for :data:`SUSTAINED` seconds per timing.
+* Memory: ``y.copy_(x)`` on 64 MiB fp32 tensors, read + write counted, repeated likewise.
+
+  A timing must be long against the barrier's skew and the scheduler's time slice, or
+  ranks that share cores (three on this 2-core VM) take turns instead of running at
+  once: a single product of 0.6 ms measured 419 GFLOP/s per rank at world 3, close to
+  one rank alone. The Newton–Schulz iteration of a real step runs for tens of ms on
+  every rank at once.
 * Fixed costs: the compiled ``muon_compile.Muon`` step (scripts/bench_distributed.py's
   arms, each strategy) on FSDP2 matrices of 8 to 31 columns, of one shape or of many, in
   one bucket or in one bucket each, less what the cost model predicts for their arithmetic and collectives, fitted to
@@ -24,9 +30,11 @@ its rates are the ones that hold while they all run.
   collectives' dispatch and waits in the compiled graph: what the step costs beyond its
   arithmetic and its collectives' transfer.
 
-:func:`network_profile` and :func:`device_profile` return the profiles as the cost model
-takes them (scripts/validate_step_cost.py measures them in the same run as the steps it
-predicts); run as a script, this prints them.
+:func:`measure_network` and :func:`measure_device` return the raw figures (plain data, JSON
+as it is), :func:`network_profile` and :func:`device_profile` the profiles fitted to them as
+the cost model takes them, so a saved run can be fitted again when the model changes
+(scripts/validate_step_cost.py measures them in the same run as the steps it predicts and
+can save and reload them); run as a script, this prints them.
 """
 
 from __future__ import annotations
@@ -52,6 +60,7 @@ from muon_compile.plan import plan_for
 from muon_compile.step_cost import DeviceProfile, overhead_counts, predict
 
 SIZES = [2**k for k in range(12, 26, 2)]  # bytes per rank
+SUSTAINED = 0.05  # seconds a timed matmul or copy runs on every rank at once
 MATMUL_SIZES = (32, 64, 128, 256, 512, 1024)
 # matrices too small for their arithmetic to count, with a bucket size: the same shape
 # (one NS call per rank, however many parameters), distinct shapes (one NS call per
@@ -106,6 +115,22 @@ def collective(kind: str, nbytes: int, world: int):
     return lambda: dist.all_reduce(x)
 
 
+def sustained(fn):
+    """``fn`` repeated to last about :data:`SUSTAINED` seconds on the slowest rank (the
+    same count on every rank), and the count."""
+    fn()  # warm-up
+    dist.barrier()
+    start = time.perf_counter()
+    fn()
+    count = max(1, round(SUSTAINED / slowest(time.perf_counter() - start)))
+
+    def repeated():
+        for _ in range(count):
+            fn()
+
+    return repeated, count
+
+
 def least_squares(a: torch.Tensor, b: torch.Tensor) -> list[float]:
     """The ``x`` minimising ``|a x - b|`` (``b`` a column)."""
     return torch.linalg.lstsq(a, b).solution.flatten().tolist()
@@ -124,23 +149,26 @@ def fit(points: list[tuple[float, float]], steps: float, factor: float) -> tuple
     return latency, 1 / inverse, worst
 
 
-def network_profile(reps: int, log=print) -> NetworkProfile:
-    """This run's links, one per collective kind (all ranks on one node); ``log`` gets a
-    line per kind with its fit and its points."""
+def measure_network(reps: int) -> dict[str, list[tuple[int, float]]]:
+    """Per collective kind, ``(bytes per rank, seconds)`` at each of :data:`SIZES`."""
     world = dist.get_world_size()
+    return {kind: list(zip(SIZES, timed_each([collective(kind, b, world) for b in SIZES], reps))) for kind in COLLECTIVES}
+
+
+def network_profile(points: dict[str, list[tuple[int, float]]], world: int, backend: str, log=print) -> NetworkProfile:
+    """The links fitted to :func:`measure_network`'s ``points`` (all ranks on one node);
+    ``log`` gets a line per kind with its fit and its points."""
     links = {}
-    for kind in COLLECTIVES:
-        points = list(zip(SIZES, timed_each([collective(kind, b, world) for b in SIZES], reps)))
-        latency, bandwidth, worst = fit(points, *alpha_beta(kind, world))
+    for kind, kind_points in points.items():
+        latency, bandwidth, worst = fit(kind_points, *alpha_beta(kind, world))
         links[kind] = Link(latency, bandwidth)
-        shown = ", ".join(f"{b // 1024} KiB {t * 1e3:.3f} ms" for b, t in points)
+        shown = ", ".join(f"{b // 1024} KiB {t * 1e3:.3f} ms" for b, t in kind_points)
         log(f"{kind}: latency {latency * 1e6:.1f} us, bandwidth {bandwidth / 1e9:.3f} GB/s, worst fit error {worst:.0%}")
         log(f"    {shown}")
-    backend = dist.get_backend()
     a2a = links["all_to_all_single"]
     return NetworkProfile(
         f"{backend}-w{world}",
-        f"measured by scripts/measure_profiles.py, {backend}, world {world}, {platform.machine()}",
+        f"measured by scripts/measure_profiles.py, {backend}, world {world}",
         intra=a2a,
         inter=a2a,
         ranks_per_node=world,
@@ -151,56 +179,70 @@ def network_profile(reps: int, log=print) -> NetworkProfile:
 def _memory_bandwidth(reps: int) -> float:
     x = torch.ones(16 * 2**20)
     y = torch.empty_like(x)
-    return 2 * x.numel() * x.element_size() / timed(lambda: y.copy_(x), reps)
+    copies, count = sustained(lambda: y.copy_(x))
+    return 2 * count * x.numel() * x.element_size() / timed(copies, reps)
 
 
-def _fixed_costs(arithmetic: DeviceProfile, network: NetworkProfile, reps: int, log) -> tuple[float, ...]:
-    """``(per step, per parameter, per NS call, per bucket)`` seconds of the compiled Muon step beyond
-    its arithmetic and communication: the step on small FSDP2 matrices (see
-    :data:`FIXED_COST_WORKLOADS`), each strategy, less what the cost model predicts for
-    that plan without fixed costs, fitted by least squares on the plan's
-    :func:`~muon_compile.step_cost.overhead_counts`."""
+def measure_device(reps: int) -> dict:
+    """The device's raw figures, as :func:`device_profile` takes them: ``matmul``, the
+    bf16 ``(size, GFLOP/s)`` of every rank multiplying at once, after a barrier (the
+    slowest rank's rate); ``memory_bandwidth`` in bytes/s; ``fixed``, the compiled step's
+    median seconds on each of :data:`FIXED_COST_WORKLOADS` with each strategy
+    (``{workload: {strategy: seconds}}``)."""
+    table = []
+    for s in MATMUL_SIZES:
+        a, b = (torch.randn(matmul_batch(s), s, s).to(torch.bfloat16) for _ in range(2))
+        products, count = sustained(lambda: torch.bmm(a, b))
+        table.append((s, round(2 * count * a.shape[0] * s**3 / timed(products, reps) / 1e9, 1)))
     world = dist.get_world_size()
     mesh = init_device_mesh("cpu", (world,))
-    rows, times, shown = [], [], []
+    fixed: dict[str, dict[str, float]] = {}
     for name, (shapes, mb) in FIXED_COST_WORKLOADS.items():
         for strategy, arm in STRATEGY_ARMS.items():
             with config.override(bucket_mb=mb):
                 result = measure(arm, shapes, mesh, 2, reps)
             if "error" in result:
                 raise RuntimeError(f"measuring the fixed costs: {arm} on {name} failed: {result['error']}")
+            fixed.setdefault(name, {})[strategy.value] = statistics.median(result["times"])
+    return {"matmul": table, "memory_bandwidth": _memory_bandwidth(reps), "fixed": fixed, "threads": torch.get_num_threads()}
+
+
+def _fixed_costs(fixed: dict[str, dict[str, float]], arithmetic: DeviceProfile, network: NetworkProfile, world: int, log) -> tuple[float, ...]:
+    """``(per step, per parameter, per NS call, per bucket)`` seconds of the compiled Muon
+    step beyond its arithmetic and communication: the measured ``fixed`` steps (see
+    :data:`FIXED_COST_WORKLOADS`) less what the cost model predicts for their plans
+    without fixed costs, fitted by least squares on the plans'
+    :func:`~muon_compile.step_cost.overhead_counts`."""
+    rows, beyond, shown = [], [], []
+    for name, (shapes, mb) in FIXED_COST_WORKLOADS.items():
+        for strategy in STRATEGY_ARMS:
             plan = plan_for(shapes, world, strategy, mb)
-            beyond = statistics.median(result["times"]) - predict(plan, Config.prefetch, arithmetic, network).step
+            extra = fixed[name][strategy.value] - predict(plan, Config.prefetch, arithmetic, network).step
             rows.append([1.0, *overhead_counts(plan)])
-            times.append(beyond)
-            shown.append(f"{name} {strategy.value} {beyond * 1e3:.3f} ms")
+            beyond.append(extra)
+            shown.append(f"{name} {strategy.value} {extra * 1e3:.3f} ms")
     log(f"compiled Muon step beyond its arithmetic: {', '.join(shown)}")
-    solution = least_squares(torch.tensor(rows, dtype=torch.float64), torch.tensor(times, dtype=torch.float64)[:, None])
+    solution = least_squares(torch.tensor(rows, dtype=torch.float64), torch.tensor(beyond, dtype=torch.float64)[:, None])
     return tuple(max(x, 0.0) for x in solution)
 
 
-def device_profile(network: NetworkProfile, reps: int, log=print) -> DeviceProfile:
-    """This run's device as one rank sees it while the others run (CPU only: the
-    collectives hold its cores, so nothing overlaps); ``network`` prices the collectives
-    of the fixed-cost measurement."""
-    table = []
-    for s in MATMUL_SIZES:
-        # every rank multiplies at once, after a barrier; the slowest rank's rate
-        a, b = (torch.randn(matmul_batch(s), s, s).to(torch.bfloat16) for _ in range(2))
-        table.append((s, round(2 * a.shape[0] * s**3 / timed(lambda: torch.bmm(a, b), reps) / 1e9, 1)))
-    bandwidth = _memory_bandwidth(reps)
-    log(f"matmul bf16 GFLOP/s: {tuple(table)}")
+def device_profile(figures: dict, network: NetworkProfile, world: int, log=print) -> DeviceProfile:
+    """The device profile of :func:`measure_device`'s ``figures`` (CPU only: the
+    collectives hold its cores, so nothing overlaps), its fixed costs fitted with
+    ``network`` pricing the collectives of the fixed-cost steps."""
+    table = tuple((int(s), float(r)) for s, r in figures["matmul"])
+    bandwidth = figures["memory_bandwidth"]
+    log(f"matmul bf16 GFLOP/s: {table}")
     log(f"memory bandwidth (copy, read + write): {bandwidth / 1e9:.2f} GB/s")
-    world = dist.get_world_size()
-    source = f"measured by scripts/measure_profiles.py, {world} ranks x {torch.get_num_threads()} threads, {platform.machine()}"
+    source = f"measured by scripts/measure_profiles.py, {world} ranks x {figures['threads']} threads"
     arithmetic = DeviceProfile(
         f"cpu-w{world}",
         source,
-        MatmulRates("cpu", source, {torch.bfloat16: tuple(table)}),
+        MatmulRates("cpu", source, {torch.bfloat16: table}),
         memory_bandwidth=bandwidth,
         overlaps_communication=False,
     )
-    step, per_param, per_call, per_bucket = _fixed_costs(arithmetic, network, reps, log)
+    step, per_param, per_call, per_bucket = _fixed_costs(figures["fixed"], arithmetic, network, world, log)
     log(
         f"fixed costs: {step * 1e6:.0f} us per step, {per_param * 1e6:.1f} us per parameter, "
         f"{per_call * 1e6:.1f} us per NS call, {per_bucket * 1e6:.1f} us per bucket"
@@ -219,7 +261,8 @@ def main() -> None:
     world, rank = dist.get_world_size(), dist.get_rank()
     log = print if rank == 0 else (lambda *_: None)
     log(f"# {args.backend}, world {world}, torch {torch.__version__}, {platform.machine()}, {torch.get_num_threads()} threads per rank")
-    device_profile(network_profile(args.reps, log), args.reps, log)
+    network = network_profile(measure_network(args.reps), world, args.backend, log)
+    device_profile(measure_device(args.reps), network, world, log)
     dist.destroy_process_group()
 
 

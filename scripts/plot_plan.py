@@ -9,7 +9,8 @@ Writes two PNGs:
 * ``plan_step_time.png``: per model, the predicted optimizer step against the world size
   (8 to 1,024) for each strategy, over FSDP (the whole world one shard group) and over
   HSDP with shard groups of 8 (one node), each point at its best bucket size and
-  prefetch depth among the planner's defaults;
+  prefetch depth among the planner's defaults whose buffers fit in its default share of
+  the device's memory;
 * ``plan_overhead_share.png``: per model and world size, the recommended configuration's
   step as a share of a training step of ``--tokens`` tokens at ``--mfu``.
 """
@@ -32,8 +33,6 @@ from muon_compile.step_cost import DEVICES  # noqa: E402
 
 WORLDS = [8, 16, 32, 64, 128, 256, 512, 1024]
 SHARE_WORLDS = [8, 64, 1024]
-BUCKETS = [64.0, 256.0, 1024.0]
-DEPTHS = [0, 1, 2]
 
 
 def main() -> None:
@@ -45,19 +44,22 @@ def main() -> None:
     parser.add_argument("--mfu", type=float, default=0.4)
     args = parser.parse_args()
     device, network = DEVICES[args.device], NETWORKS[args.network]
+    limit = planner.memory_limit(device)
     out = Path(args.out)
     fig, axes = plt.subplots(2, 2, figsize=(11, 8), sharex=True)
     shares: dict[str, list[float]] = {}
     for ax, (name, shapes) in zip(axes.flat, MODELS.items()):
         lines: dict[str, list[float]] = {}
         for world in WORLDS:
-            rows = planner.sweep(list(shapes.matrices), world, device, network, BUCKETS, DEPTHS, [8, 64])
+            rows = planner.sweep(
+                list(shapes.matrices), world, device, network, planner.BUCKET_MBS, planner.PREFETCHES, planner.SHARDS
+            )
             for strategy in Strategy:
                 for shard, layout in ((world, "FSDP"), (8, "HSDP x8")):
                     picked = [r for r in rows if r.strategy is strategy and r.shard == shard]
-                    lines.setdefault(f"{strategy.value}, {layout}", []).append(planner.best(picked).cost.step * 1e3)
+                    lines.setdefault(f"{strategy.value}, {layout}", []).append(planner.best(picked, limit).cost.step * 1e3)
             if world in SHARE_WORLDS:
-                step = planner.best(rows).cost.step
+                step = planner.best(rows, limit).cost.step
                 train = planner.training_seconds(shapes, args.tokens, world, device, args.mfu)
                 shares.setdefault(name, []).append(100 * step / (step + train))
         for label, ms in lines.items():

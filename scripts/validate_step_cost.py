@@ -1,23 +1,29 @@
 """Validate the cost model on this machine: predicted against measured distributed steps.
 
     torchrun --nproc-per-node W scripts/validate_step_cost.py [--workload all] [--reps 15]
-        [--profile-reps 15]
+        [--profile-reps 15] [--save run.json]
+    python scripts/validate_step_cost.py --load run.json
 
-First the profiles of this run (scripts/measure_profiles.py: gloo links, matmul rates,
-memory bandwidth and a compiled step's fixed costs, all ranks at once), because this VM's
-speed drifts between days. Then, for each workload of scripts/bench_distributed.py, each
-strategy (all_to_all, all_gather), each prefetch depth (0, 1) and two bucket sizes (the
-default, one bucket here, and a split into several buckets, where prefetch changes the
-schedule): the measured step (bench_distributed's arms, the slowest rank's median) and
-the cost model's prediction from the plan of the same shapes
-(``muon_compile.plan.plan_for`` and ``muon_compile.step_cost.predict``). Prints every
-pair with its error, and per workload, bucket size and depth whether the predicted
-ranking of the strategies is the measured one.
+First the raw figures of the profiles (scripts/measure_profiles.py: gloo collectives,
+matmul rates, memory bandwidth and the compiled step on small matrices, all ranks at
+once), because this VM's speed drifts between days. Then, for each workload of
+scripts/bench_distributed.py, each strategy (all_to_all, all_gather), each prefetch depth
+(0, 1) and two bucket sizes (the default, one bucket here, and a split into several
+buckets, where prefetch changes the schedule): the measured step (bench_distributed's
+arms, the slowest rank's median). ``--save`` writes all of it as JSON.
+
+The report fits the profiles to the figures and prints, beside each measured step, the
+cost model's prediction from the plan of the same shapes
+(``muon_compile.plan.plan_for`` and ``muon_compile.step_cost.predict``) and its error,
+and per workload, bucket size and depth whether the predicted ranking of the strategies
+is the measured one. ``--load`` prints the report of a saved run without measuring
+(no torchrun): the current model against the same measurements.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import platform
 import statistics
 
@@ -26,7 +32,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
 from bench_distributed import WORKLOADS, measure
-from measure_profiles import STRATEGY_ARMS, device_profile, network_profile
+from measure_profiles import STRATEGY_ARMS, device_profile, measure_device, measure_network, network_profile
 
 from muon_compile import config
 from muon_compile.config import Config
@@ -37,53 +43,101 @@ from muon_compile.step_cost import predict
 SPLIT_MB = {"gpt-small": 4.0, "small-14": 0.02}
 
 
+def cases(names: list[str]):
+    """``(workload, bucket MiB, prefetch)`` of each comparison of the strategies."""
+    for name in names:
+        for mb in (Config.bucket_mb, SPLIT_MB[name]):
+            for prefetch in (0, 1):
+                yield name, mb, prefetch
+
+
+def measure_run(names: list[str], reps: int, warmup: int, profile_reps: int, save: str | None) -> dict:
+    """Every figure of a validation run, as plain data: the header, the profiles' raw
+    figures, and ``steps``, one entry per case and strategy with its step times (or the
+    error it failed with). Rank 0 writes it to ``save`` after every step measured, so a
+    run stopped early keeps what it measured."""
+    world = dist.get_world_size()
+    record = {
+        "header": f"world {world}, {dist.get_backend()}, torch {torch.__version__}, {platform.machine()}, "
+        f"{torch.get_num_threads()} threads per rank",
+        "world": world,
+        "backend": dist.get_backend(),
+        "network": measure_network(profile_reps),
+        "device": measure_device(profile_reps),
+        "steps": [],
+    }
+    mesh = init_device_mesh("cpu", (world,))
+    for name, mb, prefetch in cases(names):
+        for strategy, arm in STRATEGY_ARMS.items():
+            with config.override(bucket_mb=mb, prefetch=prefetch):
+                result = measure(arm, WORKLOADS[name], mesh, warmup, reps)
+            entry = {"workload": name, "bucket_mb": mb, "prefetch": prefetch, "strategy": strategy.value}
+            entry.update({"error": result["error"]} if "error" in result else {"times": result["times"]})
+            record["steps"].append(entry)
+            if save and dist.get_rank() == 0:
+                with open(save, "w") as f:
+                    json.dump(record, f, indent=1)
+    return record
+
+
+def report(record: dict, log=print) -> None:
+    """Fit the profiles to ``record``'s figures and print every prediction beside its measurement."""
+    world = record["world"]
+    log(f"# {record['header']}")
+    network = network_profile(record["network"], world, record["backend"], log)
+    device = device_profile(record["device"], network, world, log)
+    log(f"\n{'workload':<10} {'bucket MiB':>10} {'buckets':>7} {'strategy':<10} {'prefetch':>8} "
+        f"{'predicted ms':>12} {'(NS':>7} {'pointwise':>9} {'exposed)':>9} {'measured ms':>11} {'error':>7}")
+    errors = []
+    steps = {(s["workload"], s["bucket_mb"], s["prefetch"], s["strategy"]): s for s in record["steps"]}
+    names = list(dict.fromkeys(s["workload"] for s in record["steps"]))
+    for name, mb, prefetch in cases(names):
+        pair = {}
+        for strategy in STRATEGY_ARMS:
+            entry = steps.get((name, mb, prefetch, strategy.value))
+            if entry is None:  # a run stopped early
+                continue
+            if "error" in entry:
+                log(f"{name:<10} {mb:>10g} {strategy.value}: measurement failed: {entry['error']}")
+                continue
+            plan = plan_for(WORKLOADS[name], world, strategy, mb)
+            cost = predict(plan, prefetch, device, network)
+            measured = statistics.median(entry["times"])
+            error = cost.step / measured - 1
+            errors.append(abs(error))
+            pair[strategy] = (cost.step, measured)
+            r = cost.slowest_rank
+            log(f"{name:<10} {mb:>10g} {len(plan.buckets):>7} {strategy.value:<10} {prefetch:>8} "
+                f"{cost.step * 1e3:>12.2f} {cost.ns[r] * 1e3:>7.2f} {cost.pointwise[r] * 1e3:>9.2f} "
+                f"{cost.exposed[r] * 1e3:>9.2f} {measured * 1e3:>11.2f} {error:>+7.1%}")
+        if len(pair) == 2:
+            order = [sorted(pair, key=lambda s: pair[s][i]) for i in (0, 1)]
+            verdict = "matches" if order[0] == order[1] else "DIFFERS"
+            log(f"{'':<10} ranking {' < '.join(s.value for s in order[1])} measured, "
+                f"{' < '.join(s.value for s in order[0])} predicted: {verdict}")
+    if errors:
+        log(f"\n{len(errors)} pairs: median |error| {statistics.median(errors):.1%}, worst {max(errors):.1%}, "
+            f"within 20%: {sum(e <= 0.2 for e in errors)}/{len(errors)}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workload", choices=[*WORKLOADS, "all"], default="all")
     parser.add_argument("--reps", type=int, default=15)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--profile-reps", type=int, default=15)
+    parser.add_argument("--save", metavar="JSON", help="write the run's figures here")
+    parser.add_argument("--load", metavar="JSON", help="report a saved run instead of measuring")
     args = parser.parse_args()
+    if args.load:
+        with open(args.load) as f:
+            report(json.load(f))
+        return
     dist.init_process_group("gloo")
-    world, rank = dist.get_world_size(), dist.get_rank()
-    log = print if rank == 0 else (lambda *_: None)
-    log(f"# world {world}, gloo, torch {torch.__version__}, {platform.machine()}, {torch.get_num_threads()} threads per rank")
-    network = network_profile(args.profile_reps, log)
-    device = device_profile(network, args.profile_reps, log)
-    mesh = init_device_mesh("cpu", (world,))
-    log(f"\n{'workload':<10} {'bucket MiB':>10} {'buckets':>7} {'strategy':<10} {'prefetch':>8} "
-        f"{'predicted ms':>12} {'(NS':>7} {'pointwise':>9} {'exposed)':>9} {'measured ms':>11} {'error':>7}")
-    errors = []
     names = list(WORKLOADS) if args.workload == "all" else [args.workload]
-    for name in names:
-        shapes = WORKLOADS[name]
-        for mb in (Config.bucket_mb, SPLIT_MB[name]):
-            for prefetch in (0, 1):
-                pair = {}
-                for strategy, arm in STRATEGY_ARMS.items():
-                    plan = plan_for(shapes, world, strategy, mb)
-                    cost = predict(plan, prefetch, device, network)
-                    with config.override(bucket_mb=mb, prefetch=prefetch):
-                        result = measure(arm, shapes, mesh, args.warmup, args.reps)
-                    if "error" in result:
-                        log(f"{name:<10} {mb:>10g} {strategy.value}: measurement failed: {result['error']}")
-                        continue
-                    measured = statistics.median(result["times"])
-                    error = cost.step / measured - 1
-                    errors.append(abs(error))
-                    pair[strategy] = (cost.step, measured)
-                    r = cost.slowest_rank
-                    log(f"{name:<10} {mb:>10g} {len(plan.buckets):>7} {strategy.value:<10} {prefetch:>8} "
-                        f"{cost.step * 1e3:>12.2f} {cost.ns[r] * 1e3:>7.2f} {cost.pointwise[r] * 1e3:>9.2f} "
-                        f"{cost.exposed[r] * 1e3:>9.2f} {measured * 1e3:>11.2f} {error:>+7.1%}")
-                if len(pair) == 2:
-                    order = [sorted(pair, key=lambda s: pair[s][i]) for i in (0, 1)]
-                    verdict = "matches" if order[0] == order[1] else "DIFFERS"
-                    log(f"{'':<10} ranking {' < '.join(s.value for s in order[1])} measured, "
-                        f"{' < '.join(s.value for s in order[0])} predicted: {verdict}")
-    if errors:
-        log(f"\n{len(errors)} pairs: median |error| {statistics.median(errors):.1%}, worst {max(errors):.1%}, "
-            f"within 20%: {sum(e <= 0.2 for e in errors)}/{len(errors)}")
+    record = measure_run(names, args.reps, args.warmup, args.profile_reps, args.save)
+    if dist.get_rank() == 0:
+        report(record)
     dist.destroy_process_group()
 
 

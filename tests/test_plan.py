@@ -77,3 +77,21 @@ def test_command_line_prints_a_recommendation(capsys):
     assert "HSDP 2x8" in out  # 16 ranks: shard groups of 8 tried besides FSDP
     with pytest.raises(SystemExit):
         planner.main(["--model", "llama-1b", "--world", "eight"])
+
+
+def test_recommendation_keeps_the_bucket_buffers_within_the_memory_share(capsys):
+    shapes = list(MODELS["llama-70b"].matrices)
+    rows = planner.sweep(shapes, 64, DEVICES["h100"], profile("nvlink-ib"), [1024, 16384], [0, 2], strategies=(Strategy.ALL_GATHER,))
+    limit = planner.memory_limit(DEVICES["h100"])
+    assert limit == 0.25 * 80e9
+    over = [r for r in rows if r.buffers > limit]
+    assert over  # all_gather of 16 GiB buckets: every rank holds whole buckets
+    chosen = planner.best(rows, limit)
+    assert chosen.buffers <= limit and planner.best(rows, 1.0) is None
+    assert planner.describe(rows, limit).count("(over memory)") == 1
+    # large buckets let all_to_all put every rank to work on a model of large matrices
+    planner.main(["--model", "llama-70b", "--world", "64", "--shard", "64", "--prefetch", "1"])
+    out = capsys.readouterr().out
+    assert "MUON_COMPILE_STRATEGY=all_to_all MUON_COMPILE_BUCKET_MB=16384" in out
+    with pytest.raises(SystemExit):
+        planner.main(["--model", "llama-1b", "--memory-share", "0"])

@@ -12,7 +12,7 @@ from muon_compile.matmul_rates import PROFILES
 from muon_compile.network_profiles import Link, NetworkProfile
 from muon_compile.ns_cost import predicted_seconds
 from muon_compile.passes.plan_distributed import EVERY_RANK, DistBucket, DistMember, DistPlan
-from muon_compile.step_cost import UPDATE_ACCESSES, DeviceProfile, overhead_counts, predict
+from muon_compile.step_cost import UPDATE_ACCESSES, DeviceProfile, buffer_bytes, overhead_counts, predict
 
 ARGS = coefficients.ns_args("keller", 5, compute_dtype=torch.bfloat16, algorithm="textbook")
 NET = NetworkProfile("test", "made up", intra=Link(1e-5, 1e9), inter=Link(1e-5, 1e9), ranks_per_node=8)
@@ -77,3 +77,16 @@ def test_fixed_costs_add_per_step_parameter_call_and_bucket():
     added = 1e-3 + 2 * 1e-4 + 1e-5 + 1e-6
     assert [t - b for t, b in zip(cost.total, base.total)] == pytest.approx([added, added])
     assert cost.ns == base.ns  # fixed costs are not Newton–Schulz arithmetic
+
+
+def test_buffer_bytes_count_shards_and_owned_matrices_of_the_buckets_in_flight():
+    a2a = DistPlan((_bucket(owners=(0, 0)), _bucket(owners=(1, 1), rows=16)), (), {})
+    shard = [2 * 4 * 16, 2 * 8 * 16]  # each bucket's shard elements on one rank
+    owned0 = [2 * 8 * 16, 0]  # rank 0 owns the first bucket's two 8x16 matrices
+    owned1 = [0, 2 * 16 * 16]
+    per = [[2 * (2 * s + 3 * o) for s, o in zip(shard, owned)] for owned in (owned0, owned1)]  # bf16
+    assert buffer_bytes(a2a, 0) == max(max(p) for p in per)
+    assert buffer_bytes(a2a, 1) == max(sum(p) for p in per)
+    gather = DistPlan((_bucket(Strategy.ALL_GATHER, (EVERY_RANK, EVERY_RANK)),), (), {})
+    assert buffer_bytes(gather, 0) == 2 * (2 * shard[0] + 3 * 2 * shard[0])  # every rank holds it all
+    assert buffer_bytes(DistPlan((), (), {}), 2) == 0
