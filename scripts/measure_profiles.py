@@ -185,8 +185,9 @@ def _memory_bandwidth(reps: int) -> float:
 
 def measure_device(reps: int) -> dict:
     """The device's raw figures, as :func:`device_profile` takes them: ``matmul``, the
-    bf16 ``(size, GFLOP/s)`` of every rank multiplying at once, after a barrier (the
-    slowest rank's rate); ``memory_bandwidth`` in bytes/s; ``fixed``, the compiled step's
+    bf16 ``(size, GFLOP/s)`` of every rank multiplying at once for :data:`SUSTAINED`
+    seconds, after a barrier (the slowest rank's rate); ``memory_bandwidth`` in bytes/s,
+    timed likewise (``sustained_s`` records the duration); ``fixed``, the compiled step's
     median seconds on each of :data:`FIXED_COST_WORKLOADS` with each strategy
     (``{workload: {strategy: seconds}}``)."""
     table = []
@@ -204,7 +205,13 @@ def measure_device(reps: int) -> dict:
             if "error" in result:
                 raise RuntimeError(f"measuring the fixed costs: {arm} on {name} failed: {result['error']}")
             fixed.setdefault(name, {})[strategy.value] = statistics.median(result["times"])
-    return {"matmul": table, "memory_bandwidth": _memory_bandwidth(reps), "fixed": fixed, "threads": torch.get_num_threads()}
+    return {
+        "matmul": table,
+        "memory_bandwidth": _memory_bandwidth(reps),
+        "sustained_s": SUSTAINED,
+        "fixed": fixed,
+        "threads": torch.get_num_threads(),
+    }
 
 
 def _fixed_costs(fixed: dict[str, dict[str, float]], arithmetic: DeviceProfile, network: NetworkProfile, world: int, log) -> tuple[float, ...]:
