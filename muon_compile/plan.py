@@ -89,6 +89,10 @@ class Prediction:
     def layout(self) -> str:
         return "FSDP" if self.shard == self.world else f"HSDP {self.world // self.shard}x{self.shard}"
 
+    def fits(self, max_buffers: float) -> bool:
+        """Whether its buffers take at most ``max_buffers`` bytes (0: no limit)."""
+        return not max_buffers or self.buffers <= max_buffers
+
     @property
     def exposed_share(self) -> float:
         """The slowest rank's exposed communication as a share of the step."""
@@ -126,7 +130,7 @@ def sweep(
 def best(predictions: list[Prediction], max_buffers: float = 0.0) -> Prediction | None:
     """The fastest configuration whose buffers take at most ``max_buffers`` bytes (0: no
     limit; ties: the earlier one), or None when none fits."""
-    fitting = [p for p in predictions if not max_buffers or p.buffers <= max_buffers]
+    fitting = [p for p in predictions if p.fits(max_buffers)]
     return min(fitting, key=lambda p: p.cost.step, default=None)
 
 
@@ -160,7 +164,7 @@ def describe(predictions: list[Prediction], max_buffers: float = 0.0) -> str:
     ]
     for p in shown.values():
         r = p.cost.slowest_rank
-        mark = "  <- fastest" if p is fastest else "  (over memory)" if max_buffers and p.buffers > max_buffers else ""
+        mark = "  <- fastest" if p is fastest else "" if p.fits(max_buffers) else "  (over memory)"
         lines.append(
             f"{p.layout:<12} {p.strategy.value:<10} {p.bucket_mb:>10g} {p.buckets:>7} {p.prefetch:>8} "
             f"{p.cost.step * 1e3:>9.2f} {p.cost.ns[r] * 1e3:>8.2f} {p.cost.pointwise[r] * 1e3:>12.2f} "
@@ -171,7 +175,7 @@ def describe(predictions: list[Prediction], max_buffers: float = 0.0) -> str:
 
 def _preference(p: Prediction, max_buffers: float) -> tuple:
     """Fitting first, then faster; among those that do not fit, smaller buffers."""
-    if not max_buffers or p.buffers <= max_buffers:
+    if p.fits(max_buffers):
         return (0, p.cost.step)
     return (1, p.buffers)
 

@@ -43,13 +43,13 @@ import argparse
 import dataclasses
 import platform
 import statistics
-import time
 
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
-from bench_distributed import measure, slowest
+from bench_distributed import measure
+from bench_distributed import timed as timed_once
 from measure_matmul_rates import matmul_batch
 
 from muon_compile import config
@@ -79,17 +79,14 @@ STRATEGY_ARMS = {Strategy.ALL_TO_ALL: "muon-a2a", Strategy.ALL_GATHER: "muon-gat
 
 def timed_each(fns: list, reps: int) -> list[float]:
     """Per function, the median over ``reps`` of the slowest rank's seconds after a
-    barrier; the functions take turns, so a slow spell of the machine spreads over all
-    of them instead of spoiling one."""
+    barrier (bench_distributed's ``timed``); the functions take turns, so a slow spell of
+    the machine spreads over all of them instead of spoiling one."""
     for fn in fns:
         fn()  # warm-up
     times: list[list[float]] = [[] for _ in fns]
     for _ in range(reps):
         for fn, samples in zip(fns, times):
-            dist.barrier()
-            start = time.perf_counter()
-            fn()
-            samples.append(slowest(time.perf_counter() - start))
+            samples.append(timed_once(fn))
     return [statistics.median(t) for t in times]
 
 
@@ -118,11 +115,7 @@ def collective(kind: str, nbytes: int, world: int):
 def sustained(fn):
     """``fn`` repeated to last about :data:`SUSTAINED` seconds on the slowest rank (the
     same count on every rank), and the count."""
-    fn()  # warm-up
-    dist.barrier()
-    start = time.perf_counter()
-    fn()
-    count = max(1, round(SUSTAINED / slowest(time.perf_counter() - start)))
+    count = max(1, round(SUSTAINED / timed(fn, 1)))
 
     def repeated():
         for _ in range(count):
