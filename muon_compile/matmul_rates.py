@@ -7,6 +7,14 @@ table's sizes and held flat beyond its ends. That is enough for what the table i
 for: comparing two evaluations of one Newton–Schulz iteration whose products differ in
 shape and dtype, not predicting wall time to the percent.
 
+The rates are those of large batches. A product call also costs a latency that does not
+shrink with its work (dispatch, the BLAS library's setup): on the 2-core VM a bf16 ``bmm``
+of one or two matrices of 37 to 256 rows costs about 10 us beyond its arithmetic, one of
+8 rows about 2 us (another code path). ``latency``, where measured
+(``scripts/measure_profiles.py``), holds those seconds per call by size, interpolated
+linearly in log size and held flat beyond its ends; without it a call costs its
+arithmetic alone.
+
 Tables:
 
 * ``cpu``: measured on the project's 2-core VM (torch 2.13.0+cpu, oneDNN/MKL) with
@@ -25,7 +33,23 @@ from collections.abc import Mapping
 
 import torch
 
-Table = tuple[tuple[int, float], ...]  # (size, GFLOP/s), sizes ascending
+Table = tuple[tuple[int, float], ...]  # (size, GFLOP/s or seconds), sizes ascending
+
+
+def _size(m: int, k: int, n: int) -> float:
+    """The side of the cube of the product's volume: the size it is priced at."""
+    return (m * k * n) ** (1 / 3)
+
+
+def _interpolate(table: Table, size: float) -> float:
+    """``table``'s value at ``size``: linear in log size between its sizes, flat beyond its ends."""
+    if size <= table[0][0]:
+        return table[0][1]
+    for (s0, v0), (s1, v1) in zip(table, table[1:]):
+        if size <= s1:
+            t = (math.log(size) - math.log(s0)) / (math.log(s1) - math.log(s0))
+            return v0 + t * (v1 - v0)
+    return table[-1][1]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,20 +59,20 @@ class MatmulRates:
     device: str
     source: str
     tables: Mapping[torch.dtype, Table]
+    latency: Mapping[torch.dtype, Table] = dataclasses.field(default_factory=dict)  # (size, seconds per call)
 
     def rate(self, dtype: torch.dtype, m: int, k: int, n: int) -> float:
         """GFLOP/s of an ``(m x k) @ (k x n)`` product in ``dtype`` (see the module docstring)."""
         table = self.tables.get(dtype)
         if table is None:
             raise ValueError(f"no {self.device} matmul rates for {dtype}; known: {sorted(map(str, self.tables))}")
-        size = (m * k * n) ** (1 / 3)
-        if size <= table[0][0]:
-            return table[0][1]
-        for (s0, r0), (s1, r1) in zip(table, table[1:]):
-            if size <= s1:
-                t = (math.log(size) - math.log(s0)) / (math.log(s1) - math.log(s0))
-                return math.exp(math.log(r0) + t * (math.log(r1) - math.log(r0)))
-        return table[-1][1]
+        return math.exp(_interpolate(tuple((s, math.log(r)) for s, r in table), _size(m, k, n)))
+
+    def call_seconds(self, dtype: torch.dtype, m: int, k: int, n: int) -> float:
+        """Seconds one batched ``(m x k) @ (k x n)`` product call costs beyond its
+        arithmetic, whatever its batch (see the module docstring); 0 without a latency table."""
+        table = self.latency.get(dtype)
+        return _interpolate(table, _size(m, k, n)) if table else 0.0
 
     def seconds(self, dtype: torch.dtype, m: int, k: int, n: int, count: int = 1) -> float:
         """Predicted seconds of ``count`` ``(m x k) @ (k x n)`` products in ``dtype``."""

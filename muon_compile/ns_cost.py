@@ -100,6 +100,12 @@ def predicted_seconds(algorithm: str, rows: int, cols: int, steps: int, compute_
     return sum(rates.seconds(p.dtype, p.m, p.k, p.n, p.count) for p in products(algorithm, rows, cols, steps, compute_dtype))
 
 
+def call_latency(algorithm: str, rows: int, cols: int, steps: int, compute_dtype: torch.dtype, rates: MatmulRates) -> float:
+    """Seconds one batched call on ``rows x cols`` matrices spends in its product calls'
+    latency (:meth:`~muon_compile.matmul_rates.MatmulRates.call_seconds`), whatever its batch."""
+    return sum(p.count * rates.call_seconds(p.dtype, p.m, p.k, p.n) for p in products(algorithm, rows, cols, steps, compute_dtype))
+
+
 @dataclasses.dataclass(frozen=True)
 class Choice:
     """The algorithm for one matrix shape and why; ``flops`` and ``seconds`` per concrete algorithm."""

@@ -13,8 +13,8 @@ Work per bucket (docs/design.md, "Distributed layout"):
   dtype), then the first collective;
 * compute: wait, reassemble the owned matrices, Newton–Schulz per matrix (its products
   priced by :mod:`muon_compile.ns_cost` with the device's matmul rates, the algorithm
-  that ``auto`` would choose), cut the results back into shards, the return collective
-  (``all_to_all``);
+  that ``auto`` would choose, and per call the latency of its product calls), cut the
+  results back into shards, the return collective (``all_to_all``);
 * finish (``all_to_all``): wait, unpack;
 * and per parameter, outside the buckets, the momentum and the update: read the
   gradient, read and write the momentum and the parameter;
@@ -38,7 +38,7 @@ from .config import Strategy
 from .matmul_rates import PROFILES as MATMUL_PROFILES
 from .matmul_rates import MatmulRates
 from .network_profiles import NetworkProfile
-from .ns_cost import choose, predicted_seconds
+from .ns_cost import call_latency, choose, predicted_seconds
 from .passes.plan_distributed import EVERY_RANK, DistBucket, DistMember, DistPlan
 from .passes.schedule import stage_order
 from .passes.stages import Stage
@@ -123,13 +123,19 @@ def _ranks(member: DistMember, world: int) -> range | tuple[int]:
     return range(world) if member.owner == EVERY_RANK else (member.owner,)
 
 
-def ns_calls(bucket: DistBucket) -> tuple[int, ...]:
-    """Each rank's Newton–Schulz calls in ``bucket``: one per canonical shape it orthogonalises."""
-    shapes: list[set[tuple[int, int]]] = [set() for _ in range(bucket.group_size)]
+def _calls(bucket: DistBucket) -> list[dict[tuple[int, int], DistMember]]:
+    """Each rank's Newton–Schulz calls in ``bucket``: one per canonical shape it
+    orthogonalises, each with a member of that shape."""
+    calls: list[dict[tuple[int, int], DistMember]] = [{} for _ in range(bucket.group_size)]
     for m in bucket.members:
         for r in _ranks(m, bucket.group_size):
-            shapes[r].add(m.canonical)
-    return tuple(len(s) for s in shapes)
+            calls[r].setdefault(m.canonical, m)
+    return calls
+
+
+def ns_calls(bucket: DistBucket) -> tuple[int, ...]:
+    """How many Newton–Schulz calls each rank makes in ``bucket``."""
+    return tuple(len(c) for c in _calls(bucket))
 
 
 def overhead_counts(plan: DistPlan) -> tuple[int, int, int]:
@@ -165,17 +171,27 @@ def buffer_bytes(plan: DistPlan, prefetch: int) -> int:
 
 
 def _ns_seconds(bucket: DistBucket, rates: MatmulRates) -> tuple[float, ...]:
-    """Each rank's NS seconds in ``bucket``: its matrices, each with the algorithm ``auto`` picks."""
+    """Each rank's NS seconds in ``bucket``: the arithmetic of its matrices, each with the
+    algorithm ``auto`` picks, and the latency of its calls' products."""
     args = bucket.args
+
+    def algorithm(m: DistMember) -> str:
+        return choose(m.rows, m.cols, args.steps, args.compute_dtype, rates.device, args.algorithm).algorithm
+
     per_shape: dict[tuple[int, int], float] = {}
     total = [0.0] * bucket.group_size
     for m in bucket.members:
         if (m.rows, m.cols) not in per_shape:
-            algorithm = choose(m.rows, m.cols, args.steps, args.compute_dtype, rates.device, args.algorithm).algorithm
-            per_shape[m.rows, m.cols] = predicted_seconds(algorithm, m.rows, m.cols, args.steps, args.compute_dtype, rates)
+            per_shape[m.rows, m.cols] = predicted_seconds(algorithm(m), m.rows, m.cols, args.steps, args.compute_dtype, rates)
         for r in _ranks(m, bucket.group_size):
             total[r] += per_shape[m.rows, m.cols]
-    return tuple(total)
+    calls = _calls(bucket)
+    latency = {
+        shape: call_latency(algorithm(m), m.rows, m.cols, args.steps, args.compute_dtype, rates)
+        for rank_calls in calls
+        for shape, m in rank_calls.items()
+    }
+    return tuple(t + sum(latency[shape] for shape in rank_calls) for t, rank_calls in zip(total, calls))
 
 
 @dataclasses.dataclass(frozen=True)

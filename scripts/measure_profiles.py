@@ -12,9 +12,13 @@ its rates are the ones that hold while they all run.
   16 MiB per rank (bf16; fp32 for the reductions), fitted to the profile's own formula,
   ``seconds = steps * latency + factor * bytes / bandwidth``, by least squares on the
   relative error; the fit's worst relative error says how well the alpha-beta model
-  describes the backend.
+  describes the backend. Each timing repeats the collective back to back for
+  :data:`SUSTAINED` seconds, as a step's buckets issue them: on gloo at world 2 a small
+  all_gather measured 250-330 us alone after a barrier and 510-590 us back to back.
 * Matmul: bf16 batched ``s x s`` products (scripts/measure_matmul_rates.py), the
-  iteration's dtype on this CPU, repeated for :data:`SUSTAINED` seconds per timing.
+  iteration's dtype on this CPU, repeated for :data:`SUSTAINED` seconds per timing; and
+  single products of :data:`CALL_SIZES`, whose time beyond their arithmetic is the
+  latency of a product call (muon_compile.matmul_rates).
 * Memory: ``y.copy_(x)`` on 64 MiB fp32 tensors, read + write counted, repeated likewise.
 
   A timing must be long against the barrier's skew and the scheduler's time slice, or
@@ -60,8 +64,10 @@ from muon_compile.plan import plan_for
 from muon_compile.step_cost import DeviceProfile, overhead_counts, predict
 
 SIZES = [2**k for k in range(12, 26, 2)]  # bytes per rank
-SUSTAINED = 0.05  # seconds a timed matmul or copy runs on every rank at once
+SUSTAINED = 0.05  # seconds a timed matmul, copy or collective runs on every rank at once
 MATMUL_SIZES = (32, 64, 128, 256, 512, 1024)
+# sizes of the single products whose time, less their arithmetic, is a call's latency
+CALL_SIZES = (8, 16, 32, 64, 128, 256)
 # matrices too small for their arithmetic to count, with a bucket size: the same shape
 # (one NS call per rank, however many parameters), distinct shapes (one NS call per
 # matrix), and one bucket per matrix
@@ -142,10 +148,18 @@ def fit(points: list[tuple[float, float]], steps: float, factor: float) -> tuple
     return latency, 1 / inverse, worst
 
 
+def per_call(fns: list, reps: int) -> list[float]:
+    """Seconds per call of each of ``fns``, each repeated for about :data:`SUSTAINED`
+    seconds per timing (:func:`sustained`), the timings taking turns (:func:`timed_each`)."""
+    repeated = [sustained(fn) for fn in fns]
+    return [t / count for t, (_, count) in zip(timed_each([r for r, _ in repeated], reps), repeated)]
+
+
 def measure_network(reps: int) -> dict[str, list[tuple[int, float]]]:
-    """Per collective kind, ``(bytes per rank, seconds)`` at each of :data:`SIZES`."""
+    """Per collective kind, ``(bytes per rank, seconds per call)`` at each of :data:`SIZES`,
+    the calls back to back as a step's buckets issue them (:func:`per_call`)."""
     world = dist.get_world_size()
-    return {kind: list(zip(SIZES, timed_each([collective(kind, b, world) for b in SIZES], reps))) for kind in COLLECTIVES}
+    return {kind: list(zip(SIZES, per_call([collective(kind, b, world) for b in SIZES], reps))) for kind in COLLECTIVES}
 
 
 def network_profile(points: dict[str, list[tuple[int, float]]], world: int, backend: str, log=print) -> NetworkProfile:
@@ -172,22 +186,26 @@ def network_profile(points: dict[str, list[tuple[int, float]]], world: int, back
 def _memory_bandwidth(reps: int) -> float:
     x = torch.ones(16 * 2**20)
     y = torch.empty_like(x)
-    copies, count = sustained(lambda: y.copy_(x))
-    return 2 * count * x.numel() * x.element_size() / timed(copies, reps)
+    return 2 * x.numel() * x.element_size() / per_call([lambda: y.copy_(x)], reps)[0]
+
+
+def _products(shapes: list[tuple[int, int]], reps: int) -> list[float]:
+    """Seconds per bf16 ``bmm`` call on a batch of ``(batch, size)`` square matrices, each."""
+    operands = [(torch.randn(n, s, s).to(torch.bfloat16), torch.randn(n, s, s).to(torch.bfloat16)) for n, s in shapes]
+    return per_call([lambda a=a, b=b: torch.bmm(a, b) for a, b in operands], reps)
 
 
 def measure_device(reps: int) -> dict:
-    """The device's raw figures, as :func:`device_profile` takes them: ``matmul``, the
-    bf16 ``(size, GFLOP/s)`` of every rank multiplying at once for :data:`SUSTAINED`
-    seconds, after a barrier (the slowest rank's rate); ``memory_bandwidth`` in bytes/s,
-    timed likewise (``sustained_s`` records the duration); ``fixed``, the compiled step's
-    median seconds on each of :data:`FIXED_COST_WORKLOADS` with each strategy
-    (``{workload: {strategy: seconds}}``)."""
-    table = []
-    for s in MATMUL_SIZES:
-        a, b = (torch.randn(matmul_batch(s), s, s).to(torch.bfloat16) for _ in range(2))
-        products, count = sustained(lambda: torch.bmm(a, b))
-        table.append((s, round(2 * count * a.shape[0] * s**3 / timed(products, reps) / 1e9, 1)))
+    """The device's raw figures, as :func:`device_profile` takes them, every rank
+    computing at once for :data:`SUSTAINED` seconds per timing, after a barrier (the
+    slowest rank's time; ``sustained_s`` records the duration): ``matmul``, the bf16
+    ``(size, GFLOP/s)`` of large batches; ``matmul_call``, the ``(size, seconds)`` of one
+    product call on a single matrix; ``memory_bandwidth`` in bytes/s (a copy);
+    ``fixed``, the compiled step's median seconds on each of
+    :data:`FIXED_COST_WORKLOADS` with each strategy (``{workload: {strategy: seconds}}``)."""
+    batched = _products([(matmul_batch(s), s) for s in MATMUL_SIZES], reps)
+    table = [(s, round(2 * matmul_batch(s) * s**3 / t / 1e9, 1)) for s, t in zip(MATMUL_SIZES, batched)]
+    calls = _products([(1, s) for s in CALL_SIZES], reps)
     world = dist.get_world_size()
     mesh = init_device_mesh("cpu", (world,))
     fixed: dict[str, dict[str, float]] = {}
@@ -200,6 +218,7 @@ def measure_device(reps: int) -> dict:
             fixed.setdefault(name, {})[strategy.value] = statistics.median(result["times"])
     return {
         "matmul": table,
+        "matmul_call": list(zip(CALL_SIZES, calls)),
         "memory_bandwidth": _memory_bandwidth(reps),
         "sustained_s": SUSTAINED,
         "fixed": fixed,
@@ -233,12 +252,17 @@ def device_profile(figures: dict, network: NetworkProfile, world: int, log=print
     table = tuple((int(s), float(r)) for s, r in figures["matmul"])
     bandwidth = figures["memory_bandwidth"]
     log(f"matmul bf16 GFLOP/s: {table}")
-    log(f"memory bandwidth (copy, read + write): {bandwidth / 1e9:.2f} GB/s")
     source = f"measured by scripts/measure_profiles.py, {world} ranks x {figures['threads']} threads"
+    rates = MatmulRates("cpu", source, {torch.bfloat16: table})
+    if "matmul_call" in figures:  # runs saved before 2026-11-24 did not measure it
+        latency = tuple((int(s), max(0.0, t - rates.seconds(torch.bfloat16, s, s, s))) for s, t in figures["matmul_call"])
+        rates = dataclasses.replace(rates, latency={torch.bfloat16: latency})
+        log(f"matmul bf16 call latency us: {tuple((s, round(t * 1e6, 1)) for s, t in latency)}")
+    log(f"memory bandwidth (copy, read + write): {bandwidth / 1e9:.2f} GB/s")
     arithmetic = DeviceProfile(
         f"cpu-w{world}",
         source,
-        MatmulRates("cpu", source, {torch.bfloat16: table}),
+        rates,
         memory_bandwidth=bandwidth,
         overlaps_communication=False,
     )

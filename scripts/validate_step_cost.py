@@ -63,6 +63,7 @@ def measure_run(names: list[str], reps: int, warmup: int, profile_reps: int, sav
         "world": world,
         "backend": dist.get_backend(),
         "network": measure_network(profile_reps),
+        "network_timing": "back to back",
         "device": measure_device(profile_reps),
         "steps": [],
     }
@@ -83,7 +84,8 @@ def measure_run(names: list[str], reps: int, warmup: int, profile_reps: int, sav
 def report(record: dict, log=print) -> None:
     """Fit the profiles to ``record``'s figures and print every prediction beside its measurement."""
     world = record["world"]
-    log(f"# {record['header']}")
+    # runs saved before 2026-11-24 timed each collective alone after a barrier
+    log(f"# {record['header']}; collectives timed {record.get('network_timing', 'alone after a barrier')}")
     network = network_profile(record["network"], world, record["backend"], log)
     device = device_profile(record["device"], network, world, log)
     log(f"\n{'workload':<10} {'bucket MiB':>10} {'buckets':>7} {'strategy':<10} {'prefetch':>8} "

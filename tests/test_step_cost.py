@@ -90,3 +90,25 @@ def test_buffer_bytes_count_shards_and_owned_matrices_of_the_buckets_in_flight()
     gather = DistPlan((_bucket(Strategy.ALL_GATHER, (EVERY_RANK, EVERY_RANK)),), (), {})
     assert buffer_bytes(gather, 0) == 2 * (2 * shard[0] + 3 * 2 * shard[0])  # every rank holds it all
     assert buffer_bytes(DistPlan((), (), {}), 2) == 0
+
+
+def test_rates_interpolate_the_call_latency_in_log_size_and_hold_its_ends():
+    rates = dataclasses.replace(PROFILES["cpu"], latency={torch.bfloat16: ((8, 2e-6), (32, 10e-6))})
+    assert rates.call_seconds(torch.bfloat16, 4, 4, 4) == 2e-6  # below the table: its first entry
+    assert rates.call_seconds(torch.bfloat16, 16, 16, 16) == pytest.approx(6e-6)  # halfway in log size
+    assert rates.call_seconds(torch.bfloat16, 64, 512, 64) == 10e-6  # beyond it: its last
+    assert rates.call_seconds(torch.float32, 16, 16, 16) == 0.0  # no table for the dtype: none
+    assert PROFILES["cpu"].call_seconds(torch.bfloat16, 16, 16, 16) == 0.0
+
+
+def test_call_latency_is_paid_per_product_call_whatever_the_batch():
+    # two members of one shape owned by rank 0 and one of another shape: two NS calls on rank 0
+    members = (*_bucket(owners=(0, 0)).members, DistMember(2, 8, 32, 4, 4, 0, 5))
+    plan = DistPlan((DistBucket("0", 2, 0, Strategy.ALL_TO_ALL, ARGS, members),), (), {})
+    latency = 1e-5
+    slow = dataclasses.replace(PROFILES["cpu"], latency={torch.bfloat16: ((8, latency),)})
+    base = predict(plan, 1, _device(False), NET)
+    cost = predict(plan, 1, dataclasses.replace(_device(False), matmul=slow), NET)
+    calls, products = 2, 3 * ARGS.steps  # the textbook iteration: three products per step
+    assert cost.ns[0] - base.ns[0] == pytest.approx(calls * products * latency)
+    assert cost.ns[1] == base.ns[1] == 0.0  # rank 1 orthogonalises nothing

@@ -1,0 +1,74 @@
+"""Where a compiled distributed Muon step's time goes: its kernels, per step, on rank 0.
+
+    torchrun --nproc-per-node 2 scripts/profile_step.py [--workload gpt-small]
+        [--strategy all_to_all] [--bucket-mb 64] [--prefetch 1] [--steps 3]
+
+Builds scripts/bench_distributed.py's workload on FSDP2 (gloo on the CPU, NCCL with one GPU
+per rank), compiles ``muon_compile.Muon``'s step with ``backend="muon"`` and the given
+settings, times it as bench_distributed does (median of 7 after 3 warm-up steps, slowest
+rank), then profiles ``--steps`` steps with Inductor's C++ kernels recorded by name
+(``cpp.enable_kernel_profile``) and prints rank 0's table of self time per step (the
+GPU's under NCCL): the matmuls (``aten::bmm``), each generated pointwise kernel
+(``graph_N_cpp_fused_*`` on the CPU), the collectives' waits. The cost model's prediction for the same plan
+(scripts/validate_step_cost.py) splits a step into NS, pointwise and exposed
+communication; this table is what to hold it against. The profiler's own cost makes the
+profiled steps slower than the timed median.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+import torch
+import torch.distributed as dist
+from torch._inductor import config as inductor_config
+from torch._inductor.utils import fresh_cache
+from torch.distributed.device_mesh import init_device_mesh
+
+from bench_distributed import WORKLOADS, default_backend, init_backend, our_muon, sharded_params, timed_steps
+
+import muon_compile
+from muon_compile import config
+from muon_compile.config import Strategy
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workload", choices=list(WORKLOADS), default="gpt-small")
+    parser.add_argument("--strategy", choices=[s.value for s in Strategy], default=Strategy.ALL_TO_ALL.value)
+    parser.add_argument("--bucket-mb", type=float, default=config.Config.bucket_mb)
+    parser.add_argument("--prefetch", type=int, default=config.Config.prefetch)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--rows", type=int, default=30, help="rows of the printed table")
+    parser.add_argument("--backend", choices=["gloo", "nccl"], default=default_backend())
+    args = parser.parse_args()
+    mesh_device = init_backend(args.backend)
+    world = dist.get_world_size()
+    mesh = init_device_mesh(mesh_device, (world,))
+    inductor_config.cpp.enable_kernel_profile = True
+    settings = config.override(strategy=args.strategy, bucket_mb=args.bucket_mb, prefetch=args.prefetch)
+    with fresh_cache(), settings:
+        step = torch.compile(our_muon(sharded_params(WORKLOADS[args.workload], mesh)), backend="muon")
+        median = statistics.median(timed_steps(step, 3, 7))
+        gpu = args.backend == "nccl"
+        activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if gpu else [])
+        with torch.profiler.profile(activities=activities) as prof:
+            for _ in range(args.steps):
+                step()
+    if dist.get_rank() == 0:
+        print(
+            f"# {args.workload}, {args.strategy}, bucket {args.bucket_mb:g} MiB, prefetch {args.prefetch}, "
+            f"world {world} ({dist.get_backend()}), muon_compile {muon_compile.__version__}, torch {torch.__version__}"
+        )
+        print(f"step: median {median * 1e3:.2f} ms (slowest rank); rank 0's profile of {args.steps} steps, ms per step:")
+        def self_us(e) -> float:  # the GPU's time under NCCL, the CPU's under gloo
+            return e.self_device_time_total if gpu else e.self_cpu_time_total
+
+        for e in sorted(prof.key_averages(), key=self_us, reverse=True)[: args.rows]:
+            print(f"{self_us(e) / 1e3 / args.steps:9.3f}  {e.count // args.steps:5d} calls  {e.key[:90]}")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
