@@ -10,7 +10,8 @@ once), because this VM's speed drifts between days. Then, for each workload of
 scripts/bench_distributed.py, each strategy (all_to_all, all_gather), each prefetch depth
 (0, 1) and two bucket sizes (the default, one bucket here, and a split into several
 buckets, where prefetch changes the schedule): the measured step (bench_distributed's
-arms, the slowest rank's median). ``--save`` writes all of it as JSON.
+arms, the slowest rank's median), the eight arms of a workload compiled first and then
+timed in turns (:func:`measure_interleaved`). ``--save`` writes all of it as JSON.
 
 The report fits the profiles to the figures and prints, beside each measured step, the
 cost model's prediction from the plan of the same shapes
@@ -29,9 +30,10 @@ import statistics
 
 import torch
 import torch.distributed as dist
+from torch._inductor.utils import fresh_cache
 from torch.distributed.device_mesh import init_device_mesh
 
-from bench_distributed import WORKLOADS, measure
+from bench_distributed import ARMS, WORKLOADS, sharded_params, timed
 from measure_profiles import STRATEGY_ARMS, device_profile, measure_device, measure_network, network_profile
 
 from muon_compile import config
@@ -51,6 +53,37 @@ def cases(names: list[str]):
                 yield name, mb, prefetch
 
 
+def measure_interleaved(name: str, mesh, warmup: int, reps: int) -> list[dict]:
+    """One entry per case of workload ``name`` and strategy, with its step times (or the
+    error it failed with). Every arm is compiled and warmed up first, then the arms take
+    turns, one timed step each per round (bench_distributed's ``timed``: the slowest
+    rank after a barrier), so a slow spell of the VM spreads over all of them instead of
+    spoiling one arm's run of consecutive steps. No arm may recompile while timed."""
+    arms, entries = [], []
+    with fresh_cache(), torch._dynamo.config.patch(recompile_limit=64):
+        for _, mb, prefetch in cases([name]):
+            for strategy, arm in STRATEGY_ARMS.items():
+                entry = {"workload": name, "bucket_mb": mb, "prefetch": prefetch, "strategy": strategy.value}
+                entries.append(entry)
+                _, build, backend, _ = ARMS[arm]
+                try:
+                    with config.override(bucket_mb=mb, prefetch=prefetch, strategy=strategy.value):
+                        step = torch.compile(build(sharded_params(WORKLOADS[name], mesh)), backend=backend)
+                        for _ in range(warmup + 1):  # the first call compiles
+                            step()
+                    arms.append((entry, step))
+                except Exception as exc:  # report and go on: the table shows the failure
+                    entry["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:160]}"
+        with torch._dynamo.config.patch(error_on_recompile=True):
+            for entry, _ in arms:
+                entry["times"] = []
+            for _ in range(reps):
+                for entry, step in arms:
+                    entry["times"].append(timed(step))
+    torch._dynamo.reset()
+    return entries
+
+
 def measure_run(names: list[str], reps: int, warmup: int, profile_reps: int, save: str | None) -> dict:
     """Every figure of a validation run, as plain data: the header, the profiles' raw
     figures, and ``steps``, one entry per case and strategy with its step times (or the
@@ -64,28 +97,28 @@ def measure_run(names: list[str], reps: int, warmup: int, profile_reps: int, sav
         "backend": dist.get_backend(),
         "network": measure_network(profile_reps),
         "network_timing": "back to back",
+        "step_timing": "interleaved",
         "device": measure_device(profile_reps),
         "steps": [],
     }
     mesh = init_device_mesh("cpu", (world,))
-    for name, mb, prefetch in cases(names):
-        for strategy, arm in STRATEGY_ARMS.items():
-            with config.override(bucket_mb=mb, prefetch=prefetch):
-                result = measure(arm, WORKLOADS[name], mesh, warmup, reps)
-            entry = {"workload": name, "bucket_mb": mb, "prefetch": prefetch, "strategy": strategy.value}
-            entry.update({"error": result["error"]} if "error" in result else {"times": result["times"]})
-            record["steps"].append(entry)
-            if save and dist.get_rank() == 0:
-                with open(save, "w") as f:
-                    json.dump(record, f, indent=1)
+    for name in names:
+        record["steps"] += measure_interleaved(name, mesh, warmup, reps)
+        if save and dist.get_rank() == 0:
+            with open(save, "w") as f:
+                json.dump(record, f, indent=1)
     return record
 
 
 def report(record: dict, log=print) -> None:
     """Fit the profiles to ``record``'s figures and print every prediction beside its measurement."""
     world = record["world"]
-    # runs saved before 2026-11-24 timed each collective alone after a barrier
-    log(f"# {record['header']}; collectives timed {record.get('network_timing', 'alone after a barrier')}")
+    # runs saved before 2026-11-24 timed each collective alone after a barrier, and each
+    # arm's steps one after another
+    timing = f"collectives timed {record.get('network_timing', 'alone after a barrier')}"
+    if "step_timing" in record:
+        timing += f", steps {record['step_timing']}"
+    log(f"# {record['header']}; {timing}")
     network = network_profile(record["network"], world, record["backend"], log)
     device = device_profile(record["device"], network, world, log)
     log(f"\n{'workload':<10} {'bucket MiB':>10} {'buckets':>7} {'strategy':<10} {'prefetch':>8} "

@@ -12,15 +12,17 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = sorted((ROOT / "docs" / "runs").glob("*.json"))
-# matching rankings of each run when it was first reported (docs/benchmarks.md): in the
-# world-2 run, small-14's two strategies were predicted within 1% of each other at one
-# bucket and measured 10-20% apart, and its ten-bucket all_gather step measured slow
+# matching rankings of each run when it was first reported (docs/benchmarks.md); the
+# misses are small-14's 2-11 ms steps, whose single steps at world 2 are bimodal on the
+# VM (1.8-2.2 or 3.4-4.1 ms for one plan), so their medians order the strategies by chance
 MATCHED_WHEN_RECORDED = {
     "2026-11-23-world2": 5,
     "2026-11-23-world3": 8,
     "2026-11-23-world3-single-call": 8,
     "2026-11-24-world2": 7,
     "2026-11-24-world3": 7,
+    "2026-11-24-world2-interleaved": 5,
+    "2026-11-24-world3-interleaved": 8,
 }
 
 
