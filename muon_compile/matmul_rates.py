@@ -41,14 +41,15 @@ def _size(m: int, k: int, n: int) -> float:
     return (m * k * n) ** (1 / 3)
 
 
-def _interpolate(table: Table, size: float) -> float:
-    """``table``'s value at ``size``: linear in log size between its sizes, flat beyond its ends."""
+def _interpolate(table: Table, size: float, log_log: bool = False) -> float:
+    """``table``'s value at ``size``: linear in log size between its sizes (the value's log
+    too with ``log_log``), flat beyond its ends."""
     if size <= table[0][0]:
         return table[0][1]
     for (s0, v0), (s1, v1) in zip(table, table[1:]):
         if size <= s1:
             t = (math.log(size) - math.log(s0)) / (math.log(s1) - math.log(s0))
-            return v0 + t * (v1 - v0)
+            return math.exp(math.log(v0) + t * (math.log(v1) - math.log(v0))) if log_log else v0 + t * (v1 - v0)
     return table[-1][1]
 
 
@@ -66,7 +67,7 @@ class MatmulRates:
         table = self.tables.get(dtype)
         if table is None:
             raise ValueError(f"no {self.device} matmul rates for {dtype}; known: {sorted(map(str, self.tables))}")
-        return math.exp(_interpolate(tuple((s, math.log(r)) for s, r in table), _size(m, k, n)))
+        return _interpolate(table, _size(m, k, n), log_log=True)
 
     def call_seconds(self, dtype: torch.dtype, m: int, k: int, n: int) -> float:
         """Seconds one batched ``(m x k) @ (k x n)`` product call costs beyond its

@@ -293,6 +293,11 @@ def profile_step(step, world: int, rank: int) -> dict:
     return {"collectives": len(collectives), "sent": sent, "flops": flops}
 
 
+def failure(exc: Exception) -> str:
+    """An arm's failure as its table row shows it: the exception's type and first line."""
+    return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:160]}"
+
+
 def measure(key: str, shapes: list[Shape], mesh, warmup: int, reps: int) -> dict:
     name, build, backend, strategy = ARMS[key]
     world, rank = dist.get_world_size(), dist.get_rank()
@@ -316,7 +321,7 @@ def measure(key: str, shapes: list[Shape], mesh, warmup: int, reps: int) -> dict
         result["sent_mb"] = [t[1].item() / 2**20 for t in per_rank]
         result["gflop"] = [t[2].item() / 1e9 for t in per_rank]
     except Exception as exc:  # report and go on: the table shows the failure
-        result["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:160]}"
+        result["error"] = failure(exc)
         if rank == 0:
             traceback.print_exc(file=sys.stderr)
     finally:

@@ -33,7 +33,7 @@ import torch.distributed as dist
 from torch._inductor.utils import fresh_cache
 from torch.distributed.device_mesh import init_device_mesh
 
-from bench_distributed import ARMS, WORKLOADS, sharded_params, timed
+from bench_distributed import ARMS, WORKLOADS, failure, sharded_params, timed
 from measure_profiles import STRATEGY_ARMS, device_profile, measure_device, measure_network, network_profile
 
 from muon_compile import config
@@ -73,7 +73,7 @@ def measure_interleaved(name: str, mesh, warmup: int, reps: int) -> list[dict]:
                             step()
                     arms.append((entry, step))
                 except Exception as exc:  # report and go on: the table shows the failure
-                    entry["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:160]}"
+                    entry["error"] = failure(exc)
         with torch._dynamo.config.patch(error_on_recompile=True):
             for entry, _ in arms:
                 entry["times"] = []

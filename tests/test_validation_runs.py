@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RUNS = sorted((ROOT / "docs" / "runs").glob("*.json"))
 # matching rankings of each run when it was first reported (docs/benchmarks.md); the
 # misses are small-14's 2-11 ms steps, whose single steps at world 2 are bimodal on the
-# VM (1.8-2.2 or 3.4-4.1 ms for one plan), so their medians order the strategies by chance
+# VM (1.8-2.3 or 3.4-4.1 ms for one plan), so their medians order the strategies by chance
 MATCHED_WHEN_RECORDED = {
     "2026-11-23-world2": 5,
     "2026-11-23-world3": 8,
