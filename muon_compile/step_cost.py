@@ -170,9 +170,10 @@ def buffer_bytes(plan: DistPlan, prefetch: int) -> int:
     return max(sum(sorted(rank, reverse=True)[: prefetch + 1]) for rank in zip(*per_rank))
 
 
-def _ns_seconds(bucket: DistBucket, rates: MatmulRates) -> tuple[float, ...]:
+def _ns_seconds(bucket: DistBucket, rates: MatmulRates, calls: list[dict[tuple[int, int], DistMember]]) -> tuple[float, ...]:
     """Each rank's NS seconds in ``bucket``: the arithmetic of its matrices, each with the
-    algorithm ``auto`` picks, and the latency of its calls' products."""
+    algorithm ``auto`` picks, and the latency of the products of its ``calls``
+    (:func:`_calls`)."""
     args = bucket.args
 
     def algorithm(m: DistMember) -> str:
@@ -185,12 +186,13 @@ def _ns_seconds(bucket: DistBucket, rates: MatmulRates) -> tuple[float, ...]:
             per_shape[m.rows, m.cols] = predicted_seconds(algorithm(m), m.rows, m.cols, args.steps, args.compute_dtype, rates)
         for r in _ranks(m, bucket.group_size):
             total[r] += per_shape[m.rows, m.cols]
-    calls = _calls(bucket)
-    latency = {
-        shape: call_latency(algorithm(m), m.rows, m.cols, args.steps, args.compute_dtype, rates)
-        for rank_calls in calls
-        for shape, m in rank_calls.items()
-    }
+    if not rates.latency:
+        return tuple(total)
+    latency: dict[tuple[int, int], float] = {}  # per canonical shape, priced once
+    for rank_calls in calls:
+        for shape, m in rank_calls.items():
+            if shape not in latency:
+                latency[shape] = call_latency(algorithm(m), m.rows, m.cols, args.steps, args.compute_dtype, rates)
     return tuple(t + sum(latency[shape] for shape in rank_calls) for t, rank_calls in zip(total, calls))
 
 
@@ -210,12 +212,12 @@ def _bucket_work(bucket: DistBucket, device: DeviceProfile, network: NetworkProf
     itemsize = bucket.args.compute_dtype.itemsize
     shard_elems = sum(m.slot for m in bucket.members)  # this rank's padded shards, packed
     pack = shard_elems * (param_itemsize + itemsize) / bw
-    ns = _ns_seconds(bucket, device.matmul)
+    calls = _calls(bucket)
+    ns = _ns_seconds(bucket, device.matmul, calls)
     owned = _owned_elements(bucket)
     # reassemble (read, write) and, for all_to_all, cut back into shards (read, write)
     cuts = 2 if bucket.strategy is Strategy.ALL_TO_ALL else 1
-    calls = ns_calls(bucket)
-    compute = tuple(cuts * 2 * e * itemsize / bw + c * device.call_overhead for e, c in zip(owned, calls))
+    compute = tuple(cuts * 2 * e * itemsize / bw + len(c) * device.call_overhead for e, c in zip(owned, calls))
     finish = pack if bucket.strategy is Strategy.ALL_TO_ALL else 0.0
     seconds = tuple(network.seconds(kind, shard_elems * itemsize, world) for kind, _, _ in bucket.collectives())
     return _BucketWork((pack + device.bucket_overhead,) * world, compute, (finish,) * world, ns, seconds)
