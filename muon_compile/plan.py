@@ -239,5 +239,6 @@ def main(argv: list[str] | None = None) -> None:
 def _listed(values) -> str:
     return ",".join(f"{v:g}" for v in values)
 
+
 if __name__ == "__main__":
     main()

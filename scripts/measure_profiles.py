@@ -96,11 +96,6 @@ def timed_each(fns: list, reps: int) -> list[float]:
     return [statistics.median(t) for t in times]
 
 
-def timed(fn, reps: int) -> float:
-    """The median over ``reps`` of the slowest rank's seconds of ``fn`` after a barrier."""
-    return timed_each([fn], reps)[0]
-
-
 def collective(kind: str, nbytes: int, world: int):
     x = torch.zeros(nbytes // 2, dtype=torch.bfloat16)
     if kind == "all_gather_into_tensor":
@@ -121,7 +116,7 @@ def collective(kind: str, nbytes: int, world: int):
 def sustained(fn):
     """``fn`` repeated to last about :data:`SUSTAINED` seconds on the slowest rank (the
     same count on every rank), and the count."""
-    count = max(1, round(SUSTAINED / timed(fn, 1)))
+    count = max(1, round(SUSTAINED / timed_each([fn], 1)[0]))
 
     def repeated():
         for _ in range(count):

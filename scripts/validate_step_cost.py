@@ -87,8 +87,8 @@ def measure_interleaved(name: str, mesh, warmup: int, reps: int) -> list[dict]:
 def measure_run(names: list[str], reps: int, warmup: int, profile_reps: int, save: str | None) -> dict:
     """Every figure of a validation run, as plain data: the header, the profiles' raw
     figures, and ``steps``, one entry per case and strategy with its step times (or the
-    error it failed with). Rank 0 writes it to ``save`` after every step measured, so a
-    run stopped early keeps what it measured."""
+    error it failed with). Rank 0 writes it to ``save`` after each workload's steps, so a
+    run stopped early keeps the workloads it measured."""
     world = dist.get_world_size()
     record = {
         "header": f"world {world}, {dist.get_backend()}, torch {torch.__version__}, {platform.machine()}, "
