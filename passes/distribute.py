@@ -53,15 +53,51 @@ def _pad_rows(t: Tensor, rows: int) -> Tensor:
     return t if t.size(0) == rows else F.pad(t, (0, 0, 0, rows - t.size(0)))
 
 
-def _reassemble(grid: Tensor, members: Sequence[DistMember]) -> dict[int, Tensor]:
-    """From ``[W, elements]`` with the members' shard slots side by side, each whole matrix."""
+def _reassemble(grid: Tensor, members: Sequence[DistMember], by_shards: bool) -> dict[int, Tensor]:
+    """From ``[W, elements]`` with the members' shard slots side by side, each whole matrix.
+
+    A member's ``[W, slot]`` block is a view of the matrix when it is contiguous (a sole
+    member). Otherwise the matrix is a reshape of the block, or with ``by_shards`` the
+    concatenation of its W shards: the reshape merges the world and row dimensions into one
+    index, and Inductor's C++ code reads that with a division and a modulo per element, in
+    a scalar loop (fused with a tall matrix's transpose, 3x slower: docs/benchmarks.md); a
+    ``cat`` is materialised on the CPU, so what reads it reads a plain row-major matrix.
+    It costs W more graph nodes per matrix.
+    """
     world = grid.size(0)
     out, offset = {}, 0
     for m in members:
-        block = grid[:, offset : offset + m.slot].reshape(world * m.rows_per_shard, m.cols)
-        out[m.site] = block[: m.rows]
+        block = grid[:, offset : offset + m.slot]
+        if block.is_contiguous():
+            whole = block.view(world * m.rows_per_shard, m.cols)
+        elif by_shards:
+            whole = torch.cat([shard.view(m.rows_per_shard, m.cols) for shard in block.unbind(0)])
+        else:
+            whole = block.reshape(world * m.rows_per_shard, m.cols)
+        out[m.site] = whole[: m.rows]
         offset += m.slot
     return out
+
+
+def _padded_row_major(y: Tensor, rows: int) -> Tensor:
+    """``y`` zero-padded to ``rows`` rows, in a row-major buffer of its own unless it already is one.
+
+    The padding is a concatenation of zero rows with one spare row, cut off again, so the
+    ``cat`` has two non-empty inputs and is materialised (a tall result's transposing copy is
+    then a plain 2-D loop, as in :func:`_reassemble`); with an empty one the decomposition
+    returns a clone of the transposed view, which has no flat view.
+    """
+    if y.is_contiguous() and y.size(0) == rows:
+        return y
+    return torch.cat([y, y.new_zeros(rows - y.size(0) + 1, y.size(1))])[:rows]
+
+
+def _scatter_rows(result: dict[int, Tensor], members: Sequence[DistMember], world: int) -> Tensor:
+    """The flat ``[W, elements]`` buffer that sends rank j rows ``j * rows_per_shard`` onward of
+    each member's result, zero-padded: the inverse of :func:`_reassemble`. Each result is
+    padded and viewed as ``[W, slot]``; the members are concatenated along the slots."""
+    blocks = [_padded_row_major(result[m.site], world * m.rows_per_shard).view(world, m.slot) for m in members]
+    return (blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=1)).reshape(-1)
 
 
 def _orthogonalize(bucket: DistBucket, full: dict[int, Tensor]) -> dict[int, Tensor]:
@@ -93,7 +129,9 @@ def _stages(bucket: DistBucket, dtypes: Sequence[torch.dtype]) -> list[tuple[Sta
             return [_c10d.all_gather_into_tensor(pack(shards), world, group)]
 
         def gather_compute(gathered: Tensor) -> list[Tensor]:
-            full = _reassemble(_c10d.wait_tensor(gathered).view(world, total), bucket.members)
+            # every rank reassembles every matrix: by shards, the graph would grow by W x matrices
+            # nodes (world 8, 48 matrices: compile 21 -> 28 s), so a reshape
+            full = _reassemble(_c10d.wait_tensor(gathered).view(world, total), bucket.members, by_shards=False)
             result = _orthogonalize(bucket, full)
             start = {m.site: rank * m.rows_per_shard for m in bucket.members}
             return [result[m.site][start[m.site] : start[m.site] + m.local_rows].to(dtype[m.site]) for m in bucket.members]
@@ -111,13 +149,10 @@ def _stages(bucket: DistBucket, dtypes: Sequence[torch.dtype]) -> list[tuple[Sta
         flat = _c10d.wait_tensor(received)
         if not owned:  # nothing to orthogonalise here: return the (empty) receive buffer
             return [_c10d.all_to_all_single(flat, sizes, [mine] * world, group)]
-        result = _orthogonalize(bucket, _reassemble(flat.view(world, mine), owned))
-        back = [
-            _pad_rows(result[m.site][j * m.rows_per_shard : (j + 1) * m.rows_per_shard], m.rows_per_shard).reshape(-1)
-            for j in range(world)
-            for m in owned
-        ]
-        return [_c10d.all_to_all_single(torch.cat(back), sizes, [mine] * world, group)]
+        # by shards on the CPU only: the C++ code is what a reshape slows (this rank's W x
+        # owned shards are about as many as the bucket's matrices)
+        result = _orthogonalize(bucket, _reassemble(flat.view(world, mine), owned, by_shards=flat.is_cpu))
+        return [_c10d.all_to_all_single(_scatter_rows(result, owned, world), sizes, [mine] * world, group)]
 
     def finish(returned: Tensor) -> list[Tensor]:
         flat = _c10d.wait_tensor(returned)
