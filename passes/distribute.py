@@ -6,9 +6,11 @@ Algorithm, per bucket (``all_to_all``, owner-compute):
      flatten, concatenate by owner; one ``all_to_all_single`` (split sizes: the elements
      each owner owns, the same on every rank).
   2. compute: wait; the received ``[W, mine]`` block holds every rank's shard of each
-     matrix this rank owns: reassemble ``[W * rows_per_shard, cols]``, trim to the global
-     rows, orthogonalise (one batched NS per canonical shape), cut each result back into
-     its W zero-padded shards; a second ``all_to_all_single`` returns every rank its rows.
+     matrix this rank owns: reassemble ``[W * rows_per_shard, cols]`` (:func:`_reassemble`),
+     trim to the global rows, orthogonalise (one batched NS per canonical shape), zero-pad
+     each result back to ``W * rows_per_shard`` rows, view it as ``[W, slot]`` and
+     concatenate the members along the slots (:func:`_scatter_rows`); a second
+     ``all_to_all_single`` returns every rank its rows.
   3. finish: wait; cut out each member's rows, drop the padding, cast to the shard's
      dtype: the old op node's users take that.
   ``all_gather``: launch packs every member and all-gathers the bucket; compute waits,
@@ -21,8 +23,8 @@ Before / after (W = 2, two members, both owned by rank 0)::
     y0 = sharded_ns(x0, 24, "0", 2, ...)     # x0: 12x16 shard of 24x16
     y1 = sharded_ns(x1, 3, "0", 2, ...)      # x1: 2x16 shard of 3x16 (rank 1 holds 1 row)
  -> s  = all_to_all_single(cat([x0.bf16().flatten(), x1.bf16().flatten()]), [448, 448], [448, 0])
-    full = wait(s).view(2, 448) ... reshape(24, 16), reshape(4, 16)[:3]; ns(...); ns(...)
-    r  = all_to_all_single(cat([rows of rank 0 ..., rows of rank 1 ...]), [448, 0], [448, 448])
+    full = wait(s).view(2, 448) ... cat(2 shards of 12x16), cat(2 shards of 2x16)[:3]; ns(...); ns(...)
+    r  = all_to_all_single(cat([pad(y0, 24).view(2, 192), pad(y1, 4).view(2, 32)], dim=1).flatten(), [448, 0], [448, 448])
     y0 = wait(r)[0:192].view(12, 16).float(); y1 = wait(r)[192:224].view(2, 16)[:2].float()
 """
 
