@@ -23,6 +23,8 @@ MATCHED_WHEN_RECORDED = {
     "2026-11-24-world3": 7,
     "2026-11-24-world2-interleaved": 5,
     "2026-11-24-world3-interleaved": 8,
+    "2026-11-24-world2-concat": 8,
+    "2026-11-24-world3-concat": 7,
 }
 
 
