@@ -62,6 +62,7 @@ def main() -> None:
             f"world {world} ({dist.get_backend()}), muon_compile {muon_compile.__version__}, torch {torch.__version__}"
         )
         print(f"step: median {median * 1e3:.2f} ms (slowest rank); rank 0's profile of {args.steps} steps, ms per step:")
+
         def self_us(e) -> float:  # the GPU's time under NCCL, the CPU's under gloo
             return e.self_device_time_total if gpu else e.self_cpu_time_total
 
