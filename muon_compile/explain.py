@@ -177,3 +177,15 @@ def _warn_float_hyperparameter(reason: str | None) -> None:
         f"(LR schedulers do so for a tensor lr).",
         stacklevel=2,
     )
+
+
+def warn_symbolic_shapes(sites: list[str]) -> None:
+    """Warn that the Newton–Schulz ops of ``sites`` (their input shapes, as text) were
+    traced with symbolic shapes, so the passes leave them as the op, and name the fix."""
+    warnings.warn(
+        f"muon_compile: Dynamo traced this optimizer step with dynamic shapes, as it does once the same code was "
+        f"compiled for other shapes (another optimizer's step, say); {len(sites)} Newton–Schulz op(s) have symbolic "
+        f"shapes ({', '.join(sites)}) and run as the op's own kernel: not bucketed, distributed or lowered. "
+        f'Compile the step with torch.compile(step, backend="muon", dynamic=False) to keep its shapes static.',
+        stacklevel=2,
+    )

@@ -54,6 +54,12 @@ def as_triple(value: object, where: str | int) -> Triple:
         raise ValueError(f"{where}: expected a triple (a, b, c), got {value!r}")
     out = []
     for v in value:
+        if isinstance(v, (torch.SymFloat, torch.SymInt, torch.fx.Node)):
+            raise ValueError(
+                f"{where}: coefficients {value!r} are symbolic: Dynamo traced the optimizer's numbers as "
+                f"variables, as torch.compile(dynamic=True) does; Newton–Schulz is compiled for fixed "
+                f"coefficients, so compile the step with dynamic=False (or leave dynamic unset)"
+            )
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
             raise ValueError(f"{where}: coefficients must be finite numbers, got {value!r}")
         out.append(float(v))

@@ -108,7 +108,11 @@ def _sharded_impl(local: Tensor, *rest: object) -> Tensor:
     rank = group_rank(group.group_name)
     check_shard(local, group, rank)
     check_input(local)
-    return gather_orthogonalize_slice(local, group, rank, args)
+    out = gather_orthogonalize_slice(local, group, rank, args)
+    # a tensor of its own, as the fake implementation says: a rank's rows start inside the
+    # whole result (where the dtype already matches) and Inductor, calling this op as a
+    # fallback kernel, checks that its output is aligned
+    return out.clone() if out.storage_offset() else out
 
 
 @torch.library.register_fake(_QUALNAME)

@@ -32,12 +32,13 @@ from .graph_utils import NS_TARGETS, TORCH_NS_TARGETS, escapes_to_output, ns_cal
 
 @dataclasses.dataclass(frozen=True)
 class Sharding:
-    """A sharded site's process group and this rank's rows of the matrix."""
+    """A sharded site's process group and this rank's rows of the matrix (None where the
+    row count is symbolic)."""
 
     group_name: str
     group_size: int
     rank: int
-    rows: RowShard
+    rows: RowShard | None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +61,11 @@ class NSSite:
     skip_reason: str | None = None
     sharding: Sharding | None = None
 
+    @property
+    def symbolic(self) -> bool:
+        """Whether the shape is symbolic (Dynamo's dynamic shapes): ``batch``, ``rows`` or ``cols`` is then -1."""
+        return -1 in (self.batch, self.rows, self.cols)
+
 
 def _levels(graph: fx.Graph, targets: tuple) -> dict[fx.Node, int]:
     """Per node, the most NS calls (of ``targets``) on a path ending at it (the node itself included)."""
@@ -78,11 +84,13 @@ def _site(index: int, node: fx.Node, level: int, meta_key: str) -> NSSite:
     if call.group is not None:
         group = call.group
         rank = group_rank(group.group_name)
-        sharding = Sharding(group.group_name, group.group_size, rank, row_shard(group.global_rows, group.group_size, rank))
+        rows = row_shard(group.global_rows, group.group_size, rank) if isinstance(group.global_rows, int) else None
+        sharding = Sharding(group.group_name, group.group_size, rank, rows)
         shape = (group.global_rows, shape[-1])
     reason = None
     if not all(isinstance(d, int) for d in shape):
-        reason = f"symbolic shape {shape}"
+        # "?" for a symbol: symbols are named per process, and the ranks compare plans
+        reason = f"symbolic shape ({', '.join(str(d) if isinstance(d, int) else '?' for d in shape)})"
     elif escapes_to_output(node):
         reason = "result is a graph output"
     batch = shape[0] if len(shape) == 3 else 1

@@ -42,6 +42,8 @@ def lower_ns_ops(graph: fx.Graph, plan: AlgorithmPlan) -> None:
     """Lower all NS op nodes of ``graph`` with the algorithms of ``plan`` (see the module docstring)."""
     chosen = plan.by_node()
     for node in ns_nodes(graph):
+        if node.name not in chosen:  # left as the op (plan.skipped)
+            continue
         call = dataclasses.replace(ns_call(node), args=chosen[node.name].chosen_args)
         log.debug("lowering %s on %s: %s", node.name, tuple(call.input.meta["val"].shape), call.args.describe())
         counters[f"lower.{call.args.algorithm}"] += 1

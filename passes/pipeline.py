@@ -35,7 +35,7 @@ from .canonicalize import apply_canonical, plan_canonical, reject_log
 from .distribute import apply_distribution
 from .find import find_ns_sites
 from .graph_text import graph_text
-from .graph_utils import alias_pattern, check_contract, ns_nodes
+from .graph_utils import alias_pattern, check_contract, ns_call, ns_nodes
 from .lower import lower_ns_ops
 from .plan_algorithms import plan_algorithms
 from .plan_buckets import plan_buckets
@@ -129,6 +129,8 @@ def _post_grad(graph: fx.Graph, cfg: config_mod.Config, dump_name: str | None) -
         return
     counters["find.ns_ops"] += len(nodes)
     explain.note_plan("\n".join(f"site {i}: {explain.source_line(n)}" for i, n in enumerate(nodes)))
+    if symbolic := [n for n, site in zip(nodes, sites) if site.symbolic]:
+        explain.warn_symbolic_shapes([str(tuple(ns_call(n).input.meta["val"].shape)) for n in symbolic])
     dumper = _Dumper(cfg.dump_dir, dump_name)
     distributed = False
     if cfg.enabled("distribute"):

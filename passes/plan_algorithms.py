@@ -11,6 +11,9 @@ bucketing and distribution every node is one bucket or one owner's batch):
      so the eager op decides alike.
   3. The plan records the choice, its reason and both algorithms' FLOPs and predicted
      seconds; ``lower`` then traces each node's kernel with the chosen algorithm.
+  4. A node whose matrices have a symbolic shape (Dynamo's dynamic shapes) gets no
+     choice: it is left as the op, whose kernel chooses from the real shape at each call,
+     as in eager.
 
 Before / after: a bf16 bucket ``12 x 384x1536`` with ``algorithm="auto"`` becomes ``gram``
 on CUDA (``8 m^2 n + 28 m^3`` instead of ``20 m^2 n + 10 m^3`` FLOPs per matrix, in fp16
@@ -50,7 +53,11 @@ class NodeChoice:
 
 @dataclasses.dataclass(frozen=True)
 class AlgorithmPlan:
+    """The choice of each NS op node, and ``skipped``: ``(node, reason)`` of each node left
+    as the op, whose own kernel then chooses at every call."""
+
     choices: tuple[NodeChoice, ...]
+    skipped: tuple[tuple[str, str], ...] = ()
 
     def by_node(self) -> dict[str, NodeChoice]:
         return {c.node: c for c in self.choices}
@@ -68,6 +75,7 @@ class AlgorithmPlan:
             lines.append(
                 f"ns {c.node}: {c.batch} x {c.rows}x{c.cols} {c.args.compute_dtype}: {ch.algorithm} ({ch.reason}; {costs})"
             )
+        lines += [f"ns {node}: left as the op ({reason})" for node, reason in self.skipped]
         if self.choices:
             lines.append(
                 f"NS GFLOP per step: chosen {self.flops() / 1e9:.4g}, all textbook {self.flops(TEXTBOOK) / 1e9:.4g}"
@@ -77,13 +85,16 @@ class AlgorithmPlan:
 
 def plan_algorithms(nodes: list[fx.Node], *, policy: str) -> AlgorithmPlan:
     """Choose the algorithm of each NS op node in ``nodes`` (see the module docstring)."""
-    choices = []
+    choices, skipped = [], []
     for node in nodes:
         call = ns_call(node)
         val = call.input.meta["val"]
         batch = val.shape[0] if val.dim() == 3 else 1
         rows = call.group.global_rows if call.group is not None else val.shape[-2]
         cols = val.shape[-1]
+        if not all(isinstance(d, int) for d in (batch, rows, cols)):
+            skipped.append((node.name, f"symbolic shape {tuple(val.shape)}"))
+            continue
         choice = choose(rows, cols, call.args.steps, call.args.compute_dtype, val.device.type, call.args.algorithm, policy)
-        choices.append(NodeChoice(node.name, int(batch), int(rows), int(cols), call.args, choice))
-    return AlgorithmPlan(tuple(choices))
+        choices.append(NodeChoice(node.name, batch, rows, cols, call.args, choice))
+    return AlgorithmPlan(tuple(choices), tuple(skipped))

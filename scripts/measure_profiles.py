@@ -28,7 +28,9 @@ its rates are the ones that hold while they all run.
   every rank at once.
 * Fixed costs: the compiled ``muon_compile.Muon`` step (scripts/bench_distributed.py's
   arms, each strategy) on FSDP2 matrices of 8 to 31 columns, of one shape or of many, in
-  one bucket or in one bucket each, less what the cost model predicts for their arithmetic and collectives, fitted to
+  one bucket or in one bucket each, all compiled first and then timed in turns for
+  :data:`ARM_SECONDS` of the slowest (:func:`measure_arms`), less what the cost model
+  predicts for their arithmetic and collectives, fitted to
   ``step + parameters * per_parameter + NS calls * per_call + buckets * per_bucket``
   seconds: guards, DTensor unwrapping, the runtime wrapper, kernel launches, the
   collectives' dispatch and waits in the compiled graph: what the step costs beyond its
@@ -45,14 +47,16 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import platform
 import statistics
 
 import torch
 import torch.distributed as dist
+from torch._inductor.utils import fresh_cache
 from torch.distributed.device_mesh import init_device_mesh
 
-from bench_distributed import measure
+from bench_distributed import ARMS, failure, sharded_params
 from bench_distributed import timed as timed_once
 from measure_matmul_rates import matmul_batch
 
@@ -65,6 +69,7 @@ from muon_compile.step_cost import DeviceProfile, overhead_counts, predict
 
 SIZES = [2**k for k in range(12, 26, 2)]  # bytes per rank
 SUSTAINED = 0.05  # seconds a timed matmul, copy or collective runs on every rank at once
+ARM_SECONDS = 2.0  # seconds of timed steps, at least, of the slowest arm that measure_arms times
 MATMUL_SIZES = (32, 64, 128, 256, 512, 1024)
 # sizes of the single products whose time, less their arithmetic, is a call's latency
 CALL_SIZES = (8, 16, 32, 64, 128, 256)
@@ -83,17 +88,54 @@ FIXED_COST_WORKLOADS = {
 STRATEGY_ARMS = {Strategy.ALL_TO_ALL: "muon-a2a", Strategy.ALL_GATHER: "muon-gather"}
 
 
-def timed_each(fns: list, reps: int) -> list[float]:
-    """Per function, the median over ``reps`` of the slowest rank's seconds after a
-    barrier (bench_distributed's ``timed``); the functions take turns, so a slow spell of
-    the machine spreads over all of them instead of spoiling one."""
-    for fn in fns:
-        fn()  # warm-up
+def turns(fns: list, rounds: int) -> list[list[float]]:
+    """Per function, the slowest rank's seconds of each of ``rounds`` calls after a barrier
+    (bench_distributed's ``timed``); the functions take turns, one call each per round, so
+    a slow spell of the machine spreads over all of them instead of spoiling one."""
     times: list[list[float]] = [[] for _ in fns]
-    for _ in range(reps):
+    for _ in range(rounds):
         for fn, samples in zip(fns, times):
             samples.append(timed_once(fn))
-    return [statistics.median(t) for t in times]
+    return times
+
+
+def timed_each(fns: list, reps: int) -> list[float]:
+    """Per function, the median of :func:`turns` over ``reps`` rounds, after a warm-up call."""
+    for fn in fns:
+        fn()  # warm-up
+    return [statistics.median(t) for t in turns(fns, reps)]
+
+
+def measure_arms(arms: list[tuple[str, list, dict]], mesh, warmup: int, reps: int) -> list[dict]:
+    """Per arm ``(bench_distributed arm, shapes, config overrides)``, its step times
+    (``{"times": [...]}``, seconds) or the error it failed with (``{"error": ...}``).
+    Every arm is compiled (fresh Inductor cache) and warmed up first, then the arms are
+    timed in :func:`turns`: ``reps`` rounds, or more, up to :data:`ARM_SECONDS` of the
+    slowest arm's steps, so that short steps, whose single timings spread most, get more
+    of them. No arm may recompile while timed."""
+    results: list[dict] = [{} for _ in arms]
+    steps = []
+    with fresh_cache(), torch._dynamo.config.patch(recompile_limit=64):
+        for (key, shapes, overrides), result in zip(arms, results):
+            _, build, backend, strategy = ARMS[key]
+            try:
+                with config.override(**({"strategy": strategy} if strategy else {}), **overrides):
+                    # static shapes: the arms share the step's code, and a recompile for other
+                    # shapes would otherwise trace it with dynamic shapes, which the passes leave alone
+                    step = torch.compile(build(sharded_params(shapes, mesh)), backend=backend, dynamic=False)
+                    for _ in range(warmup + 1):  # the first call compiles
+                        step()
+                steps.append((step, result))
+            except Exception as exc:  # report and go on: the caller shows the failure
+                result["error"] = failure(exc)
+        with torch._dynamo.config.patch(error_on_recompile=True):
+            fns = [step for step, _ in steps]
+            longest = max((timed_once(fn) for fn in fns), default=0.0)  # the same on every rank
+            rounds = max(reps, math.ceil(ARM_SECONDS / longest)) if longest else 0
+            for (_, result), times in zip(steps, turns(fns, rounds)):
+                result["times"] = times
+    torch._dynamo.reset()
+    return results
 
 
 def collective(kind: str, nbytes: int, world: int):
@@ -203,14 +245,13 @@ def measure_device(reps: int) -> dict:
     calls = _products([(1, s) for s in CALL_SIZES], reps)
     world = dist.get_world_size()
     mesh = init_device_mesh("cpu", (world,))
+    cases = [(name, strategy, arm) for name in FIXED_COST_WORKLOADS for strategy, arm in STRATEGY_ARMS.items()]
+    arms = [(arm, FIXED_COST_WORKLOADS[name][0], {"bucket_mb": FIXED_COST_WORKLOADS[name][1]}) for name, _, arm in cases]
     fixed: dict[str, dict[str, float]] = {}
-    for name, (shapes, mb) in FIXED_COST_WORKLOADS.items():
-        for strategy, arm in STRATEGY_ARMS.items():
-            with config.override(bucket_mb=mb):
-                result = measure(arm, shapes, mesh, 2, reps)
-            if "error" in result:
-                raise RuntimeError(f"measuring the fixed costs: {arm} on {name} failed: {result['error']}")
-            fixed.setdefault(name, {})[strategy.value] = statistics.median(result["times"])
+    for (name, strategy, arm), result in zip(cases, measure_arms(arms, mesh, 2, reps)):
+        if "error" in result:
+            raise RuntimeError(f"measuring the fixed costs: {arm} on {name} failed: {result['error']}")
+        fixed.setdefault(name, {})[strategy.value] = statistics.median(result["times"])
     return {
         "matmul": table,
         "matmul_call": list(zip(CALL_SIZES, calls)),

@@ -11,7 +11,8 @@ scripts/bench_distributed.py, each strategy (all_to_all, all_gather), each prefe
 (0, 1) and two bucket sizes (the default, one bucket here, and a split into several
 buckets, where prefetch changes the schedule): the measured step (bench_distributed's
 arms, the slowest rank's median), the eight arms of a workload compiled first and then
-timed in turns (:func:`measure_interleaved`). ``--save`` writes all of it as JSON.
+timed in turns, ``--reps`` rounds or more, up to measure_profiles' ``ARM_SECONDS`` of the
+slowest arm's steps (:func:`measure_interleaved`). ``--save`` writes all of it as JSON.
 
 The report fits the profiles to the figures and prints, beside each measured step, the
 cost model's prediction from the plan of the same shapes
@@ -30,11 +31,10 @@ import statistics
 
 import torch
 import torch.distributed as dist
-from torch._inductor.utils import fresh_cache
 from torch.distributed.device_mesh import init_device_mesh
 
-from bench_distributed import ARMS, WORKLOADS, failure, sharded_params, timed
-from measure_profiles import STRATEGY_ARMS, device_profile, measure_device, measure_network, network_profile
+from bench_distributed import WORKLOADS
+from measure_profiles import ARM_SECONDS, STRATEGY_ARMS, device_profile, measure_arms, measure_device, measure_network, network_profile
 
 from muon_compile import config
 from muon_compile.config import Config
@@ -55,32 +55,15 @@ def cases(names: list[str]):
 
 def measure_interleaved(name: str, mesh, warmup: int, reps: int) -> list[dict]:
     """One entry per case of workload ``name`` and strategy, with its step times (or the
-    error it failed with). Every arm is compiled and warmed up first, then the arms take
-    turns, one timed step each per round (bench_distributed's ``timed``: the slowest
-    rank after a barrier), so a slow spell of the VM spreads over all of them instead of
-    spoiling one arm's run of consecutive steps. No arm may recompile while timed."""
-    arms, entries = [], []
-    with fresh_cache(), torch._dynamo.config.patch(recompile_limit=64):
-        for _, mb, prefetch in cases([name]):
-            for strategy, arm in STRATEGY_ARMS.items():
-                entry = {"workload": name, "bucket_mb": mb, "prefetch": prefetch, "strategy": strategy.value}
-                entries.append(entry)
-                _, build, backend, _ = ARMS[arm]
-                try:
-                    with config.override(bucket_mb=mb, prefetch=prefetch, strategy=strategy.value):
-                        step = torch.compile(build(sharded_params(WORKLOADS[name], mesh)), backend=backend)
-                        for _ in range(warmup + 1):  # the first call compiles
-                            step()
-                    arms.append((entry, step))
-                except Exception as exc:  # report and go on: the table shows the failure
-                    entry["error"] = failure(exc)
-        with torch._dynamo.config.patch(error_on_recompile=True):
-            for entry, _ in arms:
-                entry["times"] = []
-            for _ in range(reps):
-                for entry, step in arms:
-                    entry["times"].append(timed(step))
-    torch._dynamo.reset()
+    error it failed with), the eight arms timed in turns (measure_profiles'
+    :func:`measure_arms`: at least ``reps`` rounds, more for short steps)."""
+    entries, arms = [], []
+    for _, mb, prefetch in cases([name]):
+        for strategy, arm in STRATEGY_ARMS.items():
+            entries.append({"workload": name, "bucket_mb": mb, "prefetch": prefetch, "strategy": strategy.value})
+            arms.append((arm, WORKLOADS[name], {"bucket_mb": mb, "prefetch": prefetch}))
+    for entry, result in zip(entries, measure_arms(arms, mesh, warmup, reps)):
+        entry.update(result)
     return entries
 
 
@@ -97,7 +80,7 @@ def measure_run(names: list[str], reps: int, warmup: int, profile_reps: int, sav
         "backend": dist.get_backend(),
         "network": measure_network(profile_reps),
         "network_timing": "back to back",
-        "step_timing": "interleaved",
+        "step_timing": f"interleaved, {reps} rounds or {ARM_SECONDS:g} s of the slowest arm",
         "device": measure_device(profile_reps),
         "steps": [],
     }

@@ -592,3 +592,30 @@ def fsdp_skip_nonfinite(rank, world):
         step()
     return [p.full_tensor() for p in params], opt.skipped_steps.item()
 
+
+
+def automatic_dynamic_run(rank, world, shapes, steps, opt_kw):
+    """A Muon step compiled for other FSDP2 shapes first, then the same step code for
+    ``shapes``: Dynamo recompiles it with dynamic shapes (automatic dynamic shapes), as for
+    a user's second optimizer. Returns the full weights after ``steps`` steps of the second
+    one, the warnings of its compile, and its pass counters."""
+    import warnings
+
+    mesh = device_mesh(world)
+    other = [(rows + 1, cols + 1) for rows, cols in shapes]
+    first = sharded_stack(other, mesh)
+    set_step_grads(first, other, 0)
+    torch.compile(muon_compile.Muon(first, **opt_kw).step, backend="muon")()
+    params = sharded_stack(shapes, mesh)
+    step = torch.compile(muon_compile.Muon(params, **opt_kw).step, backend="muon")
+    muon_compile.counters.clear()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for s in range(steps):
+            set_step_grads(params, shapes, s)
+            step()
+    return {
+        "weights": [p.full_tensor() for p in params],
+        "warnings": [str(w.message) for w in caught],
+        "counters": dict(muon_compile.counters),
+    }

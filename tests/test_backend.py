@@ -239,3 +239,15 @@ def test_strategy_is_one_enum_in_the_configuration():
         config.from_env({"MUON_COMPILE_STRATEGY": "auto"})
     with config.override(strategy="all_gather") as cfg:
         assert cfg.strategy is config.Strategy.ALL_GATHER
+
+
+
+def test_dynamic_true_is_rejected_naming_the_fix():
+    """``dynamic=True`` makes the optimizer's Python numbers symbolic, the Newton–Schulz
+    coefficients among them: the backend refuses with the fix in the message. (Symbolic
+    shapes alone are compiled: test_distributed's automatic dynamic shapes test.)"""
+    params = make_params(MIXED_SHAPES[:2])
+    set_grads(params, 0)
+    step = torch.compile(muon_compile.Muon(params, lr=0.05).step, backend="muon", dynamic=True)
+    with pytest.raises(torch._dynamo.exc.BackendCompilerFailed, match=r"coefficients .* are symbolic.*dynamic=False"):
+        step()

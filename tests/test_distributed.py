@@ -12,6 +12,7 @@ from dist_harness import run_world
 from dist_workers import (
     FSDP_SHAPES,
     assert_same_collectives,
+    automatic_dynamic_run,
     fsdp_muon,
     generated_code,
     layout_reference,
@@ -49,6 +50,20 @@ def test_fsdp2_matches_single_process_reference_fp32(world, strategy):
         assert result["launched"] < len(FSDP_SHAPES)
     assert_same_collectives([r["collectives"] for r in results])
     assert len(results[0]["collectives"]) == per_bucket * results[0]["counters"]["distribute.buckets"]
+
+
+def test_automatic_dynamic_shapes_run_the_op_and_warn():
+    """The same step code compiled for other shapes first: Dynamo traces the second
+    optimizer's step with symbolic shapes. Its Newton–Schulz ops stay the op (its eager
+    kernel gathers each matrix), the result matches the reference, and a warning names
+    the fix (dynamic=False)."""
+    results = run_world(automatic_dynamic_run, 2, FSDP_SHAPES, STEPS, dict(OPT, ns_dtype=torch.float32))
+    check_against_reference(results, torch.float32)
+    for result in results:
+        assert any("symbolic shapes" in w and "dynamic=False" in w for w in result["warnings"]), result["warnings"]
+        assert result["counters"]["find.ns_ops"] == len(FSDP_SHAPES)
+        assert result["counters"].get("distribute.buckets", 0) == 0
+        assert result["counters"].get("lower.ns_ops", 0) == 0
 
 
 def test_fsdp2_bf16_within_tolerance():
