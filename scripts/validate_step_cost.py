@@ -18,7 +18,9 @@ The report fits the profiles to the figures and prints, beside each measured ste
 cost model's prediction from the plan of the same shapes
 (``muon_compile.plan.plan_for`` and ``muon_compile.step_cost.predict``) and its error,
 and per workload, bucket size and depth whether the predicted ranking of the strategies
-is the measured one. ``--load`` prints the report of a saved run without measuring
+is the measured one: by the arms' medians, and round by round (:func:`sign_test`: the
+rounds pair steps taken moments apart; a ranking the rounds do not resolve at 5% is
+"unresolved"). ``--load`` prints the report of a saved run without measuring
 (no torchrun): the current model against the same measurements.
 """
 
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import platform
 import statistics
 
@@ -106,7 +109,8 @@ def report(record: dict, log=print) -> None:
     device = device_profile(record["device"], network, world, log)
     log(f"\n{'workload':<10} {'bucket MiB':>10} {'buckets':>7} {'strategy':<10} {'prefetch':>8} "
         f"{'predicted ms':>12} {'(NS':>7} {'pointwise':>9} {'exposed)':>9} {'measured ms':>11} {'error':>7}")
-    errors = []
+    errors, paired_verdicts = [], []
+    interleaved = record.get("step_timing", "").startswith("interleaved")
     steps = {(s["workload"], s["bucket_mb"], s["prefetch"], s["strategy"]): s for s in record["steps"]}
     names = list(dict.fromkeys(s["workload"] for s in record["steps"]))
     for name, mb, prefetch in cases(names):
@@ -133,9 +137,33 @@ def report(record: dict, log=print) -> None:
             verdict = "matches" if order[0] == order[1] else "DIFFERS"
             log(f"{'':<10} ranking {' < '.join(s.value for s in order[1])} measured, "
                 f"{' < '.join(s.value for s in order[0])} predicted: {verdict}")
+            if not interleaved:  # consecutive runs of steps: no rounds to pair
+                continue
+            first, second = (steps[(name, mb, prefetch, s.value)]["times"] for s in STRATEGY_ARMS)
+            wins, rounds, p = sign_test(first, second)
+            faster = list(STRATEGY_ARMS)[0 if wins > rounds - wins else 1]
+            paired = "unresolved" if p >= 0.05 else ("matches" if faster == order[0][0] else "DIFFERS")
+            paired_verdicts.append(paired)
+            log(f"{'':<10} paired rounds: {list(STRATEGY_ARMS)[0].value} faster in {wins}/{rounds} "
+                f"(sign test p {p:.2g}): {paired}")
     if errors:
         log(f"\n{len(errors)} pairs: median |error| {statistics.median(errors):.1%}, worst {max(errors):.1%}, "
             f"within 20%: {sum(e <= 0.2 for e in errors)}/{len(errors)}")
+    if paired_verdicts:
+        resolved = [v for v in paired_verdicts if v != "unresolved"]
+        log(f"paired rankings: {len(resolved)} of {len(paired_verdicts)} resolved by the rounds, "
+            f"{resolved.count('matches')} of them as predicted")
+
+
+def sign_test(first: list[float], second: list[float]) -> tuple[int, int, float]:
+    """Two arms timed in turns, compared round by round: ``(rounds the first was faster,
+    rounds without a tie, two-sided sign-test p-value of no difference)``. Rounds pair
+    steps taken moments apart, so a slow spell of the VM slows both arms of a round."""
+    wins = sum(a < b for a, b in zip(first, second))
+    rounds = sum(a != b for a, b in zip(first, second))
+    tail = min(wins, rounds - wins)
+    p = min(1.0, 2 * sum(math.comb(rounds, k) for k in range(tail + 1)) / 2**rounds) if rounds else 1.0
+    return wins, rounds, p
 
 
 def main() -> None:

@@ -1,8 +1,9 @@
 """The cost model against the saved validation runs (docs/runs, measured on the 2-core VM
 by scripts/validate_step_cost.py --save): every run is reported again by the current model
 (--load), and the predicted ranking of the strategies must match the measured one in at
-least as many of its 8 comparisons as when the run was first reported (a model change
-that ranks real measurements worse fails here)."""
+least as many of its 8 comparisons as when the run was first reported, by the arms'
+medians, and, in runs timed in turns, must differ from no more of the rankings the rounds
+resolve (a model change that ranks real measurements worse fails here)."""
 
 import subprocess
 import sys
@@ -26,6 +27,18 @@ MATCHED_WHEN_RECORDED = {
     "2026-11-24-world3-interleaved": 8,
     "2026-11-24-world2-concat": 8,
     "2026-11-24-world3-concat": 7,
+    "2026-11-24-world2-rounds": 8,
+    "2026-11-24-world3-rounds": 6,
+}
+# runs whose steps were timed in turns: rankings that the rounds resolve (sign test at 5%)
+# against the prediction, when recorded (world3-concat: a ten-bucket small-14 pair of 15 rounds)
+PAIRED_DIFFERS_WHEN_RECORDED = {
+    "2026-11-24-world2-interleaved": 0,
+    "2026-11-24-world3-interleaved": 0,
+    "2026-11-24-world2-concat": 0,
+    "2026-11-24-world3-concat": 1,
+    "2026-11-24-world2-rounds": 0,
+    "2026-11-24-world3-rounds": 0,
 }
 
 
@@ -43,4 +56,10 @@ def test_current_model_ranks_the_strategies_as_measured(run):
     assert len(rankings) == 8  # 2 workloads x 2 bucket sizes x 2 prefetch depths
     matched = sum(line.endswith("matches") for line in rankings)
     assert matched >= MATCHED_WHEN_RECORDED[run.stem], "\n".join(rankings)
+    paired = [line for line in out.splitlines() if " paired rounds: " in line]
+    if run.stem in PAIRED_DIFFERS_WHEN_RECORDED:
+        assert len(paired) == 8
+        assert sum(line.endswith("DIFFERS") for line in paired) <= PAIRED_DIFFERS_WHEN_RECORDED[run.stem], "\n".join(paired)
+    else:  # its arms were timed one after another: no rounds to pair
+        assert not paired
     assert "16 pairs: median |error|" in out
