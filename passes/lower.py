@@ -39,7 +39,8 @@ log = logging.getLogger(__name__)
 
 
 def lower_ns_ops(graph: fx.Graph, plan: AlgorithmPlan) -> None:
-    """Lower all NS op nodes of ``graph`` with the algorithms of ``plan`` (see the module docstring)."""
+    """Lower the NS op nodes of ``graph`` with the algorithms of ``plan`` (see the module
+    docstring); a node the plan skipped (a symbolic shape) stays the op."""
     chosen = plan.by_node()
     for node in ns_nodes(graph):
         if node.name not in chosen:  # left as the op (plan.skipped)
