@@ -127,7 +127,7 @@ def report(record: dict, log=print) -> None:
             measured = statistics.median(entry["times"])
             error = cost.step / measured - 1
             errors.append(abs(error))
-            pair[strategy] = (cost.step, measured)
+            pair[strategy] = (cost.step, measured, entry["times"])
             r = cost.slowest_rank
             log(f"{name:<10} {mb:>10g} {len(plan.buckets):>7} {strategy.value:<10} {prefetch:>8} "
                 f"{cost.step * 1e3:>12.2f} {cost.ns[r] * 1e3:>7.2f} {cost.pointwise[r] * 1e3:>9.2f} "
@@ -139,12 +139,12 @@ def report(record: dict, log=print) -> None:
                 f"{' < '.join(s.value for s in order[0])} predicted: {verdict}")
             if not interleaved:  # consecutive runs of steps: no rounds to pair
                 continue
-            first, second = (steps[(name, mb, prefetch, s.value)]["times"] for s in STRATEGY_ARMS)
-            wins, rounds, p = sign_test(first, second)
-            faster = list(STRATEGY_ARMS)[0 if wins > rounds - wins else 1]
+            first, second = STRATEGY_ARMS
+            wins, rounds, p = sign_test(pair[first][2], pair[second][2])
+            faster = first if wins > rounds - wins else second
             paired = "unresolved" if p >= 0.05 else ("matches" if faster == order[0][0] else "DIFFERS")
             paired_verdicts.append(paired)
-            log(f"{'':<10} paired rounds: {list(STRATEGY_ARMS)[0].value} faster in {wins}/{rounds} "
+            log(f"{'':<10} paired rounds: {first.value} faster in {wins}/{rounds} "
                 f"(sign test p {p:.2g}): {paired}")
     if errors:
         log(f"\n{len(errors)} pairs: median |error| {statistics.median(errors):.1%}, worst {max(errors):.1%}, "
