@@ -75,6 +75,11 @@ class MatmulRates:
         table = self.latency.get(dtype)
         return _interpolate(table, _size(m, k, n)) if table else 0.0
 
+    def scaled(self, factor: float, why: str) -> MatmulRates:
+        """These rates times ``factor`` (the latency per call unchanged), ``why`` added to the source."""
+        tables = {d: tuple((s, r * factor) for s, r in t) for d, t in self.tables.items()}
+        return dataclasses.replace(self, source=f"{self.source}; x{factor:.3f}: {why}", tables=tables)
+
     def seconds(self, dtype: torch.dtype, m: int, k: int, n: int, count: int = 1) -> float:
         """Predicted seconds of ``count`` ``(m x k) @ (k x n)`` products in ``dtype``."""
         return count * 2 * m * k * n / (self.rate(dtype, m, k, n) * 1e9)

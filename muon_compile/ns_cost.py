@@ -90,6 +90,27 @@ def products(algorithm: str, rows: int, cols: int, steps: int, compute_dtype: to
     raise ValueError(f"products of a concrete algorithm ({TEXTBOOK!r} or {GRAM!r}), got {algorithm!r}")
 
 
+def pointwise_bytes(algorithm: str, rows: int, cols: int, steps: int, compute_dtype: torch.dtype) -> int:
+    """Bytes the memory-bound passes of :func:`muon_compile.ns_kernel.orthogonalize` read
+    and write for one ``rows x cols`` matrix under ``algorithm``, its input and output in
+    ``compute_dtype`` and wide (as a distributed bucket stacks them): besides the products,
+
+    * ``textbook``: the norm (read ``X``), ``X / norm`` (read ``X``, write it), and per
+      iteration ``B = c A A + b A + a I`` (read ``A A`` and ``A``, write ``B``);
+    * ``gram``: the norm, ``X / norm`` written in the accumulation dtype, its cast to the
+      iteration dtype (a pass of its own), per iteration ``Z`` (as ``B``) and the result's
+      rescale and cast (read ``Q X``, write the result)."""
+    m, n = min(rows, cols), max(rows, cols)
+    c = compute_dtype.itemsize
+    acc = torch.promote_types(compute_dtype, torch.float32).itemsize
+    it = iteration_dtype(algorithm, compute_dtype).itemsize
+    if algorithm == TEXTBOOK:
+        return m * n * 3 * c + steps * 3 * m * m * c
+    if algorithm == GRAM:
+        return m * n * (2 * c + acc + acc + it + it + c) + steps * 3 * m * m * it
+    raise ValueError(f"pointwise bytes of a concrete algorithm ({TEXTBOOK!r} or {GRAM!r}), got {algorithm!r}")
+
+
 def ns_flops(rows: int, cols: int, steps: int, algorithm: str = TEXTBOOK) -> int:
     """Matmul FLOPs of ``steps`` iterations on one ``rows x cols`` matrix (see the module docstring)."""
     return sum(p.flops for p in products(algorithm, rows, cols, steps, torch.float32))

@@ -13,8 +13,9 @@ Work per bucket (docs/design.md, "Distributed layout"):
   dtype), then the first collective;
 * compute: wait, reassemble the owned matrices, Newton–Schulz per matrix (its products
   priced by :mod:`muon_compile.ns_cost` with the device's matmul rates, the algorithm
-  that ``auto`` would choose, and per call the latency of its product calls), cut the
-  results back into shards, the return collective (``all_to_all``);
+  that ``auto`` would choose, and per call the latency of its product calls; its
+  memory-bound passes, :func:`~muon_compile.ns_cost.pointwise_bytes`, as pointwise
+  work), cut the results back into shards, the return collective (``all_to_all``);
 * finish (``all_to_all``): wait, unpack;
 * and per parameter, outside the buckets, the momentum and the update: read the
   gradient, read and write the momentum and the parameter;
@@ -38,7 +39,8 @@ from .config import Strategy
 from .matmul_rates import PROFILES as MATMUL_PROFILES
 from .matmul_rates import MatmulRates
 from .network_profiles import NetworkProfile
-from .ns_cost import call_latency, choose, predicted_seconds
+from .ns_args import NSArgs
+from .ns_cost import call_latency, choose, pointwise_bytes, predicted_seconds
 from .passes.plan_distributed import EVERY_RANK, DistBucket, DistMember, DistPlan
 from .passes.schedule import stage_order
 from .passes.stages import Stage
@@ -170,6 +172,23 @@ def buffer_bytes(plan: DistPlan, prefetch: int) -> int:
     return max(sum(sorted(rank, reverse=True)[: prefetch + 1]) for rank in zip(*per_rank))
 
 
+def _algorithm(m: DistMember, args: NSArgs, rates: MatmulRates) -> str:
+    """The Newton–Schulz algorithm ``auto`` picks for ``m`` on the device of ``rates``."""
+    return choose(m.rows, m.cols, args.steps, args.compute_dtype, rates.device, args.algorithm).algorithm
+
+
+def _ns_pointwise_bytes(bucket: DistBucket, rates: MatmulRates) -> list[int]:
+    """Bytes of the memory-bound passes of each rank's Newton–Schulz calls in ``bucket``
+    (:func:`muon_compile.ns_cost.pointwise_bytes`)."""
+    args = bucket.args
+    total = [0] * bucket.group_size
+    for m in bucket.members:
+        nbytes = pointwise_bytes(_algorithm(m, args, rates), m.rows, m.cols, args.steps, args.compute_dtype)
+        for r in _ranks(m, bucket.group_size):
+            total[r] += nbytes
+    return total
+
+
 def _ns_seconds(bucket: DistBucket, rates: MatmulRates, calls: list[dict[tuple[int, int], DistMember]]) -> tuple[float, ...]:
     """Each rank's NS seconds in ``bucket``: the arithmetic of its matrices, each with the
     algorithm ``auto`` picks, and the latency of the products of its ``calls``
@@ -177,7 +196,7 @@ def _ns_seconds(bucket: DistBucket, rates: MatmulRates, calls: list[dict[tuple[i
     args = bucket.args
 
     def algorithm(m: DistMember) -> str:
-        return choose(m.rows, m.cols, args.steps, args.compute_dtype, rates.device, args.algorithm).algorithm
+        return _algorithm(m, args, rates)
 
     per_shape: dict[tuple[int, int], float] = {}
     total = [0.0] * bucket.group_size
@@ -215,9 +234,13 @@ def _bucket_work(bucket: DistBucket, device: DeviceProfile, network: NetworkProf
     calls = _calls(bucket)
     ns = _ns_seconds(bucket, device.matmul, calls)
     owned = _owned_elements(bucket)
-    # reassemble (read, write) and, for all_to_all, cut back into shards (read, write)
+    # reassemble (read, write) and, for all_to_all, cut back into shards (read, write); the
+    # Newton–Schulz calls' own memory-bound passes
     cuts = 2 if bucket.strategy is Strategy.ALL_TO_ALL else 1
-    compute = tuple(cuts * 2 * e * itemsize / bw + len(c) * device.call_overhead for e, c in zip(owned, calls))
+    ns_passes = _ns_pointwise_bytes(bucket, device.matmul)
+    compute = tuple(
+        (cuts * 2 * e * itemsize + p) / bw + len(c) * device.call_overhead for e, p, c in zip(owned, ns_passes, calls)
+    )
     finish = pack if bucket.strategy is Strategy.ALL_TO_ALL else 0.0
     seconds = tuple(network.seconds(kind, shard_elems * itemsize, world) for kind, _, _ in bucket.collectives())
     return _BucketWork((pack + device.bucket_overhead,) * world, compute, (finish,) * world, ns, seconds)

@@ -20,6 +20,10 @@ its rates are the ones that hold while they all run.
   single products of :data:`CALL_SIZES`, whose time beyond their arithmetic is the
   latency of a product call (muon_compile.matmul_rates).
 * Memory: ``y.copy_(x)`` on 64 MiB fp32 tensors, read + write counted, repeated likewise.
+* Drift: the VM's matmul rate changes by 10% between minutes (the profile of one run
+  measured 513 GFLOP/s at size 512, another 461), so :func:`measure_arms` can time a
+  :func:`probe` of the table's :data:`PROBE_SIZE` products in turns with the steps, for
+  the validation to scale the table to the rate that held while the steps ran.
 
   A timing must be long against the barrier's skew and the scheduler's time slice, or
   ranks that share cores (three on this 2-core VM) take turns instead of running at
@@ -50,6 +54,7 @@ import dataclasses
 import math
 import platform
 import statistics
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -71,6 +76,9 @@ SIZES = [2**k for k in range(12, 26, 2)]  # bytes per rank
 SUSTAINED = 0.05  # seconds a timed matmul, copy or collective runs on every rank at once
 ARM_SECONDS = 2.0  # seconds of timed steps, at least, of the slowest arm that measure_arms times
 MATMUL_SIZES = (32, 64, 128, 256, 512, 1024)
+# the matmul rate that measure_arms can time in turns with the steps, to follow the VM's
+# drift between the profile and the steps: batched bf16 products of this size
+PROBE_SIZE = 512
 # sizes of the single products whose time, less their arithmetic, is a call's latency
 CALL_SIZES = (8, 16, 32, 64, 128, 256)
 # matrices too small for their arithmetic to count, with a bucket size: the same shape
@@ -106,13 +114,24 @@ def timed_each(fns: list, reps: int) -> list[float]:
     return [statistics.median(t) for t in turns(fns, reps)]
 
 
-def measure_arms(arms: list[tuple[str, list, dict]], mesh, warmup: int, reps: int) -> list[dict]:
+def probe() -> tuple[Callable[[], None], float]:
+    """The matmul probe: :data:`PROBE_SIZE` bf16 products batched as in the profile's
+    table, repeated for about :data:`SUSTAINED` seconds (:func:`sustained`), and the
+    GFLOP it computes per call."""
+    batch = matmul_batch(PROBE_SIZE)
+    a, b = (torch.randn(batch, PROBE_SIZE, PROBE_SIZE).to(torch.bfloat16) for _ in range(2))
+    repeated, count = sustained(lambda: torch.bmm(a, b))
+    return repeated, count * 2 * batch * PROBE_SIZE**3 / 1e9
+
+
+def measure_arms(arms: list[tuple[str, list, dict]], mesh, warmup: int, reps: int, with_probe: bool = False) -> tuple[list[dict], list[float]]:
     """Per arm ``(bench_distributed arm, shapes, config overrides)``, its step times
     (``{"times": [...]}``, seconds) or the error it failed with (``{"error": ...}``).
     Every arm is compiled (fresh Inductor cache) and warmed up first, then the arms are
     timed in :func:`turns`: ``reps`` rounds, or more, up to :data:`ARM_SECONDS` of the
     slowest arm's steps, so that short steps, whose single timings spread most, get more
-    of them. No arm may recompile while timed."""
+    of them. No arm may recompile while timed. ``with_probe``: each round also times the
+    :func:`probe`, whose GFLOP/s per round come second (else an empty list)."""
     results: list[dict] = [{} for _ in arms]
     steps = []
     with fresh_cache(), torch._dynamo.config.patch(recompile_limit=64):
@@ -132,10 +151,12 @@ def measure_arms(arms: list[tuple[str, list, dict]], mesh, warmup: int, reps: in
             fns = [step for step, _ in steps]
             longest = max((timed_once(fn) for fn in fns), default=0.0)  # the same on every rank
             rounds = max(reps, math.ceil(ARM_SECONDS / longest)) if longest else 0
-            for (_, result), times in zip(steps, turns(fns, rounds)):
-                result["times"] = times
+            probed, gflop = probe() if with_probe else (None, 0.0)
+            times = turns(fns + ([probed] if probed else []), rounds)
+            for (_, result), arm_times in zip(steps, times):
+                result["times"] = arm_times
     torch._dynamo.reset()
-    return results
+    return results, [gflop / t for t in times[len(steps)]] if probed else []
 
 
 def collective(kind: str, nbytes: int, world: int):
@@ -248,7 +269,7 @@ def measure_device(reps: int) -> dict:
     cases = [(name, strategy, arm) for name in FIXED_COST_WORKLOADS for strategy, arm in STRATEGY_ARMS.items()]
     arms = [(arm, FIXED_COST_WORKLOADS[name][0], {"bucket_mb": FIXED_COST_WORKLOADS[name][1]}) for name, _, arm in cases]
     fixed: dict[str, dict[str, float]] = {}
-    for (name, strategy, arm), result in zip(cases, measure_arms(arms, mesh, 2, reps)):
+    for (name, strategy, arm), result in zip(cases, measure_arms(arms, mesh, 2, reps)[0]):
         if "error" in result:
             raise RuntimeError(f"measuring the fixed costs: {arm} on {name} failed: {result['error']}")
         fixed.setdefault(name, {})[strategy.value] = statistics.median(result["times"])

@@ -12,11 +12,14 @@ scripts/bench_distributed.py, each strategy (all_to_all, all_gather), each prefe
 buckets, where prefetch changes the schedule): the measured step (bench_distributed's
 arms, the slowest rank's median), the eight arms of a workload compiled first and then
 timed in turns, ``--reps`` rounds or more, up to measure_profiles' ``ARM_SECONDS`` of the
-slowest arm's steps (:func:`measure_interleaved`). ``--save`` writes all of it as JSON.
+slowest arm's steps (:func:`measure_interleaved`), each round also timing measure_profiles'
+matmul ``probe``. ``--save`` writes all of it as JSON.
 
 The report fits the profiles to the figures and prints, beside each measured step, the
 cost model's prediction from the plan of the same shapes
-(``muon_compile.plan.plan_for`` and ``muon_compile.step_cost.predict``) and its error,
+(``muon_compile.plan.plan_for`` and ``muon_compile.step_cost.predict``), the device's
+matmul rates scaled per workload by the probe's rate during its steps over the profile's
+(:func:`drift_corrected`), and its error,
 and per workload, bucket size and depth whether the predicted ranking of the strategies
 is the measured one: by the arms' medians, and round by round (:func:`sign_test`: the
 rounds pair steps taken moments apart; a ranking the rounds do not resolve at 5% is
@@ -27,6 +30,7 @@ rounds pair steps taken moments apart; a ranking the rounds do not resolve at 5%
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import platform
@@ -37,12 +41,22 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
 from bench_distributed import WORKLOADS
-from measure_profiles import ARM_SECONDS, STRATEGY_ARMS, device_profile, measure_arms, measure_device, measure_network, network_profile
+from measure_profiles import (
+    ARM_SECONDS,
+    PROBE_SIZE,
+    STRATEGY_ARMS,
+    device_profile,
+    measure_arms,
+    measure_device,
+    measure_network,
+    network_profile,
+)
 
 from muon_compile import config
 from muon_compile.config import Config
+from muon_compile.passes.schedule import stage_order
 from muon_compile.plan import plan_for
-from muon_compile.step_cost import predict
+from muon_compile.step_cost import DeviceProfile, predict
 
 # a bucket size per workload that splits it into several buckets
 SPLIT_MB = {"gpt-small": 4.0, "small-14": 0.02}
@@ -56,18 +70,20 @@ def cases(names: list[str]):
                 yield name, mb, prefetch
 
 
-def measure_interleaved(name: str, mesh, warmup: int, reps: int) -> list[dict]:
+def measure_interleaved(name: str, mesh, warmup: int, reps: int) -> tuple[list[dict], list[float]]:
     """One entry per case of workload ``name`` and strategy, with its step times (or the
     error it failed with), the eight arms timed in turns (measure_profiles'
-    :func:`measure_arms`: at least ``reps`` rounds, more for short steps)."""
+    :func:`measure_arms`: at least ``reps`` rounds, more for short steps), and the
+    GFLOP/s of the matmul probe timed in the same rounds."""
     entries, arms = [], []
     for _, mb, prefetch in cases([name]):
         for strategy, arm in STRATEGY_ARMS.items():
             entries.append({"workload": name, "bucket_mb": mb, "prefetch": prefetch, "strategy": strategy.value})
             arms.append((arm, WORKLOADS[name], {"bucket_mb": mb, "prefetch": prefetch}))
-    for entry, result in zip(entries, measure_arms(arms, mesh, warmup, reps)):
+    results, probe = measure_arms(arms, mesh, warmup, reps, with_probe=True)
+    for entry, result in zip(entries, results):
         entry.update(result)
-    return entries
+    return entries, probe
 
 
 def measure_run(names: list[str], reps: int, warmup: int, profile_reps: int, save: str | None) -> dict:
@@ -86,10 +102,12 @@ def measure_run(names: list[str], reps: int, warmup: int, profile_reps: int, sav
         "step_timing": f"interleaved, {reps} rounds or {ARM_SECONDS:g} s of the slowest arm",
         "device": measure_device(profile_reps),
         "steps": [],
+        "probe": {},
     }
     mesh = init_device_mesh("cpu", (world,))
     for name in names:
-        record["steps"] += measure_interleaved(name, mesh, warmup, reps)
+        steps, record["probe"][name] = measure_interleaved(name, mesh, warmup, reps)
+        record["steps"] += steps
         if save and dist.get_rank() == 0:
             with open(save, "w") as f:
                 json.dump(record, f, indent=1)
@@ -107,12 +125,14 @@ def report(record: dict, log=print) -> None:
     log(f"# {record['header']}; {timing}")
     network = network_profile(record["network"], world, record["backend"], log)
     device = device_profile(record["device"], network, world, log)
-    log(f"\n{'workload':<10} {'bucket MiB':>10} {'buckets':>7} {'strategy':<10} {'prefetch':>8} "
-        f"{'predicted ms':>12} {'(NS':>7} {'pointwise':>9} {'exposed)':>9} {'measured ms':>11} {'error':>7}")
-    errors, paired_verdicts = [], []
+    names = list(dict.fromkeys(s["workload"] for s in record["steps"]))
+    devices = {name: drift_corrected(device, record, name, log) for name in names}
     interleaved = record.get("step_timing", "").startswith("interleaved")
     steps = {(s["workload"], s["bucket_mb"], s["prefetch"], s["strategy"]): s for s in record["steps"]}
-    names = list(dict.fromkeys(s["workload"] for s in record["steps"]))
+    spread = {name: same_plan_spread(steps, name, world, interleaved, log) for name in names}
+    log(f"\n{'workload':<10} {'bucket MiB':>10} {'buckets':>7} {'strategy':<10} {'prefetch':>8} "
+        f"{'predicted ms':>12} {'(NS':>7} {'pointwise':>9} {'exposed)':>9} {'measured ms':>11} {'error':>7}")
+    errors, uncorrected, paired_verdicts, resolved_verdicts = [], [], [], []
     for name, mb, prefetch in cases(names):
         pair = {}
         for strategy in STRATEGY_ARMS:
@@ -123,10 +143,11 @@ def report(record: dict, log=print) -> None:
                 log(f"{name:<10} {mb:>10g} {strategy.value}: measurement failed: {entry['error']}")
                 continue
             plan = plan_for(WORKLOADS[name], world, strategy, mb)
-            cost = predict(plan, prefetch, device, network)
+            cost = predict(plan, prefetch, devices[name], network)
             measured = statistics.median(entry["times"])
             error = cost.step / measured - 1
             errors.append(abs(error))
+            uncorrected.append(abs(predict(plan, prefetch, device, network).step / measured - 1))
             pair[strategy] = (cost.step, measured, entry["times"])
             r = cost.slowest_rank
             log(f"{name:<10} {mb:>10g} {len(plan.buckets):>7} {strategy.value:<10} {prefetch:>8} "
@@ -137,6 +158,12 @@ def report(record: dict, log=print) -> None:
             verdict = "matches" if order[0] == order[1] else "DIFFERS"
             log(f"{'':<10} ranking {' < '.join(s.value for s in order[1])} measured, "
                 f"{' < '.join(s.value for s in order[0])} predicted: {verdict}")
+            gap = pair[order[1][1]][1] / pair[order[1][0]][1] - 1
+            if spread[name] is not None:
+                resolved = gap > spread[name]
+                resolved_verdicts.append(verdict if resolved else "unresolved")
+                log(f"{'':<10} medians {gap:.1%} apart, the same plan's {spread[name]:.1%}: "
+                    f"{'resolved' if resolved else 'not resolved'}")
             if not interleaved:  # consecutive runs of steps: no rounds to pair
                 continue
             first, second = STRATEGY_ARMS
@@ -147,12 +174,69 @@ def report(record: dict, log=print) -> None:
             log(f"{'':<10} paired rounds: {first.value} faster in {wins}/{rounds} "
                 f"(sign test p {p:.2g}): {paired}")
     if errors:
-        log(f"\n{len(errors)} pairs: median |error| {statistics.median(errors):.1%}, worst {max(errors):.1%}, "
-            f"within 20%: {sum(e <= 0.2 for e in errors)}/{len(errors)}")
+        log(f"\n{len(errors)} pairs: {summary(errors)}")
+        if uncorrected != errors:
+            log(f"    with the profile's matmul rates as measured, not followed by the probe: {summary(uncorrected)}")
+    if resolved_verdicts:
+        resolved = [v for v in resolved_verdicts if v != "unresolved"]
+        log(f"rankings by medians further apart than the same plan's: {len(resolved)} of "
+            f"{len(resolved_verdicts)}, {resolved.count('matches')} of them as predicted")
     if paired_verdicts:
         resolved = [v for v in paired_verdicts if v != "unresolved"]
         log(f"paired rankings: {len(resolved)} of {len(paired_verdicts)} resolved by the rounds, "
             f"{resolved.count('matches')} of them as predicted")
+
+
+def same_plan_spread(steps: dict, name: str, world: int, interleaved: bool, log) -> float | None:
+    """How far apart two arms of one plan measured: where prefetch 0 and 1 give a plan
+    the same schedule (one bucket: nothing to prefetch), the two arms compile and run
+    the same step, so the relative difference of their medians (the larger over the
+    strategies) is what this run cannot tell apart from a difference of strategies;
+    None where workload ``name`` has no such pair. Logs each pair, with the rounds' sign
+    test where the arms were timed in turns."""
+    widest = None
+    for mb in (Config.bucket_mb, SPLIT_MB[name]):
+        for strategy in STRATEGY_ARMS:
+            plan = plan_for(WORKLOADS[name], world, strategy, mb)
+            finish = len(plan.buckets[0].collectives()) > 1
+            if stage_order(len(plan.buckets), finish, 0) != stage_order(len(plan.buckets), finish, 1):
+                continue
+            arms = [steps.get((name, mb, prefetch, strategy.value), {}).get("times") for prefetch in (0, 1)]
+            if not all(arms):
+                continue
+            medians = [statistics.median(t) for t in arms]
+            apart = max(medians) / min(medians) - 1
+            widest = apart if widest is None else max(widest, apart)
+            rounds = ""
+            if interleaved:
+                wins, count, p = sign_test(*arms)
+                rounds = f"; prefetch 0 faster in {wins}/{count} rounds (sign test p {p:.2g})"
+            log(f"{name} {strategy.value} {mb:g} MiB: prefetch 0 and 1 run the same schedule, "
+                f"medians {medians[0] * 1e3:.2f} and {medians[1] * 1e3:.2f} ms, {apart:.1%} apart{rounds}")
+    return widest
+
+
+def summary(errors: list[float]) -> str:
+    """The median, worst and count within 20% of absolute relative errors."""
+    return (f"median |error| {statistics.median(errors):.1%}, worst {max(errors):.1%}, "
+            f"within 20%: {sum(e <= 0.2 for e in errors)}/{len(errors)}")
+
+
+def drift_corrected(device: DeviceProfile, record: dict, name: str, log) -> DeviceProfile:
+    """``device`` with its matmul rates scaled by the probe timed in turns with workload
+    ``name``'s steps (measure_profiles' ``probe``) over the table's rate at the probe's
+    size: the rates that held while the steps ran; ``device`` itself for runs saved
+    before 2026-11-24's probe."""
+    rates = record.get("probe", {}).get(name)
+    if not rates:
+        return device
+    during = statistics.median(rates)
+    profiled = dict(record["device"]["matmul"])[PROBE_SIZE]
+    factor = during / profiled
+    log(f"{name}: matmul probe ({PROBE_SIZE}, bf16) in turns with the steps {during:.1f} GFLOP/s, "
+        f"the profile's {profiled:.1f}: its matmul rates x{factor:.3f}")
+    why = f"the probe in turns with {name}'s steps"
+    return dataclasses.replace(device, matmul=device.matmul.scaled(factor, why))
 
 
 def sign_test(first: list[float], second: list[float]) -> tuple[int, int, float]:

@@ -40,6 +40,21 @@ def test_gram_flops_closed_form():
     assert ns_cost.ns_flops(n, m, 5, "gram") == ns_cost.ns_flops(m, n, 5, "gram")  # tall = its transpose
 
 
+def test_pointwise_bytes_by_hand():
+    """The memory-bound passes beside the products, bf16 in and out: textbook reads the
+    matrix twice and writes it once (norm, scale), and per iteration reads two ``m x m``
+    matrices and writes one; Gram adds an fp32 copy, its fp16 cast and the result's
+    rescale, and iterates in fp16 (the same 2 bytes)."""
+    m, n = 384, 1536
+    assert ns_cost.pointwise_bytes("textbook", m, n, 5, torch.bfloat16) == 3 * m * n * 2 + 5 * 3 * m * m * 2
+    assert ns_cost.pointwise_bytes("textbook", n, m, 5, torch.bfloat16) == ns_cost.pointwise_bytes("textbook", m, n, 5, torch.bfloat16)
+    assert ns_cost.pointwise_bytes("textbook", m, n, 5, torch.float32) == 3 * m * n * 4 + 5 * 3 * m * m * 4
+    gram = m * n * (2 + 2 + 4 + 4 + 2 + 2 + 2) + 5 * 3 * m * m * 2
+    assert ns_cost.pointwise_bytes("gram", m, n, 5, torch.bfloat16) == gram
+    with pytest.raises(ValueError, match="concrete algorithm"):
+        ns_cost.pointwise_bytes("auto", m, n, 5, torch.bfloat16)
+
+
 @pytest.fixture
 def flat_rates(monkeypatch):
     """Every dtype and size at one rate: the choice then follows the FLOPs alone."""

@@ -35,6 +35,8 @@ def test_one_bucket_without_overlap_by_hand():
     collective = NET.seconds("all_to_all_single", shard * 2, 2)
     ns = predicted_seconds("textbook", 8, 16, 5, torch.bfloat16, PROFILES["cpu"])
     compute = 2 * 2 * (8 * 16) * 2 / BW  # reassemble and cut one owned 8x16 matrix, bf16
+    # NS passes: the norm, X / norm (read twice, write once), per iteration B from A A and A
+    compute += (3 * 8 * 16 * 2 + 5 * 3 * 8 * 8 * 2) / BW
     update = UPDATE_ACCESSES * shard * 4 / BW
     expected = pack + collective + ns + compute + collective + pack + update
     assert cost.total == pytest.approx((expected, expected))
@@ -112,3 +114,11 @@ def test_call_latency_is_paid_per_product_call_whatever_the_batch():
     calls, products = 2, 3 * ARGS.steps  # the textbook iteration: three products per step
     assert cost.ns[0] - base.ns[0] == pytest.approx(calls * products * latency)
     assert cost.ns[1] == base.ns[1] == 0.0  # rank 1 orthogonalises nothing
+
+
+def test_scaled_rates_scale_the_products_not_the_call_latency():
+    rates = dataclasses.replace(PROFILES["cpu"], latency={torch.bfloat16: ((8, 2e-6),)})
+    slower = rates.scaled(0.5, "a slow spell")
+    assert slower.seconds(torch.bfloat16, 64, 64, 64) == pytest.approx(2 * rates.seconds(torch.bfloat16, 64, 64, 64))
+    assert slower.call_seconds(torch.bfloat16, 8, 8, 8) == 2e-6
+    assert slower.source.endswith("x0.500: a slow spell")
