@@ -7,6 +7,7 @@ resolve, and must differ from no more of the rankings whose medians lie further 
 than two arms of one plan did (a model change that ranks real measurements worse fails
 here)."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -82,3 +83,24 @@ def test_current_model_ranks_the_strategies_as_measured(run):
     beyond = [r for r, line in zip(rankings, resolved) if line.endswith(": resolved")]
     assert sum(r.endswith("DIFFERS") for r in beyond) <= RESOLVED_DIFFERS.get(run.stem, 0), "\n".join(beyond)
     assert "16 pairs: median |error|" in out
+
+
+def _saved_run(path, world, medians):
+    steps = [{"workload": "w", "bucket_mb": 64, "prefetch": 0, "strategy": s, "times": [m, m, 9.0 * m]}
+             for s, m in medians.items()]
+    steps.append({"workload": "w", "bucket_mb": 64, "prefetch": 1, "strategy": "all_gather", "error": "failed"})
+    path.write_text(json.dumps({"world": world, "steps": steps}))
+    return path
+
+
+def test_compare_runs_counts_medians_beyond_20_percent_of_the_cross_run_median(tmp_path):
+    runs = [_saved_run(tmp_path / f"r{i}.json", 2, {"all_to_all": a, "all_gather": g})
+            for i, (a, g) in enumerate([(1.0, 2.0), (1.0, 2.1), (1.5, 1.9)])]
+    script = str(ROOT / "scripts" / "compare_runs.py")
+    out = subprocess.run([sys.executable, script, *map(str, runs)], capture_output=True, text=True, timeout=60, check=True).stdout
+    assert "all_to_all prefetch 0: medians 1000.00 1000.00 1500.00 ms, max/min 50%, furthest from their median 50%" in out
+    assert "all_gather prefetch 0: medians 2000.00 2100.00 1900.00 ms, max/min 11%, furthest from their median 5%" in out
+    assert "w: 1 of 6 run medians lie more than 20% from the arm's median across the runs" in out
+    other = _saved_run(tmp_path / "w3.json", 3, {"all_to_all": 1.0})
+    failed = subprocess.run([sys.executable, script, str(runs[0]), str(other)], capture_output=True, text=True, timeout=60)
+    assert failed.returncode != 0 and "different world sizes [2, 3]" in failed.stderr
