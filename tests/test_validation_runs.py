@@ -33,6 +33,7 @@ MATCHED_WHEN_RECORDED = {
     "2026-11-24-world2-rounds": 8,
     "2026-11-24-world3-rounds": 6,
     "2026-11-24-world2-probe": 6,
+    "2026-11-24-world3-probe": 5,
 }
 # runs whose steps were timed in turns: rankings that the rounds resolve (sign test at 5%)
 # against the prediction, when recorded (world3-concat: a ten-bucket small-14 pair of 15 rounds)
@@ -45,6 +46,7 @@ PAIRED_DIFFERS_WHEN_RECORDED = {
     "2026-11-24-world3-rounds": 0,
     # a one-bucket small-14 pair whose same plan, timed as a second arm, differed more (28%)
     "2026-11-24-world2-probe": 1,
+    "2026-11-24-world3-probe": 0,
 }
 # rankings whose medians lie further apart than two arms of one plan measured (the
 # report's "the same plan's" spread) against the prediction, when the spread was first
