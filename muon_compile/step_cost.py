@@ -43,7 +43,7 @@ from .ns_args import NSArgs
 from .ns_cost import call_latency, choose, pointwise_bytes, predicted_seconds
 from .passes.plan_distributed import EVERY_RANK, DistBucket, DistMember, DistPlan
 from .passes.schedule import stage_order
-from .passes.stages import Stage
+from .passes.stages import Stage, StageTag
 
 # Elementwise passes of the momentum and the update, in parameter-sized tensors: read the
 # gradient, read and write the momentum, read and write the parameter.
@@ -246,6 +246,13 @@ def _bucket_work(bucket: DistBucket, device: DeviceProfile, network: NetworkProf
     return _BucketWork((pack + device.bucket_overhead,) * world, compute, (finish,) * world, ns, seconds)
 
 
+def stages(plan: DistPlan, prefetch: int) -> list[StageTag]:
+    """The order the ``schedule`` pass gives the stages of ``plan``'s buckets at ``prefetch``
+    (:func:`~muon_compile.passes.schedule.stage_order`), as :func:`predict` runs them."""
+    finish = any(b.strategy is Strategy.ALL_TO_ALL for b in plan.buckets)
+    return stage_order(len(plan.buckets), finish, prefetch)
+
+
 def predict(
     plan: DistPlan,
     prefetch: int,
@@ -263,7 +270,6 @@ def predict(
         return StepCost((0.0,), (0.0,), 0.0, (0.0,), (0.0,))
     world = plan.buckets[0].group_size
     work = [_bucket_work(b, device, network, param_itemsize) for b in plan.buckets]
-    finish = any(b.strategy is Strategy.ALL_TO_ALL for b in plan.buckets)
     clock = [0.0] * world  # each rank's compute clock
     busy = [0.0] * world  # each rank's own compute
     comm_free = 0.0
@@ -286,7 +292,7 @@ def predict(
     def wait(b: int, i: int) -> None:
         clock[:] = [max(c, done[(b, i)]) for c in clock]
 
-    for tag in stage_order(len(work), finish, prefetch):
+    for tag in stages(plan, prefetch):
         w = work[tag.bucket]
         if tag.stage is Stage.LAUNCH:
             run(w.launch)

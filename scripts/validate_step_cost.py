@@ -23,7 +23,9 @@ matmul rates scaled per workload by the probe's rate during its steps over the p
 and per workload, bucket size and depth whether the predicted ranking of the strategies
 is the measured one: by the arms' medians, and round by round (:func:`sign_test`: the
 rounds pair steps taken moments apart; a ranking the rounds do not resolve at 5% is
-"unresolved"). ``--load`` prints the report of a saved run without measuring
+"unresolved"), and whether the medians lie further apart than two arms of one plan did
+(:func:`same_plan_spread`: over many rounds the sign test separates even those, each
+compiled instance having a speed of its own). ``--load`` prints the report of a saved run without measuring
 (no torchrun): the current model against the same measurements.
 """
 
@@ -54,9 +56,8 @@ from measure_profiles import (
 
 from muon_compile import config
 from muon_compile.config import Config
-from muon_compile.passes.schedule import stage_order
 from muon_compile.plan import plan_for
-from muon_compile.step_cost import DeviceProfile, predict
+from muon_compile.step_cost import DeviceProfile, predict, stages
 
 # a bucket size per workload that splits it into several buckets
 SPLIT_MB = {"gpt-small": 4.0, "small-14": 0.02}
@@ -198,8 +199,7 @@ def same_plan_spread(steps: dict, name: str, world: int, interleaved: bool, log)
     for mb in (Config.bucket_mb, SPLIT_MB[name]):
         for strategy in STRATEGY_ARMS:
             plan = plan_for(WORKLOADS[name], world, strategy, mb)
-            finish = len(plan.buckets[0].collectives()) > 1
-            if stage_order(len(plan.buckets), finish, 0) != stage_order(len(plan.buckets), finish, 1):
+            if stages(plan, 0) != stages(plan, 1):
                 continue
             arms = [steps.get((name, mb, prefetch, strategy.value), {}).get("times") for prefetch in (0, 1)]
             if not all(arms):
