@@ -39,7 +39,6 @@ from .config import Strategy
 from .matmul_rates import PROFILES as MATMUL_PROFILES
 from .matmul_rates import MatmulRates
 from .network_profiles import NetworkProfile
-from .ns_args import NSArgs
 from .ns_cost import call_latency, choose, pointwise_bytes, predicted_seconds
 from .passes.plan_distributed import EVERY_RANK, DistBucket, DistMember, DistPlan
 from .passes.schedule import stage_order
@@ -172,46 +171,43 @@ def buffer_bytes(plan: DistPlan, prefetch: int) -> int:
     return max(sum(sorted(rank, reverse=True)[: prefetch + 1]) for rank in zip(*per_rank))
 
 
-def _algorithm(m: DistMember, args: NSArgs, rates: MatmulRates) -> str:
-    """The Newton–Schulz algorithm ``auto`` picks for ``m`` on the device of ``rates``."""
-    return choose(m.rows, m.cols, args.steps, args.compute_dtype, rates.device, args.algorithm).algorithm
-
-
-def _ns_pointwise_bytes(bucket: DistBucket, rates: MatmulRates) -> list[int]:
-    """Bytes of the memory-bound passes of each rank's Newton–Schulz calls in ``bucket``
-    (:func:`muon_compile.ns_cost.pointwise_bytes`)."""
+def _algorithms(bucket: DistBucket, rates: MatmulRates) -> dict[tuple[int, int], str]:
+    """The Newton–Schulz algorithm ``auto`` picks on the device of ``rates`` for each
+    ``(rows, cols)`` of ``bucket``'s members, chosen once per shape."""
     args = bucket.args
-    total = [0] * bucket.group_size
+    shapes = dict.fromkeys((m.rows, m.cols) for m in bucket.members)
+    return {(r, c): choose(r, c, args.steps, args.compute_dtype, rates.device, args.algorithm).algorithm for r, c in shapes}
+
+
+def _per_rank(bucket: DistBucket, of_shape) -> list[float]:
+    """Per rank, ``of_shape(rows, cols)`` summed over the matrices it orthogonalises in
+    ``bucket``, each shape's value computed once."""
+    value: dict[tuple[int, int], float] = {}
+    total = [0.0] * bucket.group_size
     for m in bucket.members:
-        nbytes = pointwise_bytes(_algorithm(m, args, rates), m.rows, m.cols, args.steps, args.compute_dtype)
+        if (m.rows, m.cols) not in value:
+            value[m.rows, m.cols] = of_shape(m.rows, m.cols)
         for r in _ranks(m, bucket.group_size):
-            total[r] += nbytes
+            total[r] += value[m.rows, m.cols]
     return total
 
 
-def _ns_seconds(bucket: DistBucket, rates: MatmulRates, calls: list[dict[tuple[int, int], DistMember]]) -> tuple[float, ...]:
-    """Each rank's NS seconds in ``bucket``: the arithmetic of its matrices, each with the
-    algorithm ``auto`` picks, and the latency of the products of its ``calls``
-    (:func:`_calls`)."""
+def _ns_seconds(
+    bucket: DistBucket, rates: MatmulRates, algorithms: dict[tuple[int, int], str], calls: list[dict[tuple[int, int], DistMember]]
+) -> tuple[float, ...]:
+    """Each rank's NS seconds in ``bucket``: the arithmetic of its matrices, each with its
+    ``algorithms`` entry (:func:`_algorithms`), and the latency of the products of its
+    ``calls`` (:func:`_calls`)."""
     args = bucket.args
-
-    def algorithm(m: DistMember) -> str:
-        return _algorithm(m, args, rates)
-
-    per_shape: dict[tuple[int, int], float] = {}
-    total = [0.0] * bucket.group_size
-    for m in bucket.members:
-        if (m.rows, m.cols) not in per_shape:
-            per_shape[m.rows, m.cols] = predicted_seconds(algorithm(m), m.rows, m.cols, args.steps, args.compute_dtype, rates)
-        for r in _ranks(m, bucket.group_size):
-            total[r] += per_shape[m.rows, m.cols]
+    total = _per_rank(bucket, lambda r, c: predicted_seconds(algorithms[r, c], r, c, args.steps, args.compute_dtype, rates))
     if not rates.latency:
         return tuple(total)
     latency: dict[tuple[int, int], float] = {}  # per canonical shape, priced once
     for rank_calls in calls:
         for shape, m in rank_calls.items():
             if shape not in latency:
-                latency[shape] = call_latency(algorithm(m), m.rows, m.cols, args.steps, args.compute_dtype, rates)
+                algorithm = algorithms[m.rows, m.cols]
+                latency[shape] = call_latency(algorithm, m.rows, m.cols, args.steps, args.compute_dtype, rates)
     return tuple(t + sum(latency[shape] for shape in rank_calls) for t, rank_calls in zip(total, calls))
 
 
@@ -232,12 +228,14 @@ def _bucket_work(bucket: DistBucket, device: DeviceProfile, network: NetworkProf
     shard_elems = sum(m.slot for m in bucket.members)  # this rank's padded shards, packed
     pack = shard_elems * (param_itemsize + itemsize) / bw
     calls = _calls(bucket)
-    ns = _ns_seconds(bucket, device.matmul, calls)
+    algorithms = _algorithms(bucket, device.matmul)
+    ns = _ns_seconds(bucket, device.matmul, algorithms, calls)
     owned = _owned_elements(bucket)
     # reassemble (read, write) and, for all_to_all, cut back into shards (read, write); the
-    # Newton–Schulz calls' own memory-bound passes
+    # Newton–Schulz calls' own memory-bound passes (ns_cost.pointwise_bytes)
     cuts = 2 if bucket.strategy is Strategy.ALL_TO_ALL else 1
-    ns_passes = _ns_pointwise_bytes(bucket, device.matmul)
+    args = bucket.args
+    ns_passes = _per_rank(bucket, lambda r, c: pointwise_bytes(algorithms[r, c], r, c, args.steps, args.compute_dtype))
     compute = tuple(
         (cuts * 2 * e * itemsize + p) / bw + len(c) * device.call_overhead for e, p, c in zip(owned, ns_passes, calls)
     )

@@ -148,7 +148,8 @@ def report(record: dict, log=print) -> None:
             measured = statistics.median(entry["times"])
             error = cost.step / measured - 1
             errors.append(abs(error))
-            uncorrected.append(abs(predict(plan, prefetch, device, network).step / measured - 1))
+            as_profiled = cost if devices[name] is device else predict(plan, prefetch, device, network)
+            uncorrected.append(abs(as_profiled.step / measured - 1))
             pair[strategy] = (cost.step, measured, entry["times"])
             r = cost.slowest_rank
             log(f"{name:<10} {mb:>10g} {len(plan.buckets):>7} {strategy.value:<10} {prefetch:>8} "
