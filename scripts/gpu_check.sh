@@ -12,6 +12,9 @@
 #      bmm roofline and the default backend)                      -> bench_single.txt/.json
 #   5. with 2 or more GPUs: scripts/bench_distributed.py under torchrun with NCCL
 #                                                                 -> bench_distributed.txt
+#   6. the cost model against one GPU: scripts/validate_step_cost.py under torchrun, one
+#      rank, NCCL (the GPU's measured profile, then each step predicted and measured)
+#                                                                 -> validate_world1.txt/.json
 # and prints a short table last (also summary.txt). Extra benchmark arguments:
 # BENCH_SINGLE_ARGS (e.g. "--workload gpt-small --reps 5"), BENCH_DIST_ARGS.
 # Exit status: non-zero when a step failed (the later steps still run).
@@ -66,6 +69,11 @@ if [ "$GPUS" -ge 2 ]; then
 else
   echo "one GPU: the distributed benchmark needs 2 or more (skipped)" | tee "$REPORT/bench_distributed.txt" >&2
 fi
+
+step "cost model against one GPU, torchrun with one rank, NCCL"
+"$PY" -m torch.distributed.run --nproc-per-node 1 scripts/validate_step_cost.py --backend nccl \
+  --save "$REPORT/validate_world1.json" > "$REPORT/validate_world1.txt" 2> "$REPORT/validate_world1.log" || status=1
+tail -4 "$REPORT/validate_world1.txt" >&2
 
 "$PY" scripts/gpu_summary.py "$REPORT" | tee "$REPORT/summary.txt"
 exit $status

@@ -4,7 +4,8 @@
 
 Lines: the machine (environment.txt), the CUDA tests' counts (junit.xml), per workload of
 bench_single.json each arm's median step time and its ratio to the ``muon`` arm, and
-whether the distributed benchmark ran (bench_distributed.txt). A missing file is reported
+whether the distributed benchmark ran (bench_distributed.txt), and the cost model's
+summary of its one-GPU validation (validate_world1.txt). A missing file is reported
 as missing, not as a failure of this script.
 """
 
@@ -61,6 +62,9 @@ def main(argv: list[str]) -> int:
     lines += bench_lines(report)
     dist = report / "bench_distributed.txt"
     lines.append("distributed: " + (dist.read_text().strip().splitlines()[0] if dist.exists() and dist.read_text().strip() else "no output"))
+    validation = report / "validate_world1.txt"
+    summary = [line for line in validation.read_text().splitlines() if " pairs: median |error|" in line] if validation.exists() else []
+    lines.append("cost model, one GPU: " + (summary[0] if summary else "no summary (see validate_world1.log)"))
     print("\n".join(lines))
     return 0
 

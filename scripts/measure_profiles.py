@@ -53,6 +53,7 @@ import argparse
 import dataclasses
 import math
 import platform
+import random
 import statistics
 from collections.abc import Callable
 
@@ -61,7 +62,7 @@ import torch.distributed as dist
 from torch._inductor.utils import fresh_cache
 from torch.distributed.device_mesh import init_device_mesh
 
-from bench_distributed import ARMS, failure, sharded_params
+from bench_distributed import ARMS, default_backend, failure, init_backend, rank_device, sharded_params
 from bench_distributed import timed as timed_once
 from measure_matmul_rates import matmul_batch
 
@@ -99,12 +100,25 @@ STRATEGY_ARMS = {Strategy.ALL_TO_ALL: "muon-a2a", Strategy.ALL_GATHER: "muon-gat
 def turns(fns: list, rounds: int) -> list[list[float]]:
     """Per function, the slowest rank's seconds of each of ``rounds`` calls after a barrier
     (bench_distributed's ``timed``); the functions take turns, one call each per round, so
-    a slow spell of the machine spreads over all of them instead of spoiling one."""
+    a slow spell of the machine spreads over all of them instead of spoiling one, in an
+    order shuffled each round (the same on every rank: the calls' collectives must
+    match), so that none always follows the same one. In a fixed order the step timed
+    first after the matmul probe measured 2.80 ms, its two copies timed next 2.24 and
+    2.06 ms; shuffled, 2.29, 2.22 and 2.17 (one-bucket ``small-14``, world 2)."""
     times: list[list[float]] = [[] for _ in fns]
+    order = list(range(len(fns)))
+    shuffle = random.Random(0).shuffle
     for _ in range(rounds):
-        for fn, samples in zip(fns, times):
-            samples.append(timed_once(fn))
+        shuffle(order)
+        for index in order:
+            times[index].append(timed_once(fns[index]))
     return times
+
+
+def round_medians(instances: list[list[float]]) -> list[float]:
+    """Per round, the median of the instances' times in it (``instances[i][r]``: instance
+    ``i`` in round ``r``)."""
+    return [statistics.median(times) for times in zip(*instances, strict=True)]
 
 
 def timed_each(fns: list, reps: int) -> list[float]:
@@ -119,60 +133,76 @@ def probe() -> tuple[Callable[[], None], float]:
     table, repeated for about :data:`SUSTAINED` seconds (:func:`sustained`), and the
     GFLOP it computes per call."""
     batch = matmul_batch(PROBE_SIZE)
-    a, b = (torch.randn(batch, PROBE_SIZE, PROBE_SIZE).to(torch.bfloat16) for _ in range(2))
+    a, b = (torch.randn(batch, PROBE_SIZE, PROBE_SIZE).to(rank_device(), torch.bfloat16) for _ in range(2))
     repeated, count = sustained(lambda: torch.bmm(a, b))
     return repeated, count * 2 * batch * PROBE_SIZE**3 / 1e9
 
 
-def measure_arms(arms: list[tuple[str, list, dict]], mesh, warmup: int, reps: int, with_probe: bool = False) -> tuple[list[dict], list[float]]:
+def measure_arms(
+    arms: list[tuple[str, list, dict]], mesh, warmup: int, reps: int, with_probe: bool = False, instances: int = 1
+) -> tuple[list[dict], list[float]]:
     """Per arm ``(bench_distributed arm, shapes, config overrides)``, its step times
     (``{"times": [...]}``, seconds) or the error it failed with (``{"error": ...}``).
     Every arm is compiled (fresh Inductor cache) and warmed up first, then the arms are
     timed in :func:`turns`: ``reps`` rounds, or more, up to :data:`ARM_SECONDS` of the
     slowest arm's steps, so that short steps, whose single timings spread most, get more
     of them. No arm may recompile while timed. ``with_probe``: each round also times the
-    :func:`probe`, whose GFLOP/s per round come second (else an empty list)."""
+    :func:`probe`, whose GFLOP/s per round come second (else an empty list).
+
+    ``instances``: each arm is built and compiled that many times, each instance on
+    parameters of its own, and a round times every instance once; the arm's time in a
+    round is the median of its instances' (their raw times under ``"instance_times"``).
+    Instances of one step, timed in shuffled turns, still measure medians up to 12% apart
+    (three of the one-bucket ``small-14`` step at world 2: 2.59, 2.37 and 2.29 ms), so
+    one instance measures its own speed as much as the step's."""
     results: list[dict] = [{} for _ in arms]
-    steps = []
-    with fresh_cache(), torch._dynamo.config.patch(recompile_limit=64):
+    steps: list[tuple[list, dict]] = []
+    with fresh_cache(), torch._dynamo.config.patch(recompile_limit=64 * instances):
         for (key, shapes, overrides), result in zip(arms, results):
             _, build, backend, strategy = ARMS[key]
             try:
+                copies = []
                 with config.override(**({"strategy": strategy} if strategy else {}), **overrides):
-                    # static shapes: the arms share the step's code, and a recompile for other
-                    # shapes would otherwise trace it with dynamic shapes, which the passes leave alone
-                    step = torch.compile(build(sharded_params(shapes, mesh)), backend=backend, dynamic=False)
-                    for _ in range(warmup + 1):  # the first call compiles
-                        step()
-                steps.append((step, result))
+                    for _ in range(instances):
+                        # static shapes: the arms share the step's code, and a recompile for other
+                        # shapes would otherwise trace it with dynamic shapes, which the passes leave alone
+                        step = torch.compile(build(sharded_params(shapes, mesh)), backend=backend, dynamic=False)
+                        for _ in range(warmup + 1):  # the first call compiles
+                            step()
+                        copies.append(step)
+                steps.append((copies, result))
             except Exception as exc:  # report and go on: the caller shows the failure
                 result["error"] = failure(exc)
         with torch._dynamo.config.patch(error_on_recompile=True):
-            fns = [step for step, _ in steps]
+            fns = [step for copies, _ in steps for step in copies]
             longest = max((timed_once(fn) for fn in fns), default=0.0)  # the same on every rank
             rounds = max(reps, math.ceil(ARM_SECONDS / longest)) if longest else 0
             probed, gflop = probe() if with_probe else (None, 0.0)
             times = turns(fns + ([probed] if probed else []), rounds)
-            for (_, result), arm_times in zip(steps, times):
-                result["times"] = arm_times
+            for index, (copies, result) in enumerate(steps):
+                own = times[index * instances : (index + 1) * instances]
+                result["times"] = round_medians(own)
+                if instances > 1:
+                    result["instance_times"] = own
     torch._dynamo.reset()
-    return results, [gflop / t for t in times[len(steps)]] if probed else []
+    return results, [gflop / t for t in times[-1]] if probed else []
 
 
 def collective(kind: str, nbytes: int, world: int):
-    x = torch.zeros(nbytes // 2, dtype=torch.bfloat16)
+    on = {"device": rank_device()}
+    x = torch.zeros(nbytes // 2, dtype=torch.bfloat16, **on)
     if kind == "all_gather_into_tensor":
-        out = torch.empty(world * x.numel(), dtype=x.dtype)
+        out = torch.empty(world * x.numel(), dtype=x.dtype, **on)
         return lambda: dist.all_gather_into_tensor(out, x)
     if kind == "all_to_all_single":
-        x = torch.zeros(world * (x.numel() // world), dtype=x.dtype)
+        x = torch.zeros(world * (x.numel() // world), dtype=x.dtype, **on)
         out = torch.empty_like(x)
         return lambda: dist.all_to_all_single(out, x)
     if kind == "reduce_scatter_tensor":
-        x = torch.zeros(world * (nbytes // 4 // world), dtype=torch.float32)
-        out = torch.empty(x.numel() // world, dtype=x.dtype)
+        x = torch.zeros(world * (nbytes // 4 // world), dtype=torch.float32, **on)
+        out = torch.empty(x.numel() // world, dtype=x.dtype, **on)
         return lambda: dist.reduce_scatter_tensor(out, x)
-    x = torch.zeros(nbytes // 4, dtype=torch.float32)
+    x = torch.zeros(nbytes // 4, dtype=torch.float32, **on)
     return lambda: dist.all_reduce(x)
 
 
@@ -195,7 +225,11 @@ def least_squares(a: torch.Tensor, b: torch.Tensor) -> list[float]:
 
 def fit(points: list[tuple[float, float]], steps: float, factor: float) -> tuple[float, float, float]:
     """Fit ``t = steps * latency + factor * b / bandwidth`` minimising the squared *relative*
-    error (small messages count as much as large ones): latency, bandwidth, worst error."""
+    error (small messages count as much as large ones): latency, bandwidth, worst error.
+    With ``steps`` and ``factor`` 0 (one rank: the model prices the collective at
+    nothing) there is nothing to fit: no latency, unbounded bandwidth."""
+    if steps == factor == 0:
+        return 0.0, math.inf, 0.0
     # each row times (latency, 1/bandwidth) ~ 1
     rows = torch.tensor([(steps / t, factor * b / t) for b, t in points], dtype=torch.float64)
     ones = torch.ones(len(points), 1, dtype=torch.float64)
@@ -242,14 +276,14 @@ def network_profile(points: dict[str, list[tuple[int, float]]], world: int, back
 
 
 def _memory_bandwidth(reps: int) -> float:
-    x = torch.ones(16 * 2**20)
+    x = torch.ones(16 * 2**20, device=rank_device())
     y = torch.empty_like(x)
     return 2 * x.numel() * x.element_size() / per_call([lambda: y.copy_(x)], reps)[0]
 
 
 def _products(shapes: list[tuple[int, int]], reps: int) -> list[float]:
     """Seconds per bf16 ``bmm`` call on a batch of ``(batch, size)`` square matrices, each."""
-    operands = [(torch.randn(n, s, s).to(torch.bfloat16), torch.randn(n, s, s).to(torch.bfloat16)) for n, s in shapes]
+    operands = [tuple(torch.randn(n, s, s).to(rank_device(), torch.bfloat16) for _ in range(2)) for n, s in shapes]
     return per_call([lambda a=a, b=b: torch.bmm(a, b) for a, b in operands], reps)
 
 
@@ -260,12 +294,14 @@ def measure_device(reps: int) -> dict:
     ``(size, GFLOP/s)`` of large batches; ``matmul_call``, the ``(size, seconds)`` of one
     product call on a single matrix; ``memory_bandwidth`` in bytes/s (a copy);
     ``fixed``, the compiled step's median seconds on each of
-    :data:`FIXED_COST_WORKLOADS` with each strategy (``{workload: {strategy: seconds}}``)."""
+    :data:`FIXED_COST_WORKLOADS` with each strategy (``{workload: {strategy: seconds}}``);
+    ``kind``, the device type the ranks computed on (``cuda`` under NCCL, one GPU per
+    rank, else ``cpu``)."""
     batched = _products([(matmul_batch(s), s) for s in MATMUL_SIZES], reps)
     table = [(s, round(2 * matmul_batch(s) * s**3 / t / 1e9, 1)) for s, t in zip(MATMUL_SIZES, batched)]
     calls = _products([(1, s) for s in CALL_SIZES], reps)
     world = dist.get_world_size()
-    mesh = init_device_mesh("cpu", (world,))
+    mesh = init_device_mesh(rank_device().type, (world,))
     cases = [(name, strategy, arm) for name in FIXED_COST_WORKLOADS for strategy, arm in STRATEGY_ARMS.items()]
     arms = [(arm, FIXED_COST_WORKLOADS[name][0], {"bucket_mb": FIXED_COST_WORKLOADS[name][1]}) for name, _, arm in cases]
     fixed: dict[str, dict[str, float]] = {}
@@ -280,6 +316,7 @@ def measure_device(reps: int) -> dict:
         "sustained_s": SUSTAINED,
         "fixed": fixed,
         "threads": torch.get_num_threads(),
+        "kind": rank_device().type,
     }
 
 
@@ -303,25 +340,29 @@ def _fixed_costs(fixed: dict[str, dict[str, float]], arithmetic: DeviceProfile, 
 
 
 def device_profile(figures: dict, network: NetworkProfile, world: int, log=print) -> DeviceProfile:
-    """The device profile of :func:`measure_device`'s ``figures`` (CPU only: the
-    collectives hold its cores, so nothing overlaps), its fixed costs fitted with
-    ``network`` pricing the collectives of the fixed-cost steps."""
+    """The device profile of :func:`measure_device`'s ``figures``, its fixed costs fitted
+    with ``network`` pricing the collectives of the fixed-cost steps. On the CPU nothing
+    overlaps (the collectives hold its cores); on a GPU, NCCL runs on a stream of its own,
+    and the bf16 rates stand for fp16 too (Gram Newton–Schulz's dtype there; the tensor
+    cores run both at one rate, as in muon_compile.matmul_rates' H100 estimate)."""
+    kind = figures.get("kind", "cpu")  # runs saved before 2026-11-24 measured the CPU only
+    dtypes = (torch.bfloat16, torch.float16) if kind == "cuda" else (torch.bfloat16,)
     table = tuple((int(s), float(r)) for s, r in figures["matmul"])
     bandwidth = figures["memory_bandwidth"]
     log(f"matmul bf16 GFLOP/s: {table}")
-    source = f"measured by scripts/measure_profiles.py, {world} ranks x {figures['threads']} threads"
-    rates = MatmulRates("cpu", source, {torch.bfloat16: table})
+    source = f"measured by scripts/measure_profiles.py, {world} ranks x {figures['threads']} threads, {kind}"
+    rates = MatmulRates(kind, source, dict.fromkeys(dtypes, table))
     if "matmul_call" in figures:  # runs saved before 2026-11-24 did not measure it
         latency = tuple((int(s), max(0.0, t - rates.seconds(torch.bfloat16, s, s, s))) for s, t in figures["matmul_call"])
-        rates = dataclasses.replace(rates, latency={torch.bfloat16: latency})
+        rates = dataclasses.replace(rates, latency=dict.fromkeys(dtypes, latency))
         log(f"matmul bf16 call latency us: {tuple((s, round(t * 1e6, 1)) for s, t in latency)}")
     log(f"memory bandwidth (copy, read + write): {bandwidth / 1e9:.2f} GB/s")
     arithmetic = DeviceProfile(
-        f"cpu-w{world}",
+        f"{kind}-w{world}",
         source,
         rates,
         memory_bandwidth=bandwidth,
-        overlaps_communication=False,
+        overlaps_communication=kind != "cpu",
     )
     step, per_param, per_call, per_bucket = _fixed_costs(figures["fixed"], arithmetic, network, world, log)
     log(
@@ -335,10 +376,10 @@ def device_profile(figures: dict, network: NetworkProfile, world: int, log=print
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--backend", default="gloo")
+    parser.add_argument("--backend", choices=["gloo", "nccl"], default=default_backend(), help="gloo on the CPU, nccl on one GPU per rank")
     parser.add_argument("--reps", type=int, default=9)
     args = parser.parse_args()
-    dist.init_process_group(args.backend)
+    init_backend(args.backend)
     world, rank = dist.get_world_size(), dist.get_rank()
     log = print if rank == 0 else (lambda *_: None)
     log(f"# {args.backend}, world {world}, torch {torch.__version__}, {platform.machine()}, {torch.get_num_threads()} threads per rank")

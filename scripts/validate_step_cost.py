@@ -1,7 +1,7 @@
 """Validate the cost model on this machine: predicted against measured distributed steps.
 
     torchrun --nproc-per-node W scripts/validate_step_cost.py [--workload all] [--reps 15]
-        [--profile-reps 15] [--save run.json]
+        [--profile-reps 15] [--instances 3] [--save run.json]
     python scripts/validate_step_cost.py --load run.json
 
 First the raw figures of the profiles (scripts/measure_profiles.py: gloo collectives,
@@ -13,7 +13,8 @@ buckets, where prefetch changes the schedule): the measured step (bench_distribu
 arms, the slowest rank's median), the eight arms of a workload compiled first and then
 timed in turns, ``--reps`` rounds or more, up to measure_profiles' ``ARM_SECONDS`` of the
 slowest arm's steps (:func:`measure_interleaved`), each round also timing measure_profiles'
-matmul ``probe``. ``--save`` writes all of it as JSON.
+matmul ``probe``. Each arm is ``--instances`` compiled instances of its step, and its
+time in a round is their median: one compiled instance runs at a speed of its own. ``--save`` writes all of it as JSON.
 
 The report fits the profiles to the figures and prints, beside each measured step, the
 cost model's prediction from the plan of the same shapes
@@ -24,9 +25,10 @@ and per workload, bucket size and depth whether the predicted ranking of the str
 is the measured one: by the arms' medians, and round by round (:func:`sign_test`: the
 rounds pair steps taken moments apart; a ranking the rounds do not resolve at 5% is
 "unresolved"), and whether the medians lie further apart than two arms of one plan did
-(:func:`same_plan_spread`: over many rounds the sign test separates even those, each
-compiled instance having a speed of its own). ``--load`` prints the report of a saved run without measuring
-(no torchrun): the current model against the same measurements.
+(:func:`same_plan_spread`; before measure_profiles' turns were shuffled, the sign test
+separated even those, the arm timed first after the probe always slower). ``--load``
+prints the report of a saved run without measuring (no torchrun): the current model
+against the same measurements.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
-from bench_distributed import WORKLOADS
+from bench_distributed import WORKLOADS, default_backend, init_backend, rank_device
 from measure_profiles import (
     ARM_SECONDS,
     PROBE_SIZE,
@@ -71,23 +73,24 @@ def cases(names: list[str]):
                 yield name, mb, prefetch
 
 
-def measure_interleaved(name: str, mesh, warmup: int, reps: int) -> tuple[list[dict], list[float]]:
+def measure_interleaved(name: str, mesh, warmup: int, reps: int, instances: int) -> tuple[list[dict], list[float]]:
     """One entry per case of workload ``name`` and strategy, with its step times (or the
     error it failed with), the eight arms timed in turns (measure_profiles'
-    :func:`measure_arms`: at least ``reps`` rounds, more for short steps), and the
+    :func:`measure_arms`: at least ``reps`` rounds, more for short steps, each arm as
+    ``instances`` compiled instances, a round's time the median of theirs), and the
     GFLOP/s of the matmul probe timed in the same rounds."""
     entries, arms = [], []
     for _, mb, prefetch in cases([name]):
         for strategy, arm in STRATEGY_ARMS.items():
             entries.append({"workload": name, "bucket_mb": mb, "prefetch": prefetch, "strategy": strategy.value})
             arms.append((arm, WORKLOADS[name], {"bucket_mb": mb, "prefetch": prefetch}))
-    results, probe = measure_arms(arms, mesh, warmup, reps, with_probe=True)
+    results, probe = measure_arms(arms, mesh, warmup, reps, with_probe=True, instances=instances)
     for entry, result in zip(entries, results):
         entry.update(result)
     return entries, probe
 
 
-def measure_run(names: list[str], reps: int, warmup: int, profile_reps: int, save: str | None) -> dict:
+def measure_run(names: list[str], reps: int, warmup: int, profile_reps: int, instances: int, save: str | None) -> dict:
     """Every figure of a validation run, as plain data: the header, the profiles' raw
     figures, and ``steps``, one entry per case and strategy with its step times (or the
     error it failed with). Rank 0 writes it to ``save`` after each workload's steps, so a
@@ -95,19 +98,21 @@ def measure_run(names: list[str], reps: int, warmup: int, profile_reps: int, sav
     world = dist.get_world_size()
     record = {
         "header": f"world {world}, {dist.get_backend()}, torch {torch.__version__}, {platform.machine()}, "
-        f"{torch.get_num_threads()} threads per rank",
+        f"{torch.get_num_threads()} threads per rank"
+        + (f", {torch.cuda.get_device_name()}, CUDA {torch.version.cuda}" if rank_device().type == "cuda" else ""),
         "world": world,
         "backend": dist.get_backend(),
         "network": measure_network(profile_reps),
         "network_timing": "back to back",
-        "step_timing": f"interleaved, {reps} rounds or {ARM_SECONDS:g} s of the slowest arm",
+        "step_timing": f"interleaved, {reps} rounds or {ARM_SECONDS:g} s of the slowest arm"
+        + (f", {instances} compiled instances per arm" if instances > 1 else ""),
         "device": measure_device(profile_reps),
         "steps": [],
         "probe": {},
     }
-    mesh = init_device_mesh("cpu", (world,))
+    mesh = init_device_mesh(rank_device().type, (world,))
     for name in names:
-        steps, record["probe"][name] = measure_interleaved(name, mesh, warmup, reps)
+        steps, record["probe"][name] = measure_interleaved(name, mesh, warmup, reps, instances)
         record["steps"] += steps
         if save and dist.get_rank() == 0:
             with open(save, "w") as f:
@@ -257,16 +262,18 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=15)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--profile-reps", type=int, default=15)
+    parser.add_argument("--instances", type=int, default=3, help="compiled instances of each arm (a round's time: their median)")
     parser.add_argument("--save", metavar="JSON", help="write the run's figures here")
+    parser.add_argument("--backend", choices=["gloo", "nccl"], default=default_backend(), help="gloo on the CPU, nccl on one GPU per rank")
     parser.add_argument("--load", metavar="JSON", help="report a saved run instead of measuring")
     args = parser.parse_args()
     if args.load:
         with open(args.load) as f:
             report(json.load(f))
         return
-    dist.init_process_group("gloo")
+    init_backend(args.backend)
     names = list(WORKLOADS) if args.workload == "all" else [args.workload]
-    record = measure_run(names, args.reps, args.warmup, args.profile_reps, args.save)
+    record = measure_run(names, args.reps, args.warmup, args.profile_reps, args.instances, args.save)
     if dist.get_rank() == 0:
         report(record)
     dist.destroy_process_group()

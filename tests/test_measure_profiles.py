@@ -1,0 +1,90 @@
+"""scripts/measure_profiles.py's pure parts (the collective fit, the shuffled turns, the
+instances' round medians, the device profile of saved figures) and, in the slow tier,
+scripts/validate_step_cost.py end to end with one rank, as scripts/gpu_check.sh runs it
+on one GPU (there with NCCL, here with gloo)."""
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import measure_profiles  # noqa: E402
+from muon_compile.network_profiles import Link, NetworkProfile  # noqa: E402
+
+SAVED = ROOT / "docs" / "runs" / "2026-11-24-world2-shuffled.json"
+
+
+def test_fit_recovers_latency_and_bandwidth_and_has_nothing_to_fit_on_one_rank():
+    latency, bandwidth = 50e-6, 2e9
+    points = [(b, 1 * latency + 0.5 * b / bandwidth) for b in (4096, 65536, 2**20, 2**24)]
+    fitted_latency, fitted_bandwidth, worst = measure_profiles.fit(points, 1, 0.5)
+    assert fitted_latency == pytest.approx(latency, rel=1e-6)
+    assert fitted_bandwidth == pytest.approx(bandwidth, rel=1e-6)
+    assert worst < 1e-6
+    # world 1: alpha_beta gives (0, 0) for every kind, the model prices the collective at 0
+    assert measure_profiles.fit([(4096, 3e-5), (65536, 2.9e-5)], 0, 0) == (0.0, math.inf, 0.0)
+
+
+def test_turns_time_each_function_once_a_round_in_an_order_shuffled_alike_on_every_rank(monkeypatch):
+    def run(rounds):
+        calls = []
+        monkeypatch.setattr(measure_profiles, "timed_once", lambda fn: calls.append(fn()) or float(fn()))
+        fns = [lambda i=i: i for i in range(5)]
+        return measure_profiles.turns(fns, rounds), calls
+
+    times, calls = run(6)
+    assert times == [[float(i)] * 6 for i in range(5)]  # each function's own times
+    orders = [calls[r * 5 : (r + 1) * 5] for r in range(6)]
+    assert all(sorted(order) == list(range(5)) for order in orders)
+    assert len({tuple(order) for order in orders}) > 1  # shuffled, not one fixed order
+    assert run(6)[1] == calls  # the same order in another process: every rank's collectives match
+
+
+def test_round_medians_take_the_middle_instance_of_each_round():
+    instances = [[1.0, 9.0, 2.0], [2.0, 1.0, 8.0], [3.0, 2.0, 3.0]]
+    assert measure_profiles.round_medians(instances) == [2.0, 2.0, 3.0]
+    assert measure_profiles.round_medians([[1.0, 2.0]]) == [1.0, 2.0]
+    with pytest.raises(ValueError):
+        measure_profiles.round_medians([[1.0, 2.0], [1.0]])
+
+
+@pytest.mark.parametrize("kind", ["cpu", "cuda"])
+def test_device_profile_of_saved_figures_overlaps_collectives_only_off_the_cpu(kind):
+    figures = dict(json.loads(SAVED.read_text())["device"], kind=kind)
+    network = NetworkProfile("flat", "test", intra=Link(1e-4, 1e9), inter=Link(1e-4, 1e9), ranks_per_node=2)
+    profile = measure_profiles.device_profile(figures, network, 2, log=lambda *_: None)
+    assert profile.name == f"{kind}-w2" and profile.matmul.device == kind
+    assert profile.overlaps_communication is (kind == "cuda")
+    assert profile.matmul.tables[next(iter(profile.matmul.tables))] == tuple(tuple(p) for p in figures["matmul"])
+
+
+@pytest.mark.slow
+def test_validate_step_cost_runs_end_to_end_on_one_rank(tmp_path):
+    saved = tmp_path / "world1.json"
+    out = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
+         str(ROOT / "scripts" / "validate_step_cost.py"), "--backend", "gloo", "--workload", "small-14",
+         "--reps", "3", "--profile-reps", "3", "--instances", "2", "--save", str(saved)],
+        capture_output=True, text=True, timeout=600, check=True,
+    ).stdout
+    record = json.loads(saved.read_text())
+    assert record["world"] == 1 and record["device"]["kind"] == "cpu"
+    steps = record["steps"]
+    assert len(steps) == 8 and all("error" not in s for s in steps), steps
+    for s in steps:  # the arm's time in a round is its two instances' median (their mean)
+        assert len(s["instance_times"]) == 2
+        assert s["times"] == pytest.approx([(a + b) / 2 for a, b in zip(*s["instance_times"])])
+    assert "8 pairs: median |error|" in out
+    # the one-rank network: nothing priced, nothing fitted
+    assert "all_to_all_single: latency 0.0 us, bandwidth inf GB/s" in out
+    reloaded = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "validate_step_cost.py"), "--load", str(saved)],
+        capture_output=True, text=True, timeout=300, check=True,
+    ).stdout
+    assert reloaded.splitlines()[-4:] == out.splitlines()[-4:]  # a saved run reports as measured
