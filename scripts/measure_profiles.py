@@ -152,7 +152,7 @@ def measure_arms(
     ``instances``: each arm is built and compiled that many times, each instance on
     parameters of its own, and a round times every instance once; the arm's time in a
     round is the median of its instances' (their raw times under ``"instance_times"``).
-    Instances of one step, timed in shuffled turns, still measure medians up to 12% apart
+    Instances of one step, timed in shuffled turns, still measure medians up to 13% apart
     (three of the one-bucket ``small-14`` step at world 2: 2.59, 2.37 and 2.29 ms), so
     one instance measures its own speed as much as the step's."""
     results: list[dict] = [{} for _ in arms]
