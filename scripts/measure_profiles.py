@@ -103,7 +103,7 @@ def turns(fns: list, rounds: int) -> list[list[float]]:
     a slow spell of the machine spreads over all of them instead of spoiling one, in an
     order shuffled each round (the same on every rank: the calls' collectives must
     match), so that none always follows the same one. In a fixed order the step timed
-    first after the matmul probe measured 2.80 ms, its two copies timed next 2.24 and
+    first after the matmul probe measured 2.80 ms, two more instances of it 2.24 and
     2.06 ms; shuffled, 2.29, 2.22 and 2.17 (one-bucket ``small-14``, world 2)."""
     times: list[list[float]] = [[] for _ in fns]
     order = list(range(len(fns)))

@@ -13,8 +13,9 @@ buckets, where prefetch changes the schedule): the measured step (bench_distribu
 arms, the slowest rank's median), the eight arms of a workload compiled first and then
 timed in turns, ``--reps`` rounds or more, up to measure_profiles' ``ARM_SECONDS`` of the
 slowest arm's steps (:func:`measure_interleaved`), each round also timing measure_profiles'
-matmul ``probe``. Each arm is ``--instances`` compiled instances of its step, and its
-time in a round is their median: one compiled instance runs at a speed of its own. ``--save`` writes all of it as JSON.
+matmul ``probe``, in an order shuffled each round. Each arm is ``--instances`` compiled
+instances of its step, and its time in a round is their median (instances of one step
+measured medians up to 13% apart). ``--save`` writes all of it as JSON.
 
 The report fits the profiles to the figures and prints, beside each measured step, the
 cost model's prediction from the plan of the same shapes
@@ -104,7 +105,7 @@ def measure_run(names: list[str], reps: int, warmup: int, profile_reps: int, ins
         "backend": dist.get_backend(),
         "network": measure_network(profile_reps),
         "network_timing": "back to back",
-        "step_timing": f"interleaved, {reps} rounds or {ARM_SECONDS:g} s of the slowest arm"
+        "step_timing": f"interleaved in shuffled order, {reps} rounds or {ARM_SECONDS:g} s of the slowest arm"
         + (f", {instances} compiled instances per arm" if instances > 1 else ""),
         "device": measure_device(profile_reps),
         "steps": [],
