@@ -395,6 +395,25 @@ def nccl_problem() -> str | None:
     return None
 
 
+def add_backend_argument(parser: argparse.ArgumentParser) -> None:
+    """``--backend``: gloo on the CPU or nccl with one GPU per rank (default:
+    :func:`default_backend`); :func:`start_backend` starts it."""
+    parser.add_argument(
+        "--backend",
+        choices=["gloo", "nccl"],
+        default=default_backend(),
+        help="gloo on the CPU, or nccl with one GPU per rank (default here: %(default)s)",
+    )
+
+
+def start_backend(parser: argparse.ArgumentParser, backend: str) -> str:
+    """:func:`init_backend`, after a usage error naming why NCCL cannot run here when
+    ``backend`` is nccl and it cannot; the mesh's device."""
+    if backend == "nccl" and (problem := nccl_problem()):
+        parser.error(f"--backend nccl: {problem}; use --backend gloo")
+    return init_backend(backend)
+
+
 def init_backend(backend: str) -> str:
     """Start the process group: NCCL on GPU ``LOCAL_RANK``, or gloo on the CPU; the mesh's device."""
     if backend == "gloo":
@@ -412,16 +431,9 @@ def main() -> None:
     parser.add_argument("--arms", default=",".join(ARMS), help=f"comma list of {list(ARMS)}")
     parser.add_argument("--reps", type=int, default=7)
     parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument(
-        "--backend",
-        choices=["gloo", "nccl"],
-        default=default_backend(),
-        help="gloo on the CPU, or nccl with one GPU per rank (default here: %(default)s)",
-    )
+    add_backend_argument(parser)
     args = parser.parse_args()
-    if args.backend == "nccl" and (problem := nccl_problem()):
-        parser.error(f"--backend nccl: {problem}; use --backend gloo")
-    mesh_device = init_backend(args.backend)
+    mesh_device = start_backend(parser, args.backend)
     world = dist.get_world_size()
     mesh = init_device_mesh(mesh_device, (world,))
     names = list(WORKLOADS) if args.workload == "all" else [args.workload]

@@ -62,7 +62,7 @@ import torch.distributed as dist
 from torch._inductor.utils import fresh_cache
 from torch.distributed.device_mesh import init_device_mesh
 
-from bench_distributed import ARMS, default_backend, failure, init_backend, rank_device, sharded_params
+from bench_distributed import ARMS, add_backend_argument, failure, rank_device, sharded_params, start_backend
 from bench_distributed import timed as timed_once
 from measure_matmul_rates import matmul_batch
 
@@ -376,10 +376,10 @@ def device_profile(figures: dict, network: NetworkProfile, world: int, log=print
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--backend", choices=["gloo", "nccl"], default=default_backend(), help="gloo on the CPU, nccl on one GPU per rank")
+    add_backend_argument(parser)
     parser.add_argument("--reps", type=int, default=9)
     args = parser.parse_args()
-    init_backend(args.backend)
+    start_backend(parser, args.backend)
     world, rank = dist.get_world_size(), dist.get_rank()
     log = print if rank == 0 else (lambda *_: None)
     log(f"# {args.backend}, world {world}, torch {torch.__version__}, {platform.machine()}, {torch.get_num_threads()} threads per rank")

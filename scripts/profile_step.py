@@ -26,7 +26,7 @@ from torch._inductor import config as inductor_config
 from torch._inductor.utils import fresh_cache
 from torch.distributed.device_mesh import init_device_mesh
 
-from bench_distributed import WORKLOADS, default_backend, init_backend, our_muon, sharded_params, timed_steps
+from bench_distributed import WORKLOADS, add_backend_argument, our_muon, sharded_params, start_backend, timed_steps
 
 import muon_compile
 from muon_compile import config
@@ -41,9 +41,9 @@ def main() -> None:
     parser.add_argument("--prefetch", type=int, default=config.Config.prefetch)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--rows", type=int, default=30, help="rows of the printed table")
-    parser.add_argument("--backend", choices=["gloo", "nccl"], default=default_backend())
+    add_backend_argument(parser)
     args = parser.parse_args()
-    mesh_device = init_backend(args.backend)
+    mesh_device = start_backend(parser, args.backend)
     world = dist.get_world_size()
     mesh = init_device_mesh(mesh_device, (world,))
     inductor_config.cpp.enable_kernel_profile = True

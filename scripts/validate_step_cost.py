@@ -1,10 +1,10 @@
 """Validate the cost model on this machine: predicted against measured distributed steps.
 
     torchrun --nproc-per-node W scripts/validate_step_cost.py [--workload all] [--reps 15]
-        [--profile-reps 15] [--instances 3] [--save run.json]
+        [--profile-reps 15] [--instances 3] [--backend gloo|nccl] [--save run.json]
     python scripts/validate_step_cost.py --load run.json
 
-First the raw figures of the profiles (scripts/measure_profiles.py: gloo collectives,
+First the raw figures of the profiles (scripts/measure_profiles.py: gloo or NCCL collectives,
 matmul rates, memory bandwidth and the compiled step on small matrices, all ranks at
 once), because this VM's speed drifts between days. Then, for each workload of
 scripts/bench_distributed.py, each strategy (all_to_all, all_gather), each prefetch depth
@@ -38,14 +38,13 @@ import argparse
 import dataclasses
 import json
 import math
-import platform
 import statistics
 
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
-from bench_distributed import WORKLOADS, default_backend, init_backend, rank_device
+from bench_distributed import WORKLOADS, add_backend_argument, machine, rank_device, start_backend
 from measure_profiles import (
     ARM_SECONDS,
     PROBE_SIZE,
@@ -57,7 +56,6 @@ from measure_profiles import (
     network_profile,
 )
 
-from muon_compile import config
 from muon_compile.config import Config
 from muon_compile.plan import plan_for
 from muon_compile.step_cost import DeviceProfile, predict, stages
@@ -98,9 +96,8 @@ def measure_run(names: list[str], reps: int, warmup: int, profile_reps: int, ins
     run stopped early keeps the workloads it measured."""
     world = dist.get_world_size()
     record = {
-        "header": f"world {world}, {dist.get_backend()}, torch {torch.__version__}, {platform.machine()}, "
-        f"{torch.get_num_threads()} threads per rank"
-        + (f", {torch.cuda.get_device_name()}, CUDA {torch.version.cuda}" if rank_device().type == "cuda" else ""),
+        "header": f"world {world}, {dist.get_backend()}, torch {torch.__version__}, {machine()}, "
+        f"{torch.get_num_threads()} threads per rank",
         "world": world,
         "backend": dist.get_backend(),
         "network": measure_network(profile_reps),
@@ -265,14 +262,14 @@ def main() -> None:
     parser.add_argument("--profile-reps", type=int, default=15)
     parser.add_argument("--instances", type=int, default=3, help="compiled instances of each arm (a round's time: their median)")
     parser.add_argument("--save", metavar="JSON", help="write the run's figures here")
-    parser.add_argument("--backend", choices=["gloo", "nccl"], default=default_backend(), help="gloo on the CPU, nccl on one GPU per rank")
+    add_backend_argument(parser)
     parser.add_argument("--load", metavar="JSON", help="report a saved run instead of measuring")
     args = parser.parse_args()
     if args.load:
         with open(args.load) as f:
             report(json.load(f))
         return
-    init_backend(args.backend)
+    start_backend(parser, args.backend)
     names = list(WORKLOADS) if args.workload == "all" else [args.workload]
     record = measure_run(names, args.reps, args.warmup, args.profile_reps, args.instances, args.save)
     if dist.get_rank() == 0:
