@@ -35,7 +35,7 @@ from .canonicalize import apply_canonical, plan_canonical, reject_log
 from .distribute import apply_distribution
 from .find import find_ns_sites
 from .graph_text import graph_text
-from .graph_utils import alias_pattern, check_contract, ns_call, ns_nodes
+from .graph_utils import alias_pattern, check_contract, ns_call
 from .lower import lower_ns_ops
 from .plan_algorithms import plan_algorithms
 from .plan_buckets import plan_buckets
@@ -149,7 +149,7 @@ def _post_grad(graph: fx.Graph, cfg: config_mod.Config, dump_name: str | None) -
     if cfg.enabled("schedule") and distributed:
         _run_pass("schedule", graph, dumper, lambda: apply_schedule(graph, cfg.prefetch))
     if cfg.enabled("lower"):
-        algorithms = plan_algorithms(ns_nodes(graph), policy=cfg.ns_algorithm)
+        algorithms = plan_algorithms(*find_ns_sites(graph), policy=cfg.ns_algorithm)
         log.debug("algorithm plan:\n%s", algorithms.describe())
         explain.note_plan(algorithms.describe())
         _run_pass("lower", graph, dumper, lambda: lower_ns_ops(graph, algorithms))

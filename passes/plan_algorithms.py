@@ -3,8 +3,9 @@
 Algorithm (:func:`plan_algorithms`, run on the graph ``lower`` is about to rewrite, so after
 bucketing and distribution every node is one bucket or one owner's batch):
 
-  1. For each NS op node, read the matrices it orthogonalises: ``batch x rows x cols``
-     (a sharded node's matrix has its global row count).
+  1. For each NS op node, take the matrices it orthogonalises from its site
+     (:func:`~.find.find_ns_sites`, the one reader of an NS node's shape):
+     ``batch x rows x cols``, a sharded node's matrix with its global row count.
   2. :func:`muon_compile.ns_cost.choose` resolves the node's ``algorithm``: an explicit
      one is kept, ``auto`` follows ``MUON_COMPILE_NS_ALGORITHM`` and then the cost model
      of the node's device. The choice depends on the matrix shape, dtype and device only,
@@ -24,12 +25,13 @@ from __future__ import annotations
 
 import dataclasses
 
+import torch
 import torch.fx as fx
 
 from muon_compile.ns_args import GRAM, TEXTBOOK, NSArgs
 from muon_compile.ns_cost import Choice, choose
 
-from .graph_utils import ns_call
+from .find import NSSite
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,18 +85,15 @@ class AlgorithmPlan:
         return "\n".join(lines)
 
 
-def plan_algorithms(nodes: list[fx.Node], *, policy: str) -> AlgorithmPlan:
-    """Choose the algorithm of each NS op node in ``nodes`` (see the module docstring)."""
+def plan_algorithms(nodes: list[fx.Node], sites: list[NSSite], *, policy: str) -> AlgorithmPlan:
+    """Choose the algorithm of each NS op node in ``nodes``, described by ``sites``
+    (:func:`~.find.find_ns_sites` of the graph ``lower`` rewrites; see the module docstring)."""
     choices, skipped = [], []
-    for node in nodes:
-        call = ns_call(node)
-        val = call.input.meta["val"]
-        batch = val.shape[0] if val.dim() == 3 else 1
-        rows = call.group.global_rows if call.group is not None else val.shape[-2]
-        cols = val.shape[-1]
-        if not all(isinstance(d, int) for d in (batch, rows, cols)):
-            skipped.append((node.name, f"symbolic shape {tuple(val.shape)}"))
+    for node, site in zip(nodes, sites, strict=True):
+        if site.symbolic:
+            skipped.append((node.name, site.skip_reason))
             continue
-        choice = choose(rows, cols, call.args.steps, call.args.compute_dtype, val.device.type, call.args.algorithm, policy)
-        choices.append(NodeChoice(node.name, batch, rows, cols, call.args, choice))
+        args = site.args
+        choice = choose(site.rows, site.cols, args.steps, args.compute_dtype, torch.device(site.device).type, args.algorithm, policy)
+        choices.append(NodeChoice(node.name, site.batch, site.rows, site.cols, args, choice))
     return AlgorithmPlan(tuple(choices), tuple(skipped))

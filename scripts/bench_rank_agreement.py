@@ -28,7 +28,7 @@ from torch._inductor.utils import fresh_cache
 from torch.distributed.device_mesh import init_device_mesh
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_distributed import WORKLOADS, init_backend, machine, sharded_params, slowest  # noqa: E402
+from bench_distributed import WORKLOADS, add_backend_argument, machine, sharded_params, slowest, start_backend  # noqa: E402
 
 import muon_compile  # noqa: E402
 from muon_compile import rank_agreement  # noqa: E402
@@ -39,11 +39,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workload", choices=list(WORKLOADS), default="gpt-small")
     parser.add_argument("--reps", type=int, default=20)
-    parser.add_argument("--backend", default="gloo")
+    add_backend_argument(parser)
     args = parser.parse_args()
-    init_backend(args.backend)
+    device = start_backend(parser, args.backend)
     world = dist.get_world_size()
-    mesh = init_device_mesh("cpu", (world,))
+    mesh = init_device_mesh(device, (world,))
     params = sharded_params(WORKLOADS[args.workload], mesh)
     opt = muon_compile.Muon(params, lr=0.02)
 
