@@ -9,7 +9,8 @@ is kept (median of ``--reps``): a rank of this run shares the cores with the oth
 its rates are the ones that hold while they all run.
 
 * Network: each collective kind of muon_compile.network_profiles on inputs of 4 KiB to
-  16 MiB per rank (bf16; fp32 for the reductions), fitted to the profile's own formula,
+  16 MiB per rank (bf16; fp32 for the reductions), called as the compiled step calls it
+  (:func:`collective`: the functional op and its wait), fitted to the profile's own formula,
   ``seconds = steps * latency + factor * bytes / bandwidth``, by least squares on the
   relative error; the fit's worst relative error says how well the alpha-beta model
   describes the backend. Each timing repeats the collective back to back for
@@ -188,22 +189,27 @@ def measure_arms(
     return results, [gflop / t for t in times[-1]] if probed else []
 
 
-def collective(kind: str, nbytes: int, world: int):
-    on = {"device": rank_device()}
-    x = torch.zeros(nbytes // 2, dtype=torch.bfloat16, **on)
+def collective(kind: str, nbytes: int, world: int, value: float = 0.0) -> Callable[[], torch.Tensor]:
+    """One call of the collective ``kind`` on ``nbytes`` per rank, as the compiled step
+    makes it: the functional op the graph holds (``torch.ops._c10d_functional``, whose
+    names are :data:`~muon_compile.network_profiles.COLLECTIVES`; the gloo process group
+    runs its coalesced all_gather for it, not ``dist.all_gather_into_tensor``'s) and its
+    ``wait_tensor``. It sends ``value`` in bf16, as the step sends; in fp32 for the
+    reductions."""
+    ops, group = torch.ops._c10d_functional, dist.group.WORLD.group_name
+    on = {"fill_value": value, "device": rank_device()}
     if kind == "all_gather_into_tensor":
-        out = torch.empty(world * x.numel(), dtype=x.dtype, **on)
-        return lambda: dist.all_gather_into_tensor(out, x)
+        x = torch.full((nbytes // 2,), dtype=torch.bfloat16, **on)
+        return lambda: ops.wait_tensor(ops.all_gather_into_tensor(x, world, group))
     if kind == "all_to_all_single":
-        x = torch.zeros(world * (x.numel() // world), dtype=x.dtype, **on)
-        out = torch.empty_like(x)
-        return lambda: dist.all_to_all_single(out, x)
+        x = torch.full((world * (nbytes // 2 // world),), dtype=torch.bfloat16, **on)
+        splits = [x.numel() // world] * world
+        return lambda: ops.wait_tensor(ops.all_to_all_single(x, splits, splits, group))
     if kind == "reduce_scatter_tensor":
-        x = torch.zeros(world * (nbytes // 4 // world), dtype=torch.float32, **on)
-        out = torch.empty(x.numel() // world, dtype=x.dtype, **on)
-        return lambda: dist.reduce_scatter_tensor(out, x)
-    x = torch.zeros(nbytes // 4, dtype=torch.float32, **on)
-    return lambda: dist.all_reduce(x)
+        x = torch.full((world * (nbytes // 4 // world),), dtype=torch.float32, **on)
+        return lambda: ops.wait_tensor(ops.reduce_scatter_tensor(x, "sum", world, group))
+    x = torch.full((nbytes // 4,), dtype=torch.float32, **on)
+    return lambda: ops.wait_tensor(ops.all_reduce(x, "sum", group))
 
 
 def sustained(fn):

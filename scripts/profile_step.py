@@ -1,14 +1,14 @@
-"""Where a compiled distributed Muon step's time goes: its kernels, per step, on rank 0.
+"""Where a compiled distributed Muon step's time goes: its kernels, per step, on one rank.
 
     torchrun --nproc-per-node 2 scripts/profile_step.py [--workload gpt-small]
-        [--strategy all_to_all] [--bucket-mb 64] [--prefetch 1] [--steps 3]
+        [--strategy all_to_all] [--bucket-mb 64] [--prefetch 1] [--steps 3] [--rank 0]
 
 Builds scripts/bench_distributed.py's workload on FSDP2 (gloo on the CPU, NCCL with one GPU
 per rank), compiles ``muon_compile.Muon``'s step with ``backend="muon"`` and the given
 settings, times it as bench_distributed does (median of 7 after 3 warm-up steps, slowest
 rank), then profiles ``--steps`` steps with Inductor's C++ kernels recorded by name
-(``cpp.enable_kernel_profile``) and prints rank 0's table of self time per step (the
-GPU's under NCCL): the matmuls (``aten::bmm``), each generated pointwise kernel
+(``cpp.enable_kernel_profile``) and prints the table of self time per step (the
+GPU's under NCCL) of rank ``--rank`` (default 0): the matmuls (``aten::bmm``), each generated pointwise kernel
 (``graph_N_cpp_fused_*`` on the CPU), the collectives' waits. The cost model's prediction for the same plan
 (scripts/validate_step_cost.py) splits a step into NS, pointwise and exposed
 communication; this table is what to hold it against. The profiler's own cost makes the
@@ -41,10 +41,13 @@ def main() -> None:
     parser.add_argument("--prefetch", type=int, default=config.Config.prefetch)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--rows", type=int, default=30, help="rows of the printed table")
+    parser.add_argument("--rank", type=int, default=0, help="the rank whose profile is printed")
     add_backend_argument(parser)
     args = parser.parse_args()
     mesh_device = start_backend(parser, args.backend)
     world = dist.get_world_size()
+    if not 0 <= args.rank < world:
+        parser.error(f"--rank {args.rank}: the run has ranks 0 to {world - 1}")
     mesh = init_device_mesh(mesh_device, (world,))
     inductor_config.cpp.enable_kernel_profile = True
     settings = config.override(strategy=args.strategy, bucket_mb=args.bucket_mb, prefetch=args.prefetch)
@@ -56,12 +59,12 @@ def main() -> None:
         with torch.profiler.profile(activities=activities) as prof:
             for _ in range(args.steps):
                 step()
-    if dist.get_rank() == 0:
+    if dist.get_rank() == args.rank:
         print(
             f"# {args.workload}, {args.strategy}, bucket {args.bucket_mb:g} MiB, prefetch {args.prefetch}, "
             f"world {world} ({dist.get_backend()}), muon_compile {muon_compile.__version__}, torch {torch.__version__}"
         )
-        print(f"step: median {median * 1e3:.2f} ms (slowest rank); rank 0's profile of {args.steps} steps, ms per step:")
+        print(f"step: median {median * 1e3:.2f} ms (slowest rank); rank {args.rank}'s profile of {args.steps} steps, ms per step:")
 
         def self_us(e) -> float:  # the GPU's time under NCCL, the CPU's under gloo
             return e.self_device_time_total if gpu else e.self_cpu_time_total

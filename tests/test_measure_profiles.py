@@ -1,5 +1,6 @@
 """scripts/measure_profiles.py's pure parts (the collective fit, the shuffled turns, the
-instances' round medians, the device profile of saved figures) and, in the slow tier,
+instances' round medians, the device profile of saved figures), its timed collectives on
+two gloo ranks, and, in the slow tier,
 scripts/validate_step_cost.py end to end with one rank, as scripts/gpu_check.sh runs it
 on one GPU (there with NCCL, here with gloo)."""
 
@@ -10,12 +11,35 @@ import sys
 from pathlib import Path
 
 import pytest
+from dist_harness import run_world
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import measure_profiles  # noqa: E402
 from muon_compile.network_profiles import Link, NetworkProfile  # noqa: E402
+
+def timed_collectives(rank, world):
+    """Each kind's call from measure_profiles.collective on 4 KiB per rank (fp32 for the
+    reductions): its output's shape and values, every rank sending its rank + 1."""
+    out = {}
+    for kind in measure_profiles.COLLECTIVES:
+        result = measure_profiles.collective(kind, 4096, world, value=rank + 1)()
+        out[kind] = (tuple(result.shape), sorted(set(result.tolist())))
+    return out
+
+
+def test_collectives_are_timed_as_the_functional_ops_the_step_calls():
+    """measure_profiles times what the compiled graph runs (the _c10d_functional op and
+    its wait), each on its bytes per rank, with the results the kind defines."""
+    for result in run_world(timed_collectives, 2, timeout=300):
+        assert result == {
+            "all_gather_into_tensor": ((4096,), [1.0, 2.0]),  # 2048 bf16 per rank, gathered
+            "all_to_all_single": ((2048,), [1.0, 2.0]),  # half from each rank
+            "all_reduce": ((1024,), [3.0]),  # 1024 fp32, summed
+            "reduce_scatter_tensor": ((512,), [3.0]),  # a half of 1024 fp32, summed
+        }
+
 
 SAVED = ROOT / "docs" / "runs" / "2026-11-24-world2-shuffled.json"
 
