@@ -36,6 +36,8 @@ MATCHED_WHEN_RECORDED = {
     "2026-11-24-world3-probe": 5,
     "2026-11-24-world2-shuffled": 8,
     "2026-11-24-world3-shuffled": 7,
+    "2026-11-24-world2-functional": 8,
+    "2026-11-24-world3-functional": 6,
 }
 # runs whose steps were timed in turns: rankings that the rounds resolve (sign test at 5%)
 # against the prediction, when recorded (world3-concat: a ten-bucket small-14 pair of 15 rounds)
@@ -51,6 +53,8 @@ PAIRED_DIFFERS_WHEN_RECORDED = {
     "2026-11-24-world3-probe": 0,
     "2026-11-24-world2-shuffled": 0,
     "2026-11-24-world3-shuffled": 0,
+    "2026-11-24-world2-functional": 0,
+    "2026-11-24-world3-functional": 0,
 }
 # rankings whose medians lie further apart than two arms of one plan measured (the
 # report's "the same plan's" spread) against the prediction, when the spread was first
@@ -64,6 +68,9 @@ RESOLVED_DIFFERS = {
     # a ten-bucket small-14 pair with prefetch 0, 13.2% apart against 9.2%, not resolved by
     # the rounds (p 0.076)
     "2026-11-24-world3-shuffled": 1,
+    # the ten-bucket small-14 pairs, 6.0% and 5.0% apart against 3.6%, not resolved by the
+    # rounds (p 0.098 and 0.41)
+    "2026-11-24-world3-functional": 2,
 }
 
 
