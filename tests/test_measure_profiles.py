@@ -19,6 +19,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import measure_profiles  # noqa: E402
 from muon_compile.network_profiles import Link, NetworkProfile  # noqa: E402
 
+
 def timed_collectives(rank, world):
     """Each kind's call from measure_profiles.collective on 4 KiB per rank (fp32 for the
     reductions): its output's shape and values, every rank sending its rank + 1."""
