@@ -10,9 +10,9 @@ rank), then profiles ``--steps`` steps with Inductor's C++ kernels recorded by n
 (``cpp.enable_kernel_profile``) and prints the table of self time per step (the
 GPU's under NCCL) of rank ``--rank`` (default 0): the matmuls (``aten::bmm``), each
 generated pointwise kernel (``graph_N_cpp_fused_*`` on the CPU), the collectives' waits.
-The cost model's prediction for the same plan (scripts/validate_step_cost.py) splits a step into NS, pointwise and exposed
-communication; this table is what to hold it against. The profiler's own cost makes the
-profiled steps slower than the timed median.
+The cost model's prediction for the same plan (scripts/validate_step_cost.py) splits a
+step into NS, pointwise and exposed communication; this table is what to hold it
+against. The profiler's own cost makes the profiled steps slower than the timed median.
 """
 
 from __future__ import annotations
