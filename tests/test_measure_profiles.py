@@ -1,8 +1,7 @@
 """scripts/measure_profiles.py's pure parts (the collective fit, the shuffled turns, the
 instances' round medians, the device profile of saved figures), its timed collectives on
-two gloo ranks, and, in the slow tier,
-scripts/validate_step_cost.py end to end with one rank, as scripts/gpu_check.sh runs it
-on one GPU (there with NCCL, here with gloo)."""
+two gloo ranks, and, in the slow tier, scripts/validate_step_cost.py end to end with one
+rank, as scripts/gpu_check.sh runs it on one GPU (there with NCCL, here with gloo)."""
 
 import json
 import math
@@ -18,6 +17,8 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 import measure_profiles  # noqa: E402
 from muon_compile.network_profiles import Link, NetworkProfile  # noqa: E402
+
+SAVED = ROOT / "docs" / "runs" / "2026-11-24-world2-shuffled.json"
 
 
 def timed_collectives(rank, world):
@@ -40,9 +41,6 @@ def test_collectives_are_timed_as_the_functional_ops_the_step_calls():
             "all_reduce": ((1024,), [3.0]),  # 1024 fp32, summed
             "reduce_scatter_tensor": ((512,), [3.0]),  # a half of 1024 fp32, summed
         }
-
-
-SAVED = ROOT / "docs" / "runs" / "2026-11-24-world2-shuffled.json"
 
 
 def test_fit_recovers_latency_and_bandwidth_and_has_nothing_to_fit_on_one_rank():
