@@ -16,8 +16,15 @@ collective                  what each rank sends                 seconds
 Here ``a`` is the latency of one step and ``B`` the bandwidth one rank sends at (NCCL's
 "bus bandwidth"). A group that fits in one node uses the intra-node link; a larger one is
 limited by the inter-node link. A measured profile may give a kind its own intra-node
-link (``kinds``): gloo's algorithms differ by kind more than one link describes. The all-to-all row assumes the uneven split sizes of a
-bucket cost what even ones of the same total cost.
+link (``kinds``): gloo's algorithms differ by kind more than one link describes. The
+all-to-all row assumes the uneven split sizes of a bucket cost what even ones of the same
+total cost.
+
+A link may price messages above a size by a second link (:attr:`Link.large`), as NCCL
+prices each of its protocols by its own latency and bandwidth: on this VM gloo's
+all_gather of 16 MiB per rank takes 6-12 times its 4 MiB time, which no one line
+through the small and the large messages describes (scripts/measure_profiles.py fits
+the two ranges apart where one line misses a measured size by more than 20%).
 
 Profiles (:data:`PROFILES`):
 
@@ -37,6 +44,7 @@ predicts, because this VM's speed drifts between days.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 
 COLLECTIVES = ("all_gather_into_tensor", "all_to_all_single", "all_reduce", "reduce_scatter_tensor")
@@ -44,10 +52,33 @@ COLLECTIVES = ("all_gather_into_tensor", "all_to_all_single", "all_reduce", "red
 
 @dataclasses.dataclass(frozen=True)
 class Link:
-    """One kind of link: ``latency`` seconds per algorithm step, ``bandwidth`` bytes/s sent per rank."""
+    """One kind of link: ``latency`` seconds per algorithm step, ``bandwidth`` bytes/s sent
+    per rank; messages of more than ``large_from`` bytes per rank are priced by the link
+    ``large`` instead (both or neither given)."""
 
     latency: float
     bandwidth: float
+    large_from: float = math.inf
+    large: Link | None = None
+
+    def __post_init__(self) -> None:
+        if (self.large is None) != math.isinf(self.large_from):
+            raise ValueError(f"a link prices large messages by a second link from a size: both or neither, "
+                             f"got large_from={self.large_from} and large={self.large}")
+
+    def seconds(self, steps: float, factor: float, nbytes: float) -> float:
+        """``steps * latency + factor * nbytes / bandwidth`` by the link of ``nbytes``' size."""
+        if nbytes > self.large_from:
+            return self.large.seconds(steps, factor, nbytes)
+        return steps * self.latency + factor * nbytes / self.bandwidth
+
+    def describe(self) -> str:
+        """Its latency and bandwidth, and those of its large messages' link."""
+        bandwidth = "unbounded" if math.isinf(self.bandwidth) else f"{self.bandwidth / 1e9:.3f} GB/s"
+        own = f"latency {self.latency * 1e6:.1f} us, bandwidth {bandwidth}"
+        if self.large is None:
+            return own
+        return f"{own} up to {self.large_from / 1024:.0f} KiB, above: {self.large.describe()}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,8 +111,7 @@ class NetworkProfile:
         steps, factor = alpha_beta(kind, group_size)
         if group_size <= 1:
             return 0.0
-        link = self.link(group_size, kind)
-        return steps * link.latency + factor * nbytes / link.bandwidth
+        return self.link(group_size, kind).seconds(steps, factor, nbytes)
 
 
 def alpha_beta(kind: str, group_size: int) -> tuple[float, float]:

@@ -75,6 +75,11 @@ from muon_compile.plan import plan_for
 from muon_compile.step_cost import DeviceProfile, overhead_counts, predict
 
 SIZES = [2**k for k in range(12, 26, 2)]  # bytes per rank
+# the cost model's tolerance: a prediction within it of the measured step counts as right
+# (scripts/validate_step_cost.py), and a fit that misses a measured time by more is split
+# in two size ranges (fit_link), each of SEGMENT_POINTS sizes or more
+TOLERANCE = 0.2
+SEGMENT_POINTS = 3
 SUSTAINED = 0.05  # seconds a timed matmul, copy or collective runs on every rank at once
 ARM_SECONDS = 2.0  # seconds of timed steps, at least, of the slowest arm that measure_arms times
 MATMUL_SIZES = (32, 64, 128, 256, 512, 1024)
@@ -232,8 +237,10 @@ def least_squares(a: torch.Tensor, b: torch.Tensor) -> list[float]:
 def fit(points: list[tuple[float, float]], steps: float, factor: float) -> tuple[float, float, float]:
     """Fit ``t = steps * latency + factor * b / bandwidth`` minimising the squared *relative*
     error (small messages count as much as large ones): latency, bandwidth, worst error.
-    With ``steps`` and ``factor`` 0 (one rank: the model prices the collective at
-    nothing) there is nothing to fit: no latency, unbounded bandwidth."""
+    Neither term may be negative: where the best line has one, the other alone is fitted
+    (small messages whose times do not grow with their size: latency alone). With
+    ``steps`` and ``factor`` 0 (one rank: the model prices the collective at nothing)
+    there is nothing to fit: no latency, unbounded bandwidth."""
     if steps == factor == 0:
         return 0.0, math.inf, 0.0
     # each row times (latency, 1/bandwidth) ~ 1
@@ -242,8 +249,31 @@ def fit(points: list[tuple[float, float]], steps: float, factor: float) -> tuple
     latency, inverse = least_squares(rows, ones)
     if latency < 0:  # no latency term fits: bandwidth alone
         latency, (inverse,) = 0.0, least_squares(rows[:, 1:], ones)
+    elif inverse < 0:  # no bandwidth term fits: latency alone
+        (latency,), inverse = least_squares(rows[:, :1], ones), 0.0
     worst = max(abs(steps * latency + factor * b * inverse - t) / t for b, t in points)
-    return latency, 1 / inverse, worst
+    return latency, (1 / inverse if inverse else math.inf), worst
+
+
+def fit_link(points: list[tuple[float, float]], steps: float, factor: float) -> tuple[Link, float]:
+    """The link of one :func:`fit` to all ``points`` (``(bytes, seconds)``), or, where that
+    line misses a point by more than :data:`TOLERANCE`, of one fit to the small messages
+    and one to the large (:attr:`Link.large`), split where the worse of the two misses
+    least, each fitted to :data:`SEGMENT_POINTS` points or more and the boundary halfway
+    between their sizes (geometric mean); with the link, its worst relative error."""
+    points = sorted(points)
+    latency, bandwidth, worst = fit(points, steps, factor)
+    best = Link(latency, bandwidth), worst
+    if worst <= TOLERANCE:
+        return best
+    for split in range(SEGMENT_POINTS, len(points) - SEGMENT_POINTS + 1):
+        (small_latency, small_bandwidth, small_worst), (large_latency, large_bandwidth, large_worst) = (
+            fit(points[:split], steps, factor), fit(points[split:], steps, factor))
+        if max(small_worst, large_worst) < best[1]:
+            boundary = math.sqrt(points[split - 1][0] * points[split][0])
+            large = Link(large_latency, large_bandwidth)
+            best = Link(small_latency, small_bandwidth, large_from=boundary, large=large), max(small_worst, large_worst)
+    return best
 
 
 def per_call(fns: list, reps: int) -> list[float]:
@@ -265,10 +295,9 @@ def network_profile(points: dict[str, list[tuple[int, float]]], world: int, back
     ``log`` gets a line per kind with its fit and its points."""
     links = {}
     for kind, kind_points in points.items():
-        latency, bandwidth, worst = fit(kind_points, *alpha_beta(kind, world))
-        links[kind] = Link(latency, bandwidth)
+        links[kind], worst = fit_link(kind_points, *alpha_beta(kind, world))
         shown = ", ".join(f"{b // 1024} KiB {t * 1e3:.3f} ms" for b, t in kind_points)
-        log(f"{kind}: latency {latency * 1e6:.1f} us, bandwidth {bandwidth / 1e9:.3f} GB/s, worst fit error {worst:.0%}")
+        log(f"{kind}: {links[kind].describe()}, worst fit error {worst:.0%}")
         log(f"    {shown}")
     a2a = links["all_to_all_single"]
     return NetworkProfile(

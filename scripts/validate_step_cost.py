@@ -49,6 +49,7 @@ from measure_profiles import (
     ARM_SECONDS,
     PROBE_SIZE,
     STRATEGY_ARMS,
+    TOLERANCE,
     device_profile,
     measure_arms,
     measure_device,
@@ -221,9 +222,9 @@ def same_plan_spread(steps: dict, name: str, world: int, interleaved: bool, log)
 
 
 def summary(errors: list[float]) -> str:
-    """The median, worst and count within 20% of absolute relative errors."""
+    """The median, worst and count within measure_profiles' ``TOLERANCE`` of absolute relative errors."""
     return (f"median |error| {statistics.median(errors):.1%}, worst {max(errors):.1%}, "
-            f"within 20%: {sum(e <= 0.2 for e in errors)}/{len(errors)}")
+            f"within {TOLERANCE:.0%}: {sum(e <= TOLERANCE for e in errors)}/{len(errors)}")
 
 
 def drift_corrected(device: DeviceProfile, record: dict, name: str, log) -> DeviceProfile:

@@ -54,6 +54,32 @@ def test_fit_recovers_latency_and_bandwidth_and_has_nothing_to_fit_on_one_rank()
     assert measure_profiles.fit([(4096, 3e-5), (65536, 2.9e-5)], 0, 0) == (0.0, math.inf, 0.0)
 
 
+def test_fit_keeps_both_terms_non_negative():
+    # times that fall with the size: latency alone, the least-squares relative fit of a constant
+    latency, bandwidth, worst = measure_profiles.fit([(4096, 2e-3), (65536, 1.8e-3), (2**18, 1.5e-3)], 2, 2)
+    assert bandwidth == math.inf
+    times = (2e-3, 1.8e-3, 1.5e-3)
+    assert 2 * latency == pytest.approx(sum(1 / t for t in times) / sum(1 / t**2 for t in times))
+    assert worst == pytest.approx(max(abs(2 * latency - t) / t for t in times))
+
+
+def test_fit_link_splits_sizes_only_where_one_line_misses_a_point_by_more_than_the_tolerance():
+    sizes = [2**k for k in range(12, 26, 2)]
+    linear = [(b, 1e-3 + b / 1e9) for b in sizes]
+    link, worst = measure_profiles.fit_link(linear, 1, 1)
+    assert link.large is None and worst < 1e-6
+    # gloo's all_gather on the VM: flat up to 256 KiB, then steeper than any one line
+    small, large = Link(1e-3, 2e9), Link(0.0, 0.5e9)
+    bent = [(b, small.seconds(1, 1, b) if b <= 2**18 else large.seconds(1, 1, b)) for b in sizes]
+    link, worst = measure_profiles.fit_link(bent, 1, 1)
+    assert measure_profiles.fit(bent, 1, 1)[2] > measure_profiles.TOLERANCE
+    assert worst < 1e-6
+    assert link.large_from == pytest.approx(2**19)  # halfway between 256 KiB and 1 MiB
+    assert (link.latency, link.bandwidth) == pytest.approx((small.latency, small.bandwidth))
+    assert link.large.latency == pytest.approx(0.0, abs=1e-12)
+    assert link.large.bandwidth == pytest.approx(large.bandwidth)
+
+
 def test_turns_time_each_function_once_a_round_in_an_order_shuffled_alike_on_every_rank(monkeypatch):
     def run(rounds):
         calls = []

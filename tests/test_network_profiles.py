@@ -27,6 +27,18 @@ def test_one_rank_costs_nothing_and_unknown_kinds_are_refused():
         profile("ethernet")
 
 
+def test_a_link_prices_messages_above_its_boundary_by_its_large_messages_link():
+    large = Link(0.0, 1e9)
+    net = NetworkProfile("test", "made up", intra=Link(1e-3, 1e12, large_from=2**20, large=large),
+                         inter=Link(2e-5, 10e9), ranks_per_node=4)
+    assert net.seconds("all_gather_into_tensor", 2**20, 3) == pytest.approx(2 * 1e-3 + 2 * 2**20 / 1e12)
+    assert net.seconds("all_gather_into_tensor", 2**20 + 1, 3) == pytest.approx(2 * (2**20 + 1) / 1e9)
+    with pytest.raises(ValueError, match="both or neither"):
+        Link(1e-3, 1e9, large=large)
+    with pytest.raises(ValueError, match="both or neither"):
+        Link(1e-3, 1e9, large_from=2**20)
+
+
 def test_published_profile_orders_links():
     net = profile("nvlink-ib")
     assert net.seconds("all_gather_into_tensor", 64e6, 8) < net.seconds("all_gather_into_tensor", 64e6, 16)
