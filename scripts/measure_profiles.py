@@ -26,7 +26,10 @@ its rates are the ones that hold while they all run.
 * Drift: the VM's matmul rate changes by 10% between minutes (the profile of one run
   measured 513 GFLOP/s at size 512, another 461), so :func:`measure_arms` can time a
   :func:`probe` of the table's :data:`PROBE_SIZE` products in turns with the steps, for
-  the validation to scale the table to the rate that held while the steps ran.
+  the validation to scale the table to the rate that held while the steps ran, and each
+  collective on :data:`PROBE_BYTES` per rank, to scale the network's latencies likewise
+  (a world-3 profile timed all_to_all's 4-64 KiB at 1.12-1.36 ms in a slow spell, the
+  step's twenty of them then priced 22% over the step).
 
   A timing must be long against the barrier's skew and the scheduler's time slice, or
   ranks that share cores (three on this 2-core VM) take turns instead of running at
@@ -88,6 +91,9 @@ MATMUL_SIZES = (32, 64, 128, 256, 512, 1024)
 # the matmul rate that measure_arms can time in turns with the steps, to follow the VM's
 # drift between the profile and the steps: batched bf16 products of this size
 PROBE_SIZE = 512
+# and the collectives' time, each kind on this many bytes per rank (latency-bound: the
+# bandwidth term is 1-3% of its time on gloo here)
+PROBE_BYTES = SIZES[1]
 # sizes of the single products whose time, less their arithmetic, is a call's latency
 CALL_SIZES = (8, 16, 32, 64, 128, 256)
 # matrices too small for their arithmetic to count, with a bucket size: the same shape
@@ -155,7 +161,10 @@ def measure_arms(
     timed in :func:`turns`: ``reps`` rounds, or more, up to :data:`ARM_SECONDS` of the
     slowest arm's steps, so that short steps, whose single timings spread most, get more
     of them. No arm may recompile while timed. ``with_probe``: each round also times the
-    :func:`probe`, whose GFLOP/s per round come second (else an empty list).
+    :func:`probe` and, with more than one rank, each collective kind on
+    :data:`PROBE_BYTES` per rank (:func:`collective`, repeated as in the profile), which
+    come second: ``{"matmul": GFLOP/s per round, kind: seconds per call per round}``
+    (else an empty dict).
 
     ``instances``: each arm is built and compiled that many times, each instance on
     parameters of its own, and a round times every instance once; the arm's time in a
@@ -185,15 +194,28 @@ def measure_arms(
             fns = [step for copies, _ in steps for step in copies]
             longest = max((timed_once(fn) for fn in fns), default=0.0)  # the same on every rank
             rounds = max(reps, math.ceil(ARM_SECONDS / longest)) if longest else 0
-            probed, gflop = probe() if with_probe else (None, 0.0)
-            times = turns(fns + ([probed] if probed else []), rounds)
+            probes = probe_calls() if with_probe else {}
+            times = turns(fns + [repeated for repeated, _ in probes.values()], rounds)
             for index, (copies, result) in enumerate(steps):
                 own = times[index * instances : (index + 1) * instances]
                 result["times"] = round_medians(own)
                 if instances > 1:
                     result["instance_times"] = own
     torch._dynamo.reset()
-    return results, [gflop / t for t in times[-1]] if probed else []
+    probed = times[len(fns):]
+    return results, {key: [per / t if key == "matmul" else t / per for t in series]
+                      for (key, (_, per)), series in zip(probes.items(), probed)}
+
+
+def probe_calls() -> dict[str, tuple[Callable[[], None], float]]:
+    """The probes :func:`measure_arms` times in turns with the steps: ``"matmul"``, the
+    :func:`probe` and its GFLOP per call, and with more than one rank each collective kind
+    on :data:`PROBE_BYTES` per rank, repeated (:func:`sustained`), and its count of calls."""
+    world = dist.get_world_size()
+    calls = {"matmul": probe()}
+    if world > 1:
+        calls.update({kind: sustained(collective(kind, PROBE_BYTES, world)) for kind in COLLECTIVES})
+    return calls
 
 
 def collective(kind: str, nbytes: int, world: int, value: float = 0.0) -> Callable[[], torch.Tensor]:

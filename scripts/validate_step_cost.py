@@ -21,7 +21,8 @@ The report fits the profiles to the figures and prints, beside each measured ste
 cost model's prediction from the plan of the same shapes
 (``muon_compile.plan.plan_for`` and ``muon_compile.step_cost.predict``), the device's
 matmul rates scaled per workload by the probe's rate during its steps over the profile's
-(:func:`drift_corrected`), and its error,
+(:func:`drift_corrected`), each collective's latency by its probe during the steps over
+the profile's price (:func:`network_drift_corrected`), and its error,
 and per workload, bucket size and depth whether the predicted ranking of the strategies
 is the measured one: by the arms' medians, and round by round (:func:`sign_test`: the
 rounds pair steps taken moments apart; a ranking the rounds do not resolve at 5% is
@@ -47,6 +48,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from bench_distributed import WORKLOADS, add_backend_argument, machine, rank_device, start_backend
 from measure_profiles import (
     ARM_SECONDS,
+    PROBE_BYTES,
     PROBE_SIZE,
     STRATEGY_ARMS,
     TOLERANCE,
@@ -58,6 +60,7 @@ from measure_profiles import (
 )
 
 from muon_compile.config import Config
+from muon_compile.network_profiles import NetworkProfile
 from muon_compile.plan import plan_for
 from muon_compile.step_cost import DeviceProfile, predict, stages
 
@@ -78,16 +81,17 @@ def measure_interleaved(name: str, mesh, warmup: int, reps: int, instances: int)
     error it failed with), the eight arms timed in turns (measure_profiles'
     :func:`measure_arms`: at least ``reps`` rounds, more for short steps, each arm as
     ``instances`` compiled instances, a round's time the median of theirs), and the
-    GFLOP/s of the matmul probe timed in the same rounds."""
+    probes timed in the same rounds (measure_profiles' ``measure_arms``: the matmul
+    probe's GFLOP/s, each collective's seconds per call)."""
     entries, arms = [], []
     for _, mb, prefetch in cases([name]):
         for strategy, arm in STRATEGY_ARMS.items():
             entries.append({"workload": name, "bucket_mb": mb, "prefetch": prefetch, "strategy": strategy.value})
             arms.append((arm, WORKLOADS[name], {"bucket_mb": mb, "prefetch": prefetch}))
-    results, probe = measure_arms(arms, mesh, warmup, reps, with_probe=True, instances=instances)
+    results, probes = measure_arms(arms, mesh, warmup, reps, with_probe=True, instances=instances)
     for entry, result in zip(entries, results):
         entry.update(result)
-    return entries, probe
+    return entries, probes
 
 
 def measure_run(names: list[str], reps: int, warmup: int, profile_reps: int, instances: int, save: str | None) -> dict:
@@ -108,10 +112,13 @@ def measure_run(names: list[str], reps: int, warmup: int, profile_reps: int, ins
         "device": measure_device(profile_reps),
         "steps": [],
         "probe": {},
+        "collective_probe": {},
     }
     mesh = init_device_mesh(rank_device().type, (world,))
     for name in names:
-        steps, record["probe"][name] = measure_interleaved(name, mesh, warmup, reps, instances)
+        steps, probes = measure_interleaved(name, mesh, warmup, reps, instances)
+        record["probe"][name] = probes.pop("matmul")
+        record["collective_probe"][name] = probes
         record["steps"] += steps
         if save and dist.get_rank() == 0:
             with open(save, "w") as f:
@@ -132,6 +139,7 @@ def report(record: dict, log=print) -> None:
     device = device_profile(record["device"], network, world, log)
     names = list(dict.fromkeys(s["workload"] for s in record["steps"]))
     devices = {name: drift_corrected(device, record, name, log) for name in names}
+    networks = {name: network_drift_corrected(network, record, name, log) for name in names}
     interleaved = record.get("step_timing", "").startswith("interleaved")
     steps = {(s["workload"], s["bucket_mb"], s["prefetch"], s["strategy"]): s for s in record["steps"]}
     spread = {name: same_plan_spread(steps, name, world, interleaved, log) for name in names}
@@ -148,11 +156,12 @@ def report(record: dict, log=print) -> None:
                 log(f"{name:<10} {mb:>10g} {strategy.value}: measurement failed: {entry['error']}")
                 continue
             plan = plan_for(WORKLOADS[name], world, strategy, mb)
-            cost = predict(plan, prefetch, devices[name], network)
+            cost = predict(plan, prefetch, devices[name], networks[name])
             measured = statistics.median(entry["times"])
             error = cost.step / measured - 1
             errors.append(abs(error))
-            as_profiled = cost if devices[name] is device else predict(plan, prefetch, device, network)
+            drifted = devices[name] is not device or networks[name] is not network
+            as_profiled = predict(plan, prefetch, device, network) if drifted else cost
             uncorrected.append(abs(as_profiled.step / measured - 1))
             pair[strategy] = (cost.step, measured, entry["times"])
             r = cost.slowest_rank
@@ -182,7 +191,7 @@ def report(record: dict, log=print) -> None:
     if errors:
         log(f"\n{len(errors)} pairs: {summary(errors)}")
         if uncorrected != errors:
-            log(f"    with the profile's matmul rates as measured, not followed by the probe: {summary(uncorrected)}")
+            log(f"    with the profiles as measured, not followed by the probes: {summary(uncorrected)}")
     if resolved_verdicts:
         resolved = [v for v in resolved_verdicts if v != "unresolved"]
         log(f"rankings by medians further apart than the same plan's: {len(resolved)} of "
@@ -242,6 +251,23 @@ def drift_corrected(device: DeviceProfile, record: dict, name: str, log) -> Devi
         f"the profile's {profiled:.1f}: its matmul rates x{factor:.3f}")
     why = f"the probe in turns with {name}'s steps"
     return dataclasses.replace(device, matmul=device.matmul.scaled(factor, why))
+
+
+def network_drift_corrected(network: NetworkProfile, record: dict, name: str, log) -> NetworkProfile:
+    """``network`` with each collective's latency scaled by its probe timed in turns with
+    workload ``name``'s steps (measure_profiles' ``PROBE_BYTES`` per rank) over the
+    profile's price of that size: the latencies that held while the steps ran;
+    ``network`` itself for runs saved before the collective probe, or of one rank."""
+    probes = record.get("collective_probe", {}).get(name)
+    if not probes:
+        return network
+    world, factors = record["world"], {}
+    for kind, times in probes.items():
+        during, priced = statistics.median(times), network.seconds(kind, PROBE_BYTES, world)
+        factors[kind] = during / priced
+        log(f"{name}: {kind} probe ({PROBE_BYTES // 1024} KiB) in turns with the steps {during * 1e3:.3f} ms, "
+            f"the profile's {priced * 1e3:.3f}: its latency x{factors[kind]:.3f}")
+    return network.latencies_scaled(factors, f"the collective probes in turns with {name}'s steps")
 
 
 def sign_test(first: list[float], second: list[float]) -> tuple[int, int, float]:

@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import measure_profiles  # noqa: E402
+import validate_step_cost  # noqa: E402
 from muon_compile.network_profiles import Link, NetworkProfile  # noqa: E402
 
 SAVED = ROOT / "docs" / "runs" / "2026-11-24-world2-shuffled.json"
@@ -28,13 +29,18 @@ def timed_collectives(rank, world):
     for kind in measure_profiles.COLLECTIVES:
         result = measure_profiles.collective(kind, 4096, world, value=rank + 1)()
         out[kind] = (tuple(result.shape), sorted(set(result.tolist())))
+    out["probes"] = {key: count for key, (_, count) in measure_profiles.probe_calls().items()}
     return out
 
 
 def test_collectives_are_timed_as_the_functional_ops_the_step_calls():
     """measure_profiles times what the compiled graph runs (the _c10d_functional op and
-    its wait), each on its bytes per rank, with the results the kind defines."""
+    its wait), each on its bytes per rank, with the results the kind defines; the probes
+    timed in turns with the validation's steps are the matmul probe and each kind."""
     for result in run_world(timed_collectives, 2, timeout=300):
+        probes = result.pop("probes")
+        assert sorted(probes) == sorted(["matmul", *measure_profiles.COLLECTIVES])
+        assert all(count > 0 for count in probes.values())
         assert result == {
             "all_gather_into_tensor": ((4096,), [1.0, 2.0]),  # 2048 bf16 per rank, gathered
             "all_to_all_single": ((2048,), [1.0, 2.0]),  # half from each rank
@@ -78,6 +84,23 @@ def test_fit_link_splits_sizes_only_where_one_line_misses_a_point_by_more_than_t
     assert (link.latency, link.bandwidth) == pytest.approx((small.latency, small.bandwidth))
     assert link.large.latency == pytest.approx(0.0, abs=1e-12)
     assert link.large.bandwidth == pytest.approx(large.bandwidth)
+
+
+def test_network_latencies_follow_the_collective_probes_timed_with_the_steps():
+    """validate_step_cost scales each kind's latency by its probe during a workload's steps
+    over the profile's price of the probe's size; runs saved without probes keep the profile."""
+    links = {kind: Link(1e-4, math.inf) for kind in measure_profiles.COLLECTIVES}
+    network = NetworkProfile("flat", "test", intra=links["all_to_all_single"], inter=links["all_to_all_single"],
+                             ranks_per_node=2, kinds=links)
+    priced = network.seconds("all_to_all_single", measure_profiles.PROBE_BYTES, 2)  # 1e-4: one step
+    record = {"world": 2, "collective_probe": {"w": {"all_to_all_single": [priced, 1.5 * priced, 2 * priced]}}}
+    lines = []
+    followed = validate_step_cost.network_drift_corrected(network, record, "w", lines.append)
+    assert followed.seconds("all_to_all_single", 2**20, 2) == pytest.approx(1.5 * priced)  # latency-bound link
+    assert followed.seconds("all_gather_into_tensor", 2**20, 2) == pytest.approx(priced)  # not probed
+    assert "all_to_all_single probe (16 KiB)" in lines[0] and "its latency x1.500" in lines[0]
+    assert "latencies scaled by the collective probes" in followed.source
+    assert validate_step_cost.network_drift_corrected(network, {"world": 2}, "w", lines.append) is network
 
 
 def test_turns_time_each_function_once_a_round_in_an_order_shuffled_alike_on_every_rank(monkeypatch):
@@ -131,7 +154,9 @@ def test_validate_step_cost_runs_end_to_end_on_one_rank(tmp_path):
         assert s["times"] == pytest.approx([(a + b) / 2 for a, b in zip(*s["instance_times"])])
     assert "8 pairs: median |error|" in out
     # the one-rank network: nothing priced, nothing fitted
-    assert "all_to_all_single: latency 0.0 us, bandwidth inf GB/s" in out
+    assert "all_to_all_single: latency 0.0 us, bandwidth unbounded" in out
+    assert record["collective_probe"] == {"small-14": {}}  # no collective to probe on one rank
+    assert len(record["probe"]["small-14"]) == len(steps[0]["times"])  # the matmul probe, each round
     reloaded = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "validate_step_cost.py"), "--load", str(saved)],
         capture_output=True, text=True, timeout=300, check=True,
