@@ -15,9 +15,10 @@ its rates are the ones that hold while they all run.
   relative error; the fit's worst relative error says how well the alpha-beta model
   describes the backend, and where one line misses a size by more than
   :data:`TOLERANCE`, the small and the large sizes get a line each (:func:`fit_link`:
-  gloo's all_gather takes 6-12 times its 4 MiB time at 16 MiB). Each timing repeats the collective back to back for
-  :data:`SUSTAINED` seconds, as a step's buckets issue them: on gloo at world 2 a small
-  all_gather measured 250-330 us alone after a barrier and 510-590 us back to back.
+  gloo's all_gather takes 6-12 times its 4 MiB time at 16 MiB). Each timing repeats the
+  collective back to back for :data:`SUSTAINED` seconds, as a step's buckets issue them:
+  on gloo at world 2 a small all_gather measured 250-330 us alone after a barrier and
+  510-590 us back to back.
 * Matmul: bf16 batched ``s x s`` products (scripts/measure_matmul_rates.py), the
   iteration's dtype on this CPU, repeated for :data:`SUSTAINED` seconds per timing; and
   single products of :data:`CALL_SIZES`, whose time beyond their arithmetic is the
