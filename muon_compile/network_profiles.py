@@ -72,11 +72,6 @@ class Link:
             return self.large.seconds(steps, factor, nbytes)
         return steps * self.latency + factor * nbytes / self.bandwidth
 
-    def latency_scaled(self, factor: float) -> Link:
-        """This link with its latency, and its large messages' link's, times ``factor``."""
-        large = self.large.latency_scaled(factor) if self.large else None
-        return dataclasses.replace(self, latency=self.latency * factor, large=large)
-
     def describe(self) -> str:
         """Its latency and bandwidth, and those of its large messages' link."""
         bandwidth = "unbounded" if math.isinf(self.bandwidth) else f"{self.bandwidth / 1e9:.3f} GB/s"
@@ -109,15 +104,6 @@ class NetworkProfile:
         if group_size > self.ranks_per_node:
             return self.inter
         return self.kinds.get(kind, self.intra)
-
-    def latencies_scaled(self, factors: Mapping[str, float], why: str) -> NetworkProfile:
-        """This profile with the latency of each kind in ``factors`` (a kind of its own
-        ``kinds``) scaled by its factor, ``why`` added to its source: a measured profile
-        followed to the speed of a later moment."""
-        if missing := set(factors) - set(self.kinds):
-            raise ValueError(f"network profile {self.name!r} has no link of its own for {sorted(missing)}")
-        kinds = {kind: link.latency_scaled(factors.get(kind, 1.0)) for kind, link in self.kinds.items()}
-        return dataclasses.replace(self, kinds=kinds, source=f"{self.source}, latencies scaled by {why}")
 
     def seconds(self, kind: str, nbytes: float, group_size: int) -> float:
         """Predicted seconds of collective ``kind`` with ``nbytes`` of input per rank over

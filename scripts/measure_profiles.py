@@ -28,9 +28,10 @@ its rates are the ones that hold while they all run.
   measured 513 GFLOP/s at size 512, another 461), so :func:`measure_arms` can time a
   :func:`probe` of the table's :data:`PROBE_SIZE` products in turns with the steps, for
   the validation to scale the table to the rate that held while the steps ran, and each
-  collective on :data:`PROBE_BYTES` per rank, to scale the network's latencies likewise
-  (a world-3 profile timed all_to_all's 4-64 KiB at 1.12-1.36 ms in a slow spell, the
-  step's twenty of them then priced 22% over the step).
+  collective on :data:`PROBE_BYTES` per rank, which the validation prints beside the
+  profile's price (a world-3 profile timed all_to_all's 4-64 KiB at 1.12-1.36 ms in a
+  slow spell; scaling the latencies by these probes made two runs' errors worse, so they
+  are not applied).
 
   A timing must be long against the barrier's skew and the scheduler's time slice, or
   ranks that share cores (three on this 2-core VM) take turns instead of running at

@@ -21,8 +21,8 @@ The report fits the profiles to the figures and prints, beside each measured ste
 cost model's prediction from the plan of the same shapes
 (``muon_compile.plan.plan_for`` and ``muon_compile.step_cost.predict``), the device's
 matmul rates scaled per workload by the probe's rate during its steps over the profile's
-(:func:`drift_corrected`), each collective's latency by its probe during the steps over
-the profile's price (:func:`network_drift_corrected`), and its error,
+(:func:`drift_corrected`), and its error (each collective's probe during the steps is
+printed beside the profile's price, :func:`collective_drift`, but not applied),
 and per workload, bucket size and depth whether the predicted ranking of the strategies
 is the measured one: by the arms' medians, and round by round (:func:`sign_test`: the
 rounds pair steps taken moments apart; a ranking the rounds do not resolve at 5% is
@@ -139,7 +139,8 @@ def report(record: dict, log=print) -> None:
     device = device_profile(record["device"], network, world, log)
     names = list(dict.fromkeys(s["workload"] for s in record["steps"]))
     devices = {name: drift_corrected(device, record, name, log) for name in names}
-    networks = {name: network_drift_corrected(network, record, name, log) for name in names}
+    for name in names:
+        collective_drift(network, record, name, log)
     interleaved = record.get("step_timing", "").startswith("interleaved")
     steps = {(s["workload"], s["bucket_mb"], s["prefetch"], s["strategy"]): s for s in record["steps"]}
     spread = {name: same_plan_spread(steps, name, world, interleaved, log) for name in names}
@@ -156,12 +157,11 @@ def report(record: dict, log=print) -> None:
                 log(f"{name:<10} {mb:>10g} {strategy.value}: measurement failed: {entry['error']}")
                 continue
             plan = plan_for(WORKLOADS[name], world, strategy, mb)
-            cost = predict(plan, prefetch, devices[name], networks[name])
+            cost = predict(plan, prefetch, devices[name], network)
             measured = statistics.median(entry["times"])
             error = cost.step / measured - 1
             errors.append(abs(error))
-            drifted = devices[name] is not device or networks[name] is not network
-            as_profiled = predict(plan, prefetch, device, network) if drifted else cost
+            as_profiled = cost if devices[name] is device else predict(plan, prefetch, device, network)
             uncorrected.append(abs(as_profiled.step / measured - 1))
             pair[strategy] = (cost.step, measured, entry["times"])
             r = cost.slowest_rank
@@ -191,7 +191,7 @@ def report(record: dict, log=print) -> None:
     if errors:
         log(f"\n{len(errors)} pairs: {summary(errors)}")
         if uncorrected != errors:
-            log(f"    with the profiles as measured, not followed by the probes: {summary(uncorrected)}")
+            log(f"    with the profile's matmul rates as measured, not followed by the probe: {summary(uncorrected)}")
     if resolved_verdicts:
         resolved = [v for v in resolved_verdicts if v != "unresolved"]
         log(f"rankings by medians further apart than the same plan's: {len(resolved)} of "
@@ -253,21 +253,19 @@ def drift_corrected(device: DeviceProfile, record: dict, name: str, log) -> Devi
     return dataclasses.replace(device, matmul=device.matmul.scaled(factor, why))
 
 
-def network_drift_corrected(network: NetworkProfile, record: dict, name: str, log) -> NetworkProfile:
-    """``network`` with each collective's latency scaled by its probe timed in turns with
-    workload ``name``'s steps (measure_profiles' ``PROBE_BYTES`` per rank) over the
-    profile's price of that size: the latencies that held while the steps ran;
-    ``network`` itself for runs saved before the collective probe, or of one rank."""
-    probes = record.get("collective_probe", {}).get(name)
-    if not probes:
-        return network
-    world, factors = record["world"], {}
-    for kind, times in probes.items():
-        during, priced = statistics.median(times), network.seconds(kind, PROBE_BYTES, world)
-        factors[kind] = during / priced
+def collective_drift(network: NetworkProfile, record: dict, name: str, log) -> dict[str, float]:
+    """Per collective kind, its probe timed in turns with workload ``name``'s steps
+    (measure_profiles' ``PROBE_BYTES`` per rank) over the profile's price of that size,
+    logged; empty for runs saved before the collective probe, or of one rank. Printed,
+    not applied: scaling each kind's latency by it made the errors of both runs that
+    have it worse (docs/benchmarks.md)."""
+    ratios = {}
+    for kind, times in record.get("collective_probe", {}).get(name, {}).items():
+        during, priced = statistics.median(times), network.seconds(kind, PROBE_BYTES, record["world"])
+        ratios[kind] = during / priced
         log(f"{name}: {kind} probe ({PROBE_BYTES // 1024} KiB) in turns with the steps {during * 1e3:.3f} ms, "
-            f"the profile's {priced * 1e3:.3f}: its latency x{factors[kind]:.3f}")
-    return network.latencies_scaled(factors, f"the collective probes in turns with {name}'s steps")
+            f"the profile's price {priced * 1e3:.3f}: x{ratios[kind]:.3f}")
+    return ratios
 
 
 def sign_test(first: list[float], second: list[float]) -> tuple[int, int, float]:

@@ -86,21 +86,19 @@ def test_fit_link_splits_sizes_only_where_one_line_misses_a_point_by_more_than_t
     assert link.large.bandwidth == pytest.approx(large.bandwidth)
 
 
-def test_network_latencies_follow_the_collective_probes_timed_with_the_steps():
-    """validate_step_cost scales each kind's latency by its probe during a workload's steps
-    over the profile's price of the probe's size; runs saved without probes keep the profile."""
+def test_collective_probes_are_reported_beside_the_profile_price_and_not_applied():
+    """validate_step_cost prints each kind's probe during a workload's steps over the
+    profile's price of the probe's size; runs saved without probes print nothing."""
     links = {kind: Link(1e-4, math.inf) for kind in measure_profiles.COLLECTIVES}
     network = NetworkProfile("flat", "test", intra=links["all_to_all_single"], inter=links["all_to_all_single"],
                              ranks_per_node=2, kinds=links)
     priced = network.seconds("all_to_all_single", measure_profiles.PROBE_BYTES, 2)  # 1e-4: one step
     record = {"world": 2, "collective_probe": {"w": {"all_to_all_single": [priced, 1.5 * priced, 2 * priced]}}}
     lines = []
-    followed = validate_step_cost.network_drift_corrected(network, record, "w", lines.append)
-    assert followed.seconds("all_to_all_single", 2**20, 2) == pytest.approx(1.5 * priced)  # latency-bound link
-    assert followed.seconds("all_gather_into_tensor", 2**20, 2) == pytest.approx(priced)  # not probed
-    assert "all_to_all_single probe (16 KiB)" in lines[0] and "its latency x1.500" in lines[0]
-    assert "latencies scaled by the collective probes" in followed.source
-    assert validate_step_cost.network_drift_corrected(network, {"world": 2}, "w", lines.append) is network
+    assert validate_step_cost.collective_drift(network, record, "w", lines.append) == {"all_to_all_single": 1.5}
+    assert lines == ["w: all_to_all_single probe (16 KiB) in turns with the steps 0.150 ms, "
+                     "the profile's price 0.100: x1.500"]
+    assert validate_step_cost.collective_drift(network, {"world": 2}, "w", lines.append) == {}
 
 
 def test_turns_time_each_function_once_a_round_in_an_order_shuffled_alike_on_every_rank(monkeypatch):

@@ -39,21 +39,6 @@ def test_a_link_prices_messages_above_its_boundary_by_its_large_messages_link():
         Link(1e-3, 1e9, large_from=2**20)
 
 
-def test_latencies_scaled_per_kind_keep_the_bandwidth():
-    large = Link(1e-4, 1e9)
-    net = NetworkProfile("test", "made up", intra=Link(1e-3, 1e10), inter=Link(1e-3, 1e10), ranks_per_node=4,
-                         kinds={"all_to_all_single": Link(1e-3, 1e10, large_from=2**20, large=large),
-                                "all_reduce": Link(2e-3, 1e10)})
-    scaled = net.latencies_scaled({"all_to_all_single": 2.0}, "a test")
-    a2a = scaled.kinds["all_to_all_single"]
-    assert (a2a.latency, a2a.bandwidth, a2a.large_from) == (2e-3, 1e10, 2**20)
-    assert (a2a.large.latency, a2a.large.bandwidth) == (2e-4, 1e9)
-    assert scaled.kinds["all_reduce"] == net.kinds["all_reduce"]
-    assert scaled.source == "made up, latencies scaled by a test"
-    with pytest.raises(ValueError, match="no link of its own for \\['all_gather_into_tensor'\\]"):
-        net.latencies_scaled({"all_gather_into_tensor": 2.0}, "a test")
-
-
 def test_published_profile_orders_links():
     net = profile("nvlink-ib")
     assert net.seconds("all_gather_into_tensor", 64e6, 8) < net.seconds("all_gather_into_tensor", 64e6, 16)

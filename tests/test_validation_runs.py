@@ -45,6 +45,7 @@ MATCHED_WHEN_RECORDED = {
     "2026-11-24-world3-functional": 8,
     "2026-11-24-world3-split": 6,
     "2026-11-24-world3-netprobe": 8,
+    "2026-11-24-world2-netprobe": 7,
 }
 # runs whose steps were timed in turns: rankings that the rounds resolve (sign test at 5%)
 # against the prediction, when recorded (world3-concat: a ten-bucket small-14 pair of 15 rounds)
@@ -67,6 +68,7 @@ PAIRED_DIFFERS_WHEN_RECORDED = {
     # rate during the steps) and priced all_to_all's 4-64 KiB at 1.1-1.4 ms, the step 22% over
     "2026-11-24-world3-split": 1,
     "2026-11-24-world3-netprobe": 0,
+    "2026-11-24-world2-netprobe": 0,
 }
 # rankings whose medians lie further apart than two arms of one plan measured (the
 # report's "the same plan's" spread) against the prediction, when the spread was first
