@@ -155,14 +155,20 @@ def probe() -> tuple[Callable[[], None], float]:
 
 
 def measure_arms(
-    arms: list[tuple[str, list, dict]], mesh, warmup: int, reps: int, with_probe: bool = False, instances: int = 1
+    arms: list[tuple[str, list, dict]],
+    mesh,
+    warmup: int,
+    reps: int,
+    with_probe: bool = False,
+    instances: int = 1,
+    arm_seconds: float = ARM_SECONDS,
 ) -> tuple[list[dict], list[float]]:
     """Per arm ``(bench_distributed arm, shapes, config overrides)``, its step times
     (``{"times": [...]}``, seconds) or the error it failed with (``{"error": ...}``).
     Every arm is compiled (fresh Inductor cache) and warmed up first, then the arms are
-    timed in :func:`turns`: ``reps`` rounds, or more, up to :data:`ARM_SECONDS` of the
+    timed in :func:`turns`: ``reps`` rounds, or more, up to ``arm_seconds`` of the
     slowest arm's steps, so that short steps, whose single timings spread most, get more
-    of them. No arm may recompile while timed. ``with_probe``: each round also times the
+    of them (0: ``reps`` rounds, as a quick run that checks the script wants). No arm may recompile while timed. ``with_probe``: each round also times the
     :func:`probe` and, with more than one rank, each collective kind on
     :data:`PROBE_BYTES` per rank (:func:`collective`, repeated as in the profile), which
     come second: ``{"matmul": GFLOP/s per round, kind: seconds per call per round}``
@@ -195,7 +201,7 @@ def measure_arms(
         with torch._dynamo.config.patch(error_on_recompile=True):
             fns = [step for copies, _ in steps for step in copies]
             longest = max((timed_once(fn) for fn in fns), default=0.0)  # the same on every rank
-            rounds = max(reps, math.ceil(ARM_SECONDS / longest)) if longest else 0
+            rounds = max(reps, math.ceil(arm_seconds / longest)) if longest else 0
             probes = probe_calls() if with_probe else {}
             times = turns(fns + [repeated for repeated, _ in probes.values()], rounds)
             for index, (copies, result) in enumerate(steps):
@@ -348,7 +354,7 @@ def _products(shapes: list[tuple[int, int]], reps: int) -> list[float]:
     return per_call([lambda a=a, b=b: torch.bmm(a, b) for a, b in operands], reps)
 
 
-def measure_device(reps: int) -> dict:
+def measure_device(reps: int, arm_seconds: float = ARM_SECONDS) -> dict:
     """The device's raw figures, as :func:`device_profile` takes them, every rank
     computing at once for :data:`SUSTAINED` seconds per timing, after a barrier (the
     slowest rank's time; ``sustained_s`` records the duration): ``matmul``, the bf16
@@ -357,7 +363,8 @@ def measure_device(reps: int) -> dict:
     ``fixed``, the compiled step's median seconds on each of
     :data:`FIXED_COST_WORKLOADS` with each strategy (``{workload: {strategy: seconds}}``);
     ``kind``, the device type the ranks computed on (``cuda`` under NCCL, one GPU per
-    rank, else ``cpu``)."""
+    rank, else ``cpu``). ``arm_seconds``: the fixed-cost steps' timing, as
+    :func:`measure_arms` takes it."""
     batched = _products([(matmul_batch(s), s) for s in MATMUL_SIZES], reps)
     table = [(s, round(2 * matmul_batch(s) * s**3 / t / 1e9, 1)) for s, t in zip(MATMUL_SIZES, batched)]
     calls = _products([(1, s) for s in CALL_SIZES], reps)
@@ -366,7 +373,7 @@ def measure_device(reps: int) -> dict:
     cases = [(name, strategy, arm) for name in FIXED_COST_WORKLOADS for strategy, arm in STRATEGY_ARMS.items()]
     arms = [(arm, FIXED_COST_WORKLOADS[name][0], {"bucket_mb": FIXED_COST_WORKLOADS[name][1]}) for name, _, arm in cases]
     fixed: dict[str, dict[str, float]] = {}
-    for (name, strategy, arm), result in zip(cases, measure_arms(arms, mesh, 2, reps)[0]):
+    for (name, strategy, arm), result in zip(cases, measure_arms(arms, mesh, 2, reps, arm_seconds=arm_seconds)[0]):
         if "error" in result:
             raise RuntimeError(f"measuring the fixed costs: {arm} on {name} failed: {result['error']}")
         fixed.setdefault(name, {})[strategy.value] = statistics.median(result["times"])

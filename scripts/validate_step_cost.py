@@ -1,7 +1,7 @@
 """Validate the cost model on this machine: predicted against measured distributed steps.
 
     torchrun --nproc-per-node W scripts/validate_step_cost.py [--workload all] [--reps 15]
-        [--profile-reps 15] [--instances 3] [--backend gloo|nccl] [--save run.json]
+        [--profile-reps 15] [--instances 3] [--arm-seconds 2] [--backend gloo|nccl] [--save run.json]
     python scripts/validate_step_cost.py --load run.json
 
 First the raw figures of the profiles (scripts/measure_profiles.py: gloo or NCCL collectives,
@@ -11,9 +11,9 @@ scripts/bench_distributed.py, each strategy (all_to_all, all_gather), each prefe
 (0, 1) and two bucket sizes (the default, one bucket here, and a split into several
 buckets, where prefetch changes the schedule): the measured step (bench_distributed's
 arms, the slowest rank's median), the eight arms of a workload compiled first and then
-timed in turns, ``--reps`` rounds or more, up to measure_profiles' ``ARM_SECONDS`` of the
-slowest arm's steps (:func:`measure_interleaved`), each round also timing measure_profiles'
-matmul ``probe``, in an order shuffled each round. Each arm is ``--instances`` compiled
+timed in turns, ``--reps`` rounds or more, up to ``--arm-seconds`` (measure_profiles'
+``ARM_SECONDS``) of the slowest arm's steps (:func:`measure_interleaved`), each round
+also timing measure_profiles' matmul ``probe``, in an order shuffled each round. Each arm is ``--instances`` compiled
 instances of its step, and its time in a round is their median (instances of one step
 measured medians up to 13% apart). ``--save`` writes all of it as JSON.
 
@@ -76,10 +76,13 @@ def cases(names: list[str]):
                 yield name, mb, prefetch
 
 
-def measure_interleaved(name: str, mesh, warmup: int, reps: int, instances: int) -> tuple[list[dict], list[float]]:
+def measure_interleaved(
+    name: str, mesh, warmup: int, reps: int, instances: int, arm_seconds: float
+) -> tuple[list[dict], list[float]]:
     """One entry per case of workload ``name`` and strategy, with its step times (or the
     error it failed with), the eight arms timed in turns (measure_profiles'
-    :func:`measure_arms`: at least ``reps`` rounds, more for short steps, each arm as
+    :func:`measure_arms`: at least ``reps`` rounds, more for short steps up to
+    ``arm_seconds`` of the slowest arm's, each arm as
     ``instances`` compiled instances, a round's time the median of theirs), and the
     probes timed in the same rounds (measure_profiles' ``measure_arms``: the matmul
     probe's GFLOP/s, each collective's seconds per call)."""
@@ -88,13 +91,15 @@ def measure_interleaved(name: str, mesh, warmup: int, reps: int, instances: int)
         for strategy, arm in STRATEGY_ARMS.items():
             entries.append({"workload": name, "bucket_mb": mb, "prefetch": prefetch, "strategy": strategy.value})
             arms.append((arm, WORKLOADS[name], {"bucket_mb": mb, "prefetch": prefetch}))
-    results, probes = measure_arms(arms, mesh, warmup, reps, with_probe=True, instances=instances)
+    results, probes = measure_arms(arms, mesh, warmup, reps, True, instances, arm_seconds)
     for entry, result in zip(entries, results):
         entry.update(result)
     return entries, probes
 
 
-def measure_run(names: list[str], reps: int, warmup: int, profile_reps: int, instances: int, save: str | None) -> dict:
+def measure_run(
+    names: list[str], reps: int, warmup: int, profile_reps: int, instances: int, arm_seconds: float, save: str | None
+) -> dict:
     """Every figure of a validation run, as plain data: the header, the profiles' raw
     figures, and ``steps``, one entry per case and strategy with its step times (or the
     error it failed with). Rank 0 writes it to ``save`` after each workload's steps, so a
@@ -107,16 +112,16 @@ def measure_run(names: list[str], reps: int, warmup: int, profile_reps: int, ins
         "backend": dist.get_backend(),
         "network": measure_network(profile_reps),
         "network_timing": "back to back",
-        "step_timing": f"interleaved in shuffled order, {reps} rounds or {ARM_SECONDS:g} s of the slowest arm"
+        "step_timing": f"interleaved in shuffled order, {reps} rounds or {arm_seconds:g} s of the slowest arm"
         + (f", {instances} compiled instances per arm" if instances > 1 else ""),
-        "device": measure_device(profile_reps),
+        "device": measure_device(profile_reps, arm_seconds),
         "steps": [],
         "probe": {},
         "collective_probe": {},
     }
     mesh = init_device_mesh(rank_device().type, (world,))
     for name in names:
-        steps, probes = measure_interleaved(name, mesh, warmup, reps, instances)
+        steps, probes = measure_interleaved(name, mesh, warmup, reps, instances, arm_seconds)
         record["probe"][name] = probes.pop("matmul")
         record["collective_probe"][name] = probes
         record["steps"] += steps
@@ -286,6 +291,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--profile-reps", type=int, default=15)
     parser.add_argument("--instances", type=int, default=3, help="compiled instances of each arm (a round's time: their median)")
+    parser.add_argument("--arm-seconds", type=float, default=ARM_SECONDS,
+                        help="time each arm's steps for this long at least (0: --reps rounds only, a quick check)")
     parser.add_argument("--save", metavar="JSON", help="write the run's figures here")
     add_backend_argument(parser)
     parser.add_argument("--load", metavar="JSON", help="report a saved run instead of measuring")
@@ -296,7 +303,7 @@ def main() -> None:
         return
     start_backend(parser, args.backend)
     names = list(WORKLOADS) if args.workload == "all" else [args.workload]
-    record = measure_run(names, args.reps, args.warmup, args.profile_reps, args.instances, args.save)
+    record = measure_run(names, args.reps, args.warmup, args.profile_reps, args.instances, args.arm_seconds, args.save)
     if dist.get_rank() == 0:
         report(record)
     dist.destroy_process_group()

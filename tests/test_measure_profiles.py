@@ -140,13 +140,14 @@ def test_validate_step_cost_runs_end_to_end_on_one_rank(tmp_path):
     out = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
          str(ROOT / "scripts" / "validate_step_cost.py"), "--backend", "gloo", "--workload", "small-14",
-         "--reps", "3", "--profile-reps", "3", "--instances", "2", "--save", str(saved)],
+         "--reps", "3", "--profile-reps", "3", "--instances", "2", "--arm-seconds", "0", "--save", str(saved)],
         capture_output=True, text=True, timeout=600, check=True,
     ).stdout
     record = json.loads(saved.read_text())
     assert record["world"] == 1 and record["device"]["kind"] == "cpu"
     steps = record["steps"]
     assert len(steps) == 8 and all("error" not in s for s in steps), steps
+    assert all(len(s["times"]) == 3 for s in steps)  # --arm-seconds 0: --reps rounds, no more
     for s in steps:  # the arm's time in a round is its two instances' median (their mean)
         assert len(s["instance_times"]) == 2
         assert s["times"] == pytest.approx([(a + b) / 2 for a, b in zip(*s["instance_times"])])
