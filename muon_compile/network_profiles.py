@@ -14,11 +14,13 @@ collective                  what each rank sends                 seconds
 ==========================  ==================================  ============================
 
 Here ``a`` is the latency of one step and ``B`` the bandwidth one rank sends at (NCCL's
-"bus bandwidth"). A group that fits in one node uses the intra-node link; a larger one is
-limited by the inter-node link. A measured profile may give a kind its own intra-node
-link (``kinds``): gloo's algorithms differ by kind more than one link describes. The
-all-to-all row assumes the uneven split sizes of a bucket cost what even ones of the same
-total cost.
+"bus bandwidth"). The all-to-all's ``W - 1`` latencies are those of a pairwise exchange,
+one peer after another; a profile whose exchanges overlap says how many at once
+(:attr:`NetworkProfile.exchanges_in_flight`). A group that fits in one node uses the
+intra-node link; a larger one is limited by the inter-node link. A measured profile may
+give a kind its own intra-node link (``kinds``): gloo's algorithms differ by kind more
+than one link describes. The all-to-all row assumes the uneven split sizes of a bucket
+cost what even ones of the same total cost.
 
 A link may price messages above a size by a second link (:attr:`Link.large`), as NCCL
 prices each of its protocols by its own latency and bandwidth: on this VM gloo's
@@ -85,7 +87,12 @@ class Link:
 class NetworkProfile:
     """The links of a cluster: ``intra`` within a node of ``ranks_per_node`` ranks (or
     ``kinds[kind]`` for a collective kind that has its own), ``inter`` between nodes;
-    ``source`` says where the figures come from."""
+    ``source`` says where the figures come from. ``exchanges_in_flight``: how many of an
+    all-to-all's ``W - 1`` peer exchanges overlap their latencies; it pays
+    ``ceil((W - 1) / exchanges_in_flight)`` latencies (1, the default: the pairwise
+    exchange of the table, one peer after another, as gloo runs it; NCCL issues the
+    exchanges as grouped sends and receives that overlap, by how much no published figure
+    says, so the planner shows both bounds)."""
 
     name: str
     source: str
@@ -93,10 +100,13 @@ class NetworkProfile:
     inter: Link
     ranks_per_node: int
     kinds: Mapping[str, Link] = dataclasses.field(default_factory=dict)
+    exchanges_in_flight: int = 1
 
     def __post_init__(self) -> None:
         if unknown := set(self.kinds) - set(COLLECTIVES):
             raise ValueError(f"network profile {self.name!r}: unknown collective kinds {sorted(unknown)}; known: {COLLECTIVES}")
+        if self.exchanges_in_flight < 1:
+            raise ValueError(f"network profile {self.name!r}: exchanges_in_flight must be >= 1, got {self.exchanges_in_flight}")
 
     def link(self, group_size: int, kind: str | None = None) -> Link:
         """The link a group of ``group_size`` ranks (placed on consecutive ranks) is limited
@@ -111,6 +121,8 @@ class NetworkProfile:
         steps, factor = alpha_beta(kind, group_size)
         if group_size <= 1:
             return 0.0
+        if kind == "all_to_all_single":
+            steps = math.ceil(steps / self.exchanges_in_flight)
         return self.link(group_size, kind).seconds(steps, factor, nbytes)
 
 

@@ -19,7 +19,11 @@ bucket buffers (:func:`~muon_compile.step_cost.buffer_bytes`), and recommends th
 configuration whose buffers fit in ``--memory-share`` of the device's memory (the rest
 holds the model, its gradients, optimizer state and activations); then Muon's share of a
 training step of ``--tokens`` tokens at ``--mfu`` of the device's bf16 matmul rate
-(forward and backward at ``6 * active parameters`` FLOPs per token).
+(forward and backward at ``6 * active parameters`` FLOPs per token); then what it would
+recommend if every all-to-all overlapped its peer exchanges, paying one latency instead
+of ``W - 1`` (:func:`with_overlapped_exchanges`): the network profile's all-to-all
+latency is the model's least certain figure at hundreds of ranks, and the two
+recommendations bound it.
 
 Bucket sizes are swept up to 16 GiB by default: a bucket gives work to as many owners
 as it has matrices, so a model of large matrices over many ranks needs large buckets
@@ -86,6 +90,11 @@ class Prediction:
     buffers: int  # bytes, see muon_compile.step_cost.buffer_bytes
 
     @property
+    def settings(self) -> tuple:
+        """What the user chooses: shard group size, strategy, bucket size, prefetch depth."""
+        return self.shard, self.strategy, self.bucket_mb, self.prefetch
+
+    @property
     def layout(self) -> str:
         return "FSDP" if self.shard == self.world else f"HSDP {self.world // self.shard}x{self.shard}"
 
@@ -125,6 +134,25 @@ def sweep(
                     cost = predict(plan, k, device, network)
                     rows.append(Prediction(world, shard, strategy, mb, k, len(plan.buckets), cost, buffer_bytes(plan, k)))
     return rows
+
+
+def with_overlapped_exchanges(
+    predictions: list[Prediction],
+    shapes: list[tuple[int, int]],
+    device: DeviceProfile,
+    network: NetworkProfile,
+    bucket_mbs: list[float],
+    prefetches: list[int],
+    shards: list[int] = (),
+) -> list[Prediction]:
+    """``predictions`` (one world size's :func:`sweep`) with the ``all_to_all`` rows priced
+    again as if every all-to-all overlapped all its peer exchanges: one latency instead
+    of ``W - 1`` (:attr:`~muon_compile.network_profiles.NetworkProfile.exchanges_in_flight`),
+    the bound opposite the default's. NCCL overlaps some; no published figure says how many."""
+    world = predictions[0].world
+    overlapped = dataclasses.replace(network, exchanges_in_flight=world)
+    others = [p for p in predictions if p.strategy is not Strategy.ALL_TO_ALL]
+    return others + sweep(shapes, world, device, overlapped, bucket_mbs, prefetches, shards, (Strategy.ALL_TO_ALL,))
 
 
 def best(predictions: list[Prediction], max_buffers: float = 0.0) -> Prediction | None:
@@ -229,11 +257,24 @@ def main(argv: list[str] | None = None) -> None:
             print(f"recommended: none; no configuration's buffers fit in {limit / 2**30:.1f} GiB: try smaller --bucket-mb")
             continue
         print(
-            f"recommended: {chosen.layout}, MUON_COMPILE_STRATEGY={chosen.strategy.value} MUON_COMPILE_BUCKET_MB={chosen.bucket_mb:g} "
-            f"MUON_COMPILE_PREFETCH={chosen.prefetch}: {chosen.cost.step * 1e3:.2f} ms per step; "
+            f"recommended: {_configuration(chosen)}; "
             f"{chosen.cost.step / (chosen.cost.step + train):.2%} of a training step of {args.tokens} tokens "
             f"({train * 1e3:.1f} ms forward and backward at {args.mfu:.0%} MFU)"
         )
+        overlapped = best(with_overlapped_exchanges(predictions, list(shapes.matrices), device, network, mbs, depths, shards), limit)
+        print(
+            "    if every all-to-all overlapped its peer exchanges (1 latency, not W - 1): "
+            + (f"the same, {overlapped.cost.step * 1e3:.2f} ms per step" if overlapped.settings == chosen.settings
+               else _configuration(overlapped))
+        )
+
+
+def _configuration(p: Prediction) -> str:
+    """``p``'s layout, its settings as the environment variables that select them, and its step."""
+    return (
+        f"{p.layout}, MUON_COMPILE_STRATEGY={p.strategy.value} MUON_COMPILE_BUCKET_MB={p.bucket_mb:g} "
+        f"MUON_COMPILE_PREFETCH={p.prefetch}: {p.cost.step * 1e3:.2f} ms per step"
+    )
 
 
 def _listed(values) -> str:

@@ -8,7 +8,7 @@ themselves is marked ``graph_cache`` and runs inside its own fresh cache directo
 (``torch._inductor.utils.fresh_cache``) with the caches on.
 
 Markers: ``slow`` for multi-process tests and long compiles (``pytest -m "not slow"`` is
-the one-minute tier), ``graph_cache`` as above, ``cuda`` on every test instance that runs
+the two-minute tier), ``graph_cache`` as above, ``cuda`` on every test instance that runs
 on the GPU (``pytest -m cuda`` runs those only; scripts/gpu_check.sh does).
 
 Devices: a test that compiles or runs the op takes the ``device`` fixture and runs once

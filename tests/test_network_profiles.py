@@ -1,5 +1,7 @@
 """The network profile of the cost model: the alpha-beta price of each collective."""
 
+import dataclasses
+
 import pytest
 
 from muon_compile.network_profiles import Link, NetworkProfile, profile
@@ -37,6 +39,18 @@ def test_a_link_prices_messages_above_its_boundary_by_its_large_messages_link():
         Link(1e-3, 1e9, large=large)
     with pytest.raises(ValueError, match="both or neither"):
         Link(1e-3, 1e9, large_from=2**20)
+
+
+def test_an_all_to_all_whose_exchanges_overlap_pays_fewer_latencies():
+    overlapping = dataclasses.replace(NET, exchanges_in_flight=3)
+    b = 8e6  # 7 exchanges, 3 at a time: 3 latencies; the bytes sent are the same
+    assert overlapping.seconds("all_to_all_single", b, 8) == pytest.approx(3 * 2e-5 + 7 / 8 * b / 10e9)
+    assert dataclasses.replace(NET, exchanges_in_flight=8).seconds("all_to_all_single", b, 8) == pytest.approx(
+        2e-5 + 7 / 8 * b / 10e9)
+    for kind in ("all_gather_into_tensor", "reduce_scatter_tensor", "all_reduce"):  # rings: one step after another
+        assert overlapping.seconds(kind, b, 8) == NET.seconds(kind, b, 8)
+    with pytest.raises(ValueError, match="exchanges_in_flight must be >= 1, got 0"):
+        dataclasses.replace(NET, exchanges_in_flight=0)
 
 
 def test_published_profile_orders_links():

@@ -95,3 +95,26 @@ def test_recommendation_keeps_the_bucket_buffers_within_the_memory_share(capsys)
     assert "MUON_COMPILE_STRATEGY=all_to_all MUON_COMPILE_BUCKET_MB=16384" in out
     with pytest.raises(SystemExit):
         planner.main(["--model", "llama-1b", "--memory-share", "0"])
+
+
+def test_the_overlapped_all_to_all_bound_reprices_only_the_all_to_all_rows(capsys):
+    shapes = list(MODELS["llama-8b"].matrices)
+    args = (DEVICES["h100"], profile("nvlink-ib"), [4096, 16384], [0, 2])
+    rows = planner.sweep(shapes, 1024, *args, [64])
+    bound = planner.with_overlapped_exchanges(rows, shapes, *args, [64])
+    gather = [r for r in rows if r.strategy is Strategy.ALL_GATHER]
+    assert [r for r in bound if r.strategy is Strategy.ALL_GATHER] == gather
+    a2a = [r for r in rows if r.strategy is Strategy.ALL_TO_ALL]
+    repriced = [r for r in bound if r.strategy is Strategy.ALL_TO_ALL]
+    assert [(r.shard, r.bucket_mb, r.prefetch, r.buffers) for r in repriced] == [
+        (r.shard, r.bucket_mb, r.prefetch, r.buffers) for r in a2a]
+    assert all(o.cost.step <= r.cost.step for o, r in zip(repriced, a2a))
+    # FSDP over 1024 ranks: 1023 inter-node latencies per all-to-all, or one
+    fsdp = [(o, r) for o, r in zip(repriced, a2a) if r.shard == 1024]
+    assert fsdp and all(o.cost.step < 0.5 * r.cost.step for o, r in fsdp)
+    # the command line prints both recommendations: at 1024 ranks they differ
+    planner.main(["--model", "llama-8b", "--world", "1024", "--shard", "64", "--bucket-mb", "4096,16384", "--prefetch", "0,2"])
+    out = capsys.readouterr().out
+    recommended, overlapped = (line for line in out.splitlines() if "recommended: " in line or "overlapped its" in line)
+    assert "HSDP 16x64" in recommended
+    assert "(1 latency, not W - 1): FSDP, MUON_COMPILE_STRATEGY=all_to_all" in overlapped
