@@ -15,6 +15,8 @@
 #   6. the cost model against one GPU: scripts/validate_step_cost.py under torchrun, one
 #      rank, NCCL (the GPU's measured profile, then each step predicted and measured)
 #                                                                 -> validate_world1.txt/.json
+#   7. the step's peak memory against the planner's estimate: scripts/measure_step_memory.py,
+#      one rank, NCCL (max_memory_allocated)                      -> memory_world1.txt
 # and prints a short table last (also summary.txt). Extra benchmark arguments:
 # BENCH_SINGLE_ARGS (e.g. "--workload gpt-small --reps 5"), BENCH_DIST_ARGS.
 # Exit status: non-zero when a step failed (the later steps still run).
@@ -74,6 +76,10 @@ step "cost model against one GPU, torchrun with one rank, NCCL"
 "$PY" -m torch.distributed.run --nproc-per-node 1 scripts/validate_step_cost.py --backend nccl \
   --save "$REPORT/validate_world1.json" > "$REPORT/validate_world1.txt" 2> "$REPORT/validate_world1.log" || status=1
 tail -4 "$REPORT/validate_world1.txt" >&2
+
+step "peak memory against the planner's estimate, torchrun with one rank, NCCL"
+"$PY" -m torch.distributed.run --nproc-per-node 1 scripts/measure_step_memory.py --backend nccl \
+  > "$REPORT/memory_world1.txt" 2> "$REPORT/memory_world1.log" || status=1
 
 "$PY" scripts/gpu_summary.py "$REPORT" | tee "$REPORT/summary.txt"
 exit $status
