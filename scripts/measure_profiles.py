@@ -168,7 +168,8 @@ def measure_arms(
     Every arm is compiled (fresh Inductor cache) and warmed up first, then the arms are
     timed in :func:`turns`: ``reps`` rounds, or more, up to ``arm_seconds`` of the
     slowest arm's steps, so that short steps, whose single timings spread most, get more
-    of them (0: ``reps`` rounds, as a quick run that checks the script wants). No arm may recompile while timed. ``with_probe``: each round also times the
+    of them (``arm_seconds`` 0: ``reps`` rounds, enough to check the script runs). No arm
+    may recompile while timed. ``with_probe``: each round also times the
     :func:`probe` and, with more than one rank, each collective kind on
     :data:`PROBE_BYTES` per rank (:func:`collective`, repeated as in the profile), which
     come second: ``{"matmul": GFLOP/s per round, kind: seconds per call per round}``

@@ -11,13 +11,14 @@ held before the step. The busiest rank's median is printed beside
 estimate, and their ratio.
 
 On the CPU the memory is the process's resident set: its peak (``VmHWM``, reset through
-``/proc/self/clear_refs``) less its size before the step. glibc serves a large tensor
-from its own ``mmap`` and returns it on free only below its mmap threshold, which it
-raises as large blocks are freed; ``MALLOC_MMAP_THRESHOLD_`` fixes it (the script
-refuses to run on the CPU without it), so the resident set follows the live tensors of
-64 KiB and more. Smaller ones come from the heap and are not seen: use workloads whose
-buckets hold megabytes. Under NCCL it is ``torch.cuda.max_memory_allocated`` less the
-memory allocated before.
+``/proc/self/clear_refs``) less its size before the step. glibc serves an allocation
+above its mmap threshold from an ``mmap`` of its own, unmapped when freed; smaller ones
+come from the heap, which keeps freed memory resident. glibc raises the threshold (up to
+32 MiB) as mmapped blocks are freed; ``MALLOC_MMAP_THRESHOLD_`` fixes it (the script
+refuses to run on the CPU without it), so at 65536 the resident set follows every live
+tensor of 64 KiB and more. Smaller ones are not seen: use workloads whose buckets hold
+megabytes. Under NCCL it is ``torch.cuda.max_memory_allocated`` less the memory
+allocated before.
 """
 
 from __future__ import annotations
