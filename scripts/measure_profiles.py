@@ -27,11 +27,12 @@ its rates are the ones that hold while they all run.
 * Drift: the VM's matmul rate changes by 10% between minutes (the profile of one run
   measured 513 GFLOP/s at size 512, another 461), so :func:`measure_arms` can time a
   :func:`probe` of the table's :data:`PROBE_SIZE` products in turns with the steps, for
-  the validation to scale the table to the rate that held while the steps ran, and each
-  collective on :data:`PROBE_BYTES` per rank, which the validation prints beside the
-  profile's price (a world-3 profile timed all_to_all's 4-64 KiB at 1.12-1.36 ms in a
-  slow spell; scaling the latencies by these probes made two runs' errors worse, so they
-  are not applied).
+  the validation to scale the table to the rate that held while the steps ran, and
+  every collective of the network profile's :func:`sweep` (each kind at each of
+  :data:`SIZES`), for the validation to fit the network profile that held while the
+  steps ran (a world-3 profile timed all_to_all's 4-64 KiB at 1.12-1.36 ms in a slow
+  spell, against a median of 1.00 ms over seven runs; one 16 KiB probe per kind, its
+  ratio applied to the latencies, made two runs' errors worse).
 
   A timing must be long against the barrier's skew and the scheduler's time slice, or
   ranks that share cores (three on this 2-core VM) take turns instead of running at
@@ -93,9 +94,6 @@ MATMUL_SIZES = (32, 64, 128, 256, 512, 1024)
 # the matmul rate that measure_arms can time in turns with the steps, to follow the VM's
 # drift between the profile and the steps: batched bf16 products of this size
 PROBE_SIZE = 512
-# and the collectives' time, each kind on this many bytes per rank (latency-bound: the
-# bandwidth term is 1-3% of its time on gloo here)
-PROBE_BYTES = SIZES[1]
 # sizes of the single products whose time, less their arithmetic, is a call's latency
 CALL_SIZES = (8, 16, 32, 64, 128, 256)
 # matrices too small for their arithmetic to count, with a bucket size: the same shape
@@ -169,11 +167,9 @@ def measure_arms(
     timed in :func:`turns`: ``reps`` rounds, or more, up to ``arm_seconds`` of the
     slowest arm's steps, so that short steps, whose single timings spread most, get more
     of them (``arm_seconds`` 0: ``reps`` rounds, enough to check the script runs). No arm
-    may recompile while timed. ``with_probe``: each round also times the
-    :func:`probe` and, with more than one rank, each collective kind on
-    :data:`PROBE_BYTES` per rank (:func:`collective`, repeated as in the profile), which
-    come second: ``{"matmul": GFLOP/s per round, kind: seconds per call per round}``
-    (else an empty dict).
+    may recompile while timed. ``with_probe``: each round also times
+    :func:`probe_calls`, which come second: ``{"matmul": GFLOP/s per round, (kind,
+    bytes per rank): seconds per call per round}`` (else an empty dict).
 
     ``instances``: each arm is built and compiled that many times, each instance on
     parameters of its own, and a round times every instance once; the arm's time in a
@@ -216,14 +212,15 @@ def measure_arms(
                       for (key, (_, per)), series in zip(probes.items(), probed)}
 
 
-def probe_calls() -> dict[str, tuple[Callable[[], None], float]]:
-    """The probes :func:`measure_arms` times in turns with the steps: ``"matmul"``, the
-    :func:`probe` and its GFLOP per call, and with more than one rank each collective kind
-    on :data:`PROBE_BYTES` per rank, repeated (:func:`sustained`), and its count of calls."""
+def probe_calls() -> dict:
+    """The probes :func:`measure_arms` times in turns with the steps, each with what one
+    call of it does: ``"matmul"``, the :func:`probe` and its GFLOP per call, and with more
+    than one rank, under ``(kind, bytes per rank)``, each collective of
+    the network profile's :func:`sweep`, repeated (:func:`sustained`), and its count of calls."""
     world = dist.get_world_size()
     calls = {"matmul": probe()}
     if world > 1:
-        calls.update({kind: sustained(collective(kind, PROBE_BYTES, world)) for kind in COLLECTIVES})
+        calls.update({key: sustained(fn) for key, fn in sweep(world).items()})
     return calls
 
 
@@ -316,11 +313,20 @@ def per_call(fns: list, reps: int) -> list[float]:
     return [t / count for t, (_, count) in zip(timed_each([r for r, _ in repeated], reps), repeated)]
 
 
+def sweep(world: int) -> dict[tuple[str, int], Callable[[], torch.Tensor]]:
+    """The network profile's calls: each collective kind at each of :data:`SIZES` per
+    rank (:func:`collective`), under ``(kind, bytes per rank)``."""
+    return {(kind, nbytes): collective(kind, nbytes, world) for kind in COLLECTIVES for nbytes in SIZES}
+
+
 def measure_network(reps: int) -> dict[str, list[tuple[int, float]]]:
     """Per collective kind, ``(bytes per rank, seconds per call)`` at each of :data:`SIZES`,
-    the calls back to back as a step's buckets issue them (:func:`per_call`)."""
-    world = dist.get_world_size()
-    return {kind: list(zip(SIZES, per_call([collective(kind, b, world) for b in SIZES], reps))) for kind in COLLECTIVES}
+    the calls of :func:`sweep` back to back as a step's buckets issue them (:func:`per_call`)."""
+    calls = sweep(dist.get_world_size())
+    points: dict[str, list[tuple[int, float]]] = {}
+    for (kind, nbytes), seconds in zip(calls, per_call(list(calls.values()), reps)):
+        points.setdefault(kind, []).append((nbytes, seconds))
+    return points
 
 
 def network_profile(points: dict[str, list[tuple[int, float]]], world: int, backend: str, log=print) -> NetworkProfile:

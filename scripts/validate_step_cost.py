@@ -2,7 +2,7 @@
 
     torchrun --nproc-per-node W scripts/validate_step_cost.py [--workload all] [--reps 15]
         [--profile-reps 15] [--instances 3] [--arm-seconds 2] [--backend gloo|nccl] [--save run.json]
-    python scripts/validate_step_cost.py --load run.json
+    python scripts/validate_step_cost.py --load run.json [--collectives-before-steps]
 
 First the raw figures of the profiles (scripts/measure_profiles.py: gloo or NCCL collectives,
 matmul rates, memory bandwidth and the compiled step on small matrices, all ranks at
@@ -13,16 +13,19 @@ buckets, where prefetch changes the schedule): the measured step (bench_distribu
 arms, the slowest rank's median), the eight arms of a workload compiled first and then
 timed in turns, ``--reps`` rounds or more, up to ``--arm-seconds`` (measure_profiles'
 ``ARM_SECONDS``) of the slowest arm's steps (:func:`measure_interleaved`), each round
-also timing measure_profiles' matmul ``probe``, in an order shuffled each round. Each arm is ``--instances`` compiled
-instances of its step, and its time in a round is their median (instances of one step
-measured medians up to 13% apart). ``--save`` writes all of it as JSON.
+also timing measure_profiles' ``probe_calls`` (the matmul probe, and the network
+profile's sweep of collectives), in an order shuffled each round. Each arm is
+``--instances`` compiled instances of its step, and its time in a round is their median
+(instances of one step measured medians up to 13% apart). ``--save`` writes all of it
+as JSON.
 
 The report fits the profiles to the figures and prints, beside each measured step, the
 cost model's prediction from the plan of the same shapes
 (``muon_compile.plan.plan_for`` and ``muon_compile.step_cost.predict``), the device's
 matmul rates scaled per workload by the probe's rate during its steps over the profile's
-(:func:`drift_corrected`), and its error (each collective's probe during the steps is
-printed beside the profile's price, :func:`collective_drift`, but not applied),
+(:func:`drift_corrected`), the collectives priced per workload by the network profile
+fitted to the sweep timed during its steps (:func:`network_during`;
+``--collectives-before-steps``: by the one timed before them), and its error,
 and per workload, bucket size and depth whether the predicted ranking of the strategies
 is the measured one: by the arms' medians, and round by round (:func:`sign_test`: the
 rounds pair steps taken moments apart; a ranking the rounds do not resolve at 5% is
@@ -48,7 +51,6 @@ from torch.distributed.device_mesh import init_device_mesh
 from bench_distributed import WORKLOADS, add_backend_argument, machine, rank_device, start_backend
 from measure_profiles import (
     ARM_SECONDS,
-    PROBE_BYTES,
     PROBE_SIZE,
     STRATEGY_ARMS,
     TOLERANCE,
@@ -84,8 +86,8 @@ def measure_interleaved(
     :func:`measure_arms`: at least ``reps`` rounds, more for short steps up to
     ``arm_seconds`` of the slowest arm's, each arm as
     ``instances`` compiled instances, a round's time the median of theirs), and the
-    probes timed in the same rounds (measure_profiles' ``measure_arms``: the matmul
-    probe's GFLOP/s, each collective's seconds per call)."""
+    probes timed in the same rounds (measure_profiles' ``probe_calls``: the matmul
+    probe's GFLOP/s, the network sweep's seconds per call under ``(kind, bytes)``)."""
     entries, arms = [], []
     for _, mb, prefetch in cases([name]):
         for strategy, arm in STRATEGY_ARMS.items():
@@ -117,13 +119,15 @@ def measure_run(
         "device": measure_device(profile_reps, arm_seconds),
         "steps": [],
         "probe": {},
-        "collective_probe": {},
+        "network_during": {},
     }
     mesh = init_device_mesh(rank_device().type, (world,))
     for name in names:
         steps, probes = measure_interleaved(name, mesh, warmup, reps, instances, arm_seconds)
         record["probe"][name] = probes.pop("matmul")
-        record["collective_probe"][name] = probes
+        network_during = record["network_during"][name] = {}
+        for (kind, nbytes), series in probes.items():
+            network_during.setdefault(kind, []).append((nbytes, series))
         record["steps"] += steps
         if save and dist.get_rank() == 0:
             with open(save, "w") as f:
@@ -131,8 +135,11 @@ def measure_run(
     return record
 
 
-def report(record: dict, log=print) -> None:
-    """Fit the profiles to ``record``'s figures and print every prediction beside its measurement."""
+def report(record: dict, log=print, collectives_during: bool = True) -> None:
+    """Fit the profiles to ``record``'s figures and print every prediction beside its
+    measurement. ``collectives_during``: each workload's collectives priced by the network
+    profile timed in turns with its steps (:func:`network_during`), where the run has it;
+    else by the one timed before the steps."""
     world = record["world"]
     # runs saved before 2026-11-24 timed each collective alone after a barrier, and each
     # arm's steps one after another
@@ -144,8 +151,8 @@ def report(record: dict, log=print) -> None:
     device = device_profile(record["device"], network, world, log)
     names = list(dict.fromkeys(s["workload"] for s in record["steps"]))
     devices = {name: drift_corrected(device, record, name, log) for name in names}
-    for name in names:
-        collective_drift(network, record, name, log)
+    networks = {name: network_during(record, name, log) if collectives_during else None for name in names}
+    networks = {name: during or network for name, during in networks.items()}
     interleaved = record.get("step_timing", "").startswith("interleaved")
     steps = {(s["workload"], s["bucket_mb"], s["prefetch"], s["strategy"]): s for s in record["steps"]}
     spread = {name: same_plan_spread(steps, name, world, interleaved, log) for name in names}
@@ -162,11 +169,12 @@ def report(record: dict, log=print) -> None:
                 log(f"{name:<10} {mb:>10g} {strategy.value}: measurement failed: {entry['error']}")
                 continue
             plan = plan_for(WORKLOADS[name], world, strategy, mb)
-            cost = predict(plan, prefetch, devices[name], network)
+            cost = predict(plan, prefetch, devices[name], networks[name])
             measured = statistics.median(entry["times"])
             error = cost.step / measured - 1
             errors.append(abs(error))
-            as_profiled = cost if devices[name] is device else predict(plan, prefetch, device, network)
+            followed = devices[name] is not device or networks[name] is not network
+            as_profiled = predict(plan, prefetch, device, network) if followed else cost
             uncorrected.append(abs(as_profiled.step / measured - 1))
             pair[strategy] = (cost.step, measured, entry["times"])
             r = cost.slowest_rank
@@ -196,7 +204,8 @@ def report(record: dict, log=print) -> None:
     if errors:
         log(f"\n{len(errors)} pairs: {summary(errors)}")
         if uncorrected != errors:
-            log(f"    with the profile's matmul rates as measured, not followed by the probe: {summary(uncorrected)}")
+            log(f"    with the profiles timed before the steps (matmul rates and collectives), not those "
+                f"timed in turns with them: {summary(uncorrected)}")
     if resolved_verdicts:
         resolved = [v for v in resolved_verdicts if v != "unresolved"]
         log(f"rankings by medians further apart than the same plan's: {len(resolved)} of "
@@ -258,19 +267,19 @@ def drift_corrected(device: DeviceProfile, record: dict, name: str, log) -> Devi
     return dataclasses.replace(device, matmul=device.matmul.scaled(factor, why))
 
 
-def collective_drift(network: NetworkProfile, record: dict, name: str, log) -> dict[str, float]:
-    """Per collective kind, its probe timed in turns with workload ``name``'s steps
-    (measure_profiles' ``PROBE_BYTES`` per rank) over the profile's price of that size,
-    logged; empty for runs saved before the collective probe, or of one rank. Printed,
-    not applied: scaling each kind's latency by it made the errors of both runs that
-    have it worse (docs/benchmarks.md)."""
-    ratios = {}
-    for kind, times in record.get("collective_probe", {}).get(name, {}).items():
-        during, priced = statistics.median(times), network.seconds(kind, PROBE_BYTES, record["world"])
-        ratios[kind] = during / priced
-        log(f"{name}: {kind} probe ({PROBE_BYTES // 1024} KiB) in turns with the steps {during * 1e3:.3f} ms, "
-            f"the profile's price {priced * 1e3:.3f}: x{ratios[kind]:.3f}")
-    return ratios
+def network_during(record: dict, name: str, log) -> NetworkProfile | None:
+    """The network profile fitted (measure_profiles' ``network_profile``) to the
+    collectives timed in turns with workload ``name``'s steps (each kind at each size of
+    the profile's sweep, the median of the rounds), logged under the workload's name:
+    the collectives' speed while the steps ran, as the matmul probe gives the matmul
+    rates'. None for runs saved before 2026-11-25 or of one rank: the collectives of
+    the profile timed before the steps price the steps then."""
+    during = record.get("network_during", {}).get(name)
+    if not during:
+        return None
+    points = {kind: [(nbytes, statistics.median(series)) for nbytes, series in sizes] for kind, sizes in during.items()}
+    log(f"{name}: the collectives timed in turns with its steps:")
+    return network_profile(points, record["world"], record["backend"], lambda line: log(f"  {line}"))
 
 
 def sign_test(first: list[float], second: list[float]) -> tuple[int, int, float]:
@@ -296,16 +305,19 @@ def main() -> None:
     parser.add_argument("--save", metavar="JSON", help="write the run's figures here")
     add_backend_argument(parser)
     parser.add_argument("--load", metavar="JSON", help="report a saved run instead of measuring")
+    parser.add_argument("--collectives-before-steps", action="store_true",
+                        help="price the collectives by the profile timed before the steps, "
+                        "not the one timed in turns with them")
     args = parser.parse_args()
     if args.load:
         with open(args.load) as f:
-            report(json.load(f))
+            report(json.load(f), collectives_during=not args.collectives_before_steps)
         return
     start_backend(parser, args.backend)
     names = list(WORKLOADS) if args.workload == "all" else [args.workload]
     record = measure_run(names, args.reps, args.warmup, args.profile_reps, args.instances, args.arm_seconds, args.save)
     if dist.get_rank() == 0:
-        report(record)
+        report(record, collectives_during=not args.collectives_before_steps)
     dist.destroy_process_group()
 
 

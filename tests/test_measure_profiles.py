@@ -17,7 +17,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 import measure_profiles  # noqa: E402
 import validate_step_cost  # noqa: E402
-from muon_compile.network_profiles import Link, NetworkProfile  # noqa: E402
+from muon_compile.network_profiles import Link, NetworkProfile, alpha_beta  # noqa: E402
 
 SAVED = ROOT / "docs" / "runs" / "2026-11-24-world2-shuffled.json"
 
@@ -30,17 +30,21 @@ def timed_collectives(rank, world):
         result = measure_profiles.collective(kind, 4096, world, value=rank + 1)()
         out[kind] = (tuple(result.shape), sorted(set(result.tolist())))
     out["probes"] = {key: count for key, (_, count) in measure_profiles.probe_calls().items()}
+    out["points"] = {kind: [b for b, _ in points] for kind, points in measure_profiles.measure_network(1).items()}
     return out
 
 
 def test_collectives_are_timed_as_the_functional_ops_the_step_calls():
     """measure_profiles times what the compiled graph runs (the _c10d_functional op and
     its wait), each on its bytes per rank, with the results the kind defines; the probes
-    timed in turns with the validation's steps are the matmul probe and each kind."""
+    timed in turns with the validation's steps are the matmul probe and the profile's
+    sweep, each kind at each size."""
+    sweep = [(kind, nbytes) for kind in measure_profiles.COLLECTIVES for nbytes in measure_profiles.SIZES]
     for result in run_world(timed_collectives, 2, timeout=300):
         probes = result.pop("probes")
-        assert sorted(probes) == sorted(["matmul", *measure_profiles.COLLECTIVES])
+        assert list(probes) == ["matmul", *sweep]
         assert all(count > 0 for count in probes.values())
+        assert result.pop("points") == {kind: measure_profiles.SIZES for kind in measure_profiles.COLLECTIVES}
         assert result == {
             "all_gather_into_tensor": ((4096,), [1.0, 2.0]),  # 2048 bf16 per rank, gathered
             "all_to_all_single": ((2048,), [1.0, 2.0]),  # half from each rank
@@ -86,19 +90,53 @@ def test_fit_link_splits_sizes_only_where_one_line_misses_a_point_by_more_than_t
     assert link.large.bandwidth == pytest.approx(large.bandwidth)
 
 
-def test_collective_probes_are_reported_beside_the_profile_price_and_not_applied():
-    """validate_step_cost prints each kind's probe during a workload's steps over the
-    profile's price of the probe's size; runs saved without probes print nothing."""
-    links = {kind: Link(1e-4, math.inf) for kind in measure_profiles.COLLECTIVES}
-    network = NetworkProfile("flat", "test", intra=links["all_to_all_single"], inter=links["all_to_all_single"],
-                             ranks_per_node=2, kinds=links)
-    priced = network.seconds("all_to_all_single", measure_profiles.PROBE_BYTES, 2)  # 1e-4: one step
-    record = {"world": 2, "collective_probe": {"w": {"all_to_all_single": [priced, 1.5 * priced, 2 * priced]}}}
+def test_collectives_timed_during_the_steps_price_that_workloads_steps():
+    """validate_step_cost fits a network profile to the sweep timed in turns with a
+    workload's steps (each size's median over the rounds) and prices that workload's
+    collectives with it; a run without that sweep (saved before it, or of one rank)
+    keeps the profile timed before the steps."""
+    latency, bandwidth = 2e-4, 1e9
+    during = {}
+    for kind in measure_profiles.COLLECTIVES:
+        steps, factor = alpha_beta(kind, 2)
+        seconds = [steps * latency + factor * b / bandwidth for b in measure_profiles.SIZES]
+        during[kind] = [(b, [t, 3 * t, t]) for b, t in zip(measure_profiles.SIZES, seconds)]  # median: t
+    record = {"world": 2, "backend": "gloo", "network_during": {"w": during, "v": {}}}
     lines = []
-    assert validate_step_cost.collective_drift(network, record, "w", lines.append) == {"all_to_all_single": 1.5}
-    assert lines == ["w: all_to_all_single probe (16 KiB) in turns with the steps 0.150 ms, "
-                     "the profile's price 0.100: x1.500"]
-    assert validate_step_cost.collective_drift(network, {"world": 2}, "w", lines.append) == {}
+    network = validate_step_cost.network_during(record, "w", lines.append)
+    assert lines[0] == "w: the collectives timed in turns with its steps:"
+    for kind in measure_profiles.COLLECTIVES:
+        link = network.kinds[kind]
+        assert (link.latency, link.bandwidth) == pytest.approx((latency, bandwidth), rel=1e-6)
+        assert link.large is None  # one line fits all sizes
+    assert validate_step_cost.network_during(record, "v", lines.append) is None  # one rank: nothing timed
+    assert validate_step_cost.network_during({"world": 2}, "w", lines.append) is None  # saved before
+
+
+def test_report_prices_each_workload_by_the_collectives_timed_during_its_steps():
+    """A saved run given a sweep during small-14's steps with every collective three
+    times as slow as the profile timed before: small-14's predictions rise, gpt-small's
+    (no sweep) stay, and --collectives-before-steps reports the run as saved."""
+    record = json.loads(SAVED.read_text())
+    slow = {kind: [(b, [3 * t]) for b, t in points] for kind, points in record["network"].items()}
+    record["network_during"] = {"small-14": slow}
+
+    def predictions(**kwargs):
+        lines = []
+        validate_step_cost.report(record, lines.append, **kwargs)
+        rows = [line.split() for line in lines if line.startswith(("gpt-small ", "small-14 ")) and line.endswith("%")]
+        assert len(rows) == 16
+        return {tuple(row[:5]): float(row[5]) for row in rows}, lines
+
+    during, lines = predictions()
+    before, _ = predictions(collectives_during=False)
+    assert "small-14: the collectives timed in turns with its steps:" in lines
+    assert any(line.startswith("    with the profiles timed before the steps") for line in lines)
+    for case, predicted in during.items():
+        if case[0] == "gpt-small":
+            assert predicted == before[case]
+        else:
+            assert predicted > before[case]
 
 
 def test_turns_time_each_function_once_a_round_in_an_order_shuffled_alike_on_every_rank(monkeypatch):
@@ -154,7 +192,7 @@ def test_validate_step_cost_runs_end_to_end_on_one_rank(tmp_path):
     assert "8 pairs: median |error|" in out
     # the one-rank network: nothing priced, nothing fitted
     assert "all_to_all_single: latency 0.0 us, bandwidth unbounded" in out
-    assert record["collective_probe"] == {"small-14": {}}  # no collective to probe on one rank
+    assert record["network_during"] == {"small-14": {}}  # no collective to time on one rank
     assert len(record["probe"]["small-14"]) == len(steps[0]["times"])  # the matmul probe, each round
     reloaded = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "validate_step_cost.py"), "--load", str(saved)],
