@@ -2,7 +2,7 @@
 
     torchrun --nproc-per-node W scripts/validate_step_cost.py [--workload all] [--reps 15]
         [--profile-reps 15] [--instances 3] [--arm-seconds 2] [--backend gloo|nccl] [--save run.json]
-    python scripts/validate_step_cost.py --load run.json [--collectives-before-steps]
+    python scripts/validate_step_cost.py --load run.json [--collectives-during-steps]
 
 First the raw figures of the profiles (scripts/measure_profiles.py: gloo or NCCL collectives,
 matmul rates, memory bandwidth and the compiled step on small matrices, all ranks at
@@ -23,9 +23,9 @@ The report fits the profiles to the figures and prints, beside each measured ste
 cost model's prediction from the plan of the same shapes
 (``muon_compile.plan.plan_for`` and ``muon_compile.step_cost.predict``), the device's
 matmul rates scaled per workload by the probe's rate during its steps over the profile's
-(:func:`drift_corrected`), the collectives priced per workload by the network profile
-fitted to the sweep timed during its steps (:func:`network_during`;
-``--collectives-before-steps``: by the one timed before them), and its error,
+(:func:`drift_corrected`), the collectives priced by the network profile timed before
+the steps (``--collectives-during-steps``: per workload by the one fitted to the sweep
+timed in turns with its steps, :func:`network_during`), and its error,
 and per workload, bucket size and depth whether the predicted ranking of the strategies
 is the measured one: by the arms' medians, and round by round (:func:`sign_test`: the
 rounds pair steps taken moments apart; a ranking the rounds do not resolve at 5% is
@@ -135,11 +135,12 @@ def measure_run(
     return record
 
 
-def report(record: dict, log=print, collectives_during: bool = True) -> None:
+def report(record: dict, log=print, collectives_during: bool = False) -> None:
     """Fit the profiles to ``record``'s figures and print every prediction beside its
-    measurement. ``collectives_during``: each workload's collectives priced by the network
-    profile timed in turns with its steps (:func:`network_during`), where the run has it;
-    else by the one timed before the steps."""
+    measurement, the collectives priced by the network profile timed before the steps.
+    ``collectives_during``: each workload's by the one timed in turns with its steps
+    (:func:`network_during`), where the run has it. Not the default: on the two runs
+    that have it, it changed no ranking and raised the median error (docs/benchmarks.md)."""
     world = record["world"]
     # runs saved before 2026-11-24 timed each collective alone after a barrier, and each
     # arm's steps one after another
@@ -204,8 +205,7 @@ def report(record: dict, log=print, collectives_during: bool = True) -> None:
     if errors:
         log(f"\n{len(errors)} pairs: {summary(errors)}")
         if uncorrected != errors:
-            log(f"    with the profiles timed before the steps (matmul rates and collectives), not those "
-                f"timed in turns with them: {summary(uncorrected)}")
+            log(f"    with the profiles as timed before the steps, nothing followed during them: {summary(uncorrected)}")
     if resolved_verdicts:
         resolved = [v for v in resolved_verdicts if v != "unresolved"]
         log(f"rankings by medians further apart than the same plan's: {len(resolved)} of "
@@ -272,8 +272,8 @@ def network_during(record: dict, name: str, log) -> NetworkProfile | None:
     collectives timed in turns with workload ``name``'s steps (each kind at each size of
     the profile's sweep, the median of the rounds), logged under the workload's name:
     the collectives' speed while the steps ran, as the matmul probe gives the matmul
-    rates'. None for runs saved before 2026-11-25 or of one rank: the collectives of
-    the profile timed before the steps price the steps then."""
+    rates'. None for runs saved without that sweep (before it was timed, or of one
+    rank): the collectives of the profile timed before the steps price the steps then."""
     during = record.get("network_during", {}).get(name)
     if not during:
         return None
@@ -305,19 +305,19 @@ def main() -> None:
     parser.add_argument("--save", metavar="JSON", help="write the run's figures here")
     add_backend_argument(parser)
     parser.add_argument("--load", metavar="JSON", help="report a saved run instead of measuring")
-    parser.add_argument("--collectives-before-steps", action="store_true",
-                        help="price the collectives by the profile timed before the steps, "
-                        "not the one timed in turns with them")
+    parser.add_argument("--collectives-during-steps", action="store_true",
+                        help="price each workload's collectives by the profile timed in turns with its steps, "
+                        "not the one timed before them")
     args = parser.parse_args()
     if args.load:
         with open(args.load) as f:
-            report(json.load(f), collectives_during=not args.collectives_before_steps)
+            report(json.load(f), collectives_during=args.collectives_during_steps)
         return
     start_backend(parser, args.backend)
     names = list(WORKLOADS) if args.workload == "all" else [args.workload]
     record = measure_run(names, args.reps, args.warmup, args.profile_reps, args.instances, args.arm_seconds, args.save)
     if dist.get_rank() == 0:
-        report(record, collectives_during=not args.collectives_before_steps)
+        report(record, collectives_during=args.collectives_during_steps)
     dist.destroy_process_group()
 
 

@@ -115,8 +115,8 @@ def test_collectives_timed_during_the_steps_price_that_workloads_steps():
 
 def test_report_prices_each_workload_by_the_collectives_timed_during_its_steps():
     """A saved run given a sweep during small-14's steps with every collective three
-    times as slow as the profile timed before: small-14's predictions rise, gpt-small's
-    (no sweep) stay, and --collectives-before-steps reports the run as saved."""
+    times as slow as the profile timed before: with collectives_during, small-14's
+    predictions rise and gpt-small's (no sweep) stay; by default the run reports as saved."""
     record = json.loads(SAVED.read_text())
     slow = {kind: [(b, [3 * t]) for b, t in points] for kind, points in record["network"].items()}
     record["network_during"] = {"small-14": slow}
@@ -128,10 +128,13 @@ def test_report_prices_each_workload_by_the_collectives_timed_during_its_steps()
         assert len(rows) == 16
         return {tuple(row[:5]): float(row[5]) for row in rows}, lines
 
-    during, lines = predictions()
-    before, _ = predictions(collectives_during=False)
+    during, lines = predictions(collectives_during=True)
+    before, default_lines = predictions()
     assert "small-14: the collectives timed in turns with its steps:" in lines
-    assert any(line.startswith("    with the profiles timed before the steps") for line in lines)
+    assert not any("timed in turns with its steps" in line for line in default_lines)
+    del record["network_during"]
+    assert predictions()[0] == before
+    assert any(line.startswith("    with the profiles as timed before the steps") for line in lines)
     for case, predicted in during.items():
         if case[0] == "gpt-small":
             assert predicted == before[case]
