@@ -319,14 +319,20 @@ def sweep(world: int) -> dict[tuple[str, int], Callable[[], torch.Tensor]]:
     return {(kind, nbytes): collective(kind, nbytes, world) for kind in COLLECTIVES for nbytes in SIZES}
 
 
+def by_kind(values: dict[tuple[str, int], object]) -> dict[str, list[tuple[int, object]]]:
+    """``values`` keyed as :func:`sweep`'s calls, ``(kind, bytes per rank)``, as
+    ``{kind: [(bytes per rank, value), ...]}`` in the sweep's order."""
+    grouped: dict[str, list[tuple[int, object]]] = {}
+    for (kind, nbytes), value in values.items():
+        grouped.setdefault(kind, []).append((nbytes, value))
+    return grouped
+
+
 def measure_network(reps: int) -> dict[str, list[tuple[int, float]]]:
     """Per collective kind, ``(bytes per rank, seconds per call)`` at each of :data:`SIZES`,
     the calls of :func:`sweep` back to back as a step's buckets issue them (:func:`per_call`)."""
     calls = sweep(dist.get_world_size())
-    points: dict[str, list[tuple[int, float]]] = {}
-    for (kind, nbytes), seconds in zip(calls, per_call(list(calls.values()), reps)):
-        points.setdefault(kind, []).append((nbytes, seconds))
-    return points
+    return by_kind(dict(zip(calls, per_call(list(calls.values()), reps))))
 
 
 def network_profile(points: dict[str, list[tuple[int, float]]], world: int, backend: str, log=print) -> NetworkProfile:

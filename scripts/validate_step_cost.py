@@ -54,6 +54,7 @@ from measure_profiles import (
     PROBE_SIZE,
     STRATEGY_ARMS,
     TOLERANCE,
+    by_kind,
     device_profile,
     measure_arms,
     measure_device,
@@ -125,9 +126,7 @@ def measure_run(
     for name in names:
         steps, probes = measure_interleaved(name, mesh, warmup, reps, instances, arm_seconds)
         record["probe"][name] = probes.pop("matmul")
-        network_during = record["network_during"][name] = {}
-        for (kind, nbytes), series in probes.items():
-            network_during.setdefault(kind, []).append((nbytes, series))
+        record["network_during"][name] = by_kind(probes)
         record["steps"] += steps
         if save and dist.get_rank() == 0:
             with open(save, "w") as f:
@@ -152,8 +151,7 @@ def report(record: dict, log=print, collectives_during: bool = False) -> None:
     device = device_profile(record["device"], network, world, log)
     names = list(dict.fromkeys(s["workload"] for s in record["steps"]))
     devices = {name: drift_corrected(device, record, name, log) for name in names}
-    networks = {name: network_during(record, name, log) if collectives_during else None for name in names}
-    networks = {name: during or network for name, during in networks.items()}
+    networks = {name: (network_during(record, name, log) if collectives_during else None) or network for name in names}
     interleaved = record.get("step_timing", "").startswith("interleaved")
     steps = {(s["workload"], s["bucket_mb"], s["prefetch"], s["strategy"]): s for s in record["steps"]}
     spread = {name: same_plan_spread(steps, name, world, interleaved, log) for name in names}
