@@ -46,7 +46,7 @@ from .ns_args import NSArgs
 from .passes.find import NSSite, Sharding
 from .passes.plan_distributed import DistPlan, plan_distributed
 from .sharded_ns import row_shard
-from .step_cost import DEVICES, DeviceProfile, StepCost, buffer_bytes, predict
+from .step_cost import DEVICES, TIE, DeviceProfile, StepCost, buffer_bytes, predict
 
 # muon_compile.Muon's defaults: Keller's quintic, 5 steps, bf16, the algorithm chosen per shape
 DEFAULT_ARGS = coefficients.ns_args("keller", 5)
@@ -162,6 +162,21 @@ def best(predictions: list[Prediction], max_buffers: float = 0.0) -> Prediction 
     return min(fitting, key=lambda p: p.cost.step, default=None)
 
 
+def ties(predictions: list[Prediction], chosen: Prediction, max_buffers: float = 0.0) -> list[Prediction]:
+    """The fastest configuration of each other layout and strategy whose buffers fit in
+    ``max_buffers`` bytes and whose step is predicted within
+    :data:`~muon_compile.step_cost.TIE` of ``chosen``'s: the model cannot rank them
+    against it (time both where it matters)."""
+    rivals: dict[tuple[int, Strategy], Prediction] = {}
+    for p in predictions:
+        key = (p.shard, p.strategy)
+        if key == (chosen.shard, chosen.strategy) or not p.fits(max_buffers):
+            continue
+        if key not in rivals or p.cost.step < rivals[key].cost.step:
+            rivals[key] = p
+    return [p for p in rivals.values() if p.cost.step <= chosen.cost.step * (1 + TIE)]
+
+
 def memory_limit(device: DeviceProfile, share: float = MEMORY_SHARE) -> float:
     """The bytes of bucket buffers the planner allows on ``device`` (0: its memory is unknown)."""
     return device.memory * share
@@ -261,6 +276,8 @@ def main(argv: list[str] | None = None) -> None:
             f"{chosen.cost.step / (chosen.cost.step + train):.2%} of a training step of {args.tokens} tokens "
             f"({train * 1e3:.1f} ms forward and backward at {args.mfu:.0%} MFU)"
         )
+        for tie in ties(predictions, chosen, limit):
+            print(f"    a tie, within {TIE:.0%}: {_configuration(tie)}")
         overlapped = best(with_overlapped_exchanges(predictions, list(shapes.matrices), device, network, mbs, depths, shards), limit)
         print(
             "    if every all-to-all overlapped its peer exchanges (1 latency, not W - 1): "

@@ -27,7 +27,9 @@ matmul rates scaled per workload by the probe's rate during its steps over the p
 the steps (``--collectives-during-steps``: per workload by the one fitted to the sweep
 timed in turns with its steps, :func:`network_during`), and its error,
 and per workload, bucket size and depth whether the predicted ranking of the strategies
-is the measured one: by the arms' medians, and round by round (:func:`sign_test`: the
+is the measured one, and whether the predictions lie further apart than
+``muon_compile.step_cost.TIE`` (closer, the model calls them a tie): by the arms'
+medians, and round by round (:func:`sign_test`: the
 rounds pair steps taken moments apart; a ranking the rounds do not resolve at 5% is
 "unresolved"), and whether the medians lie further apart than two arms of one plan did
 (:func:`same_plan_spread`; before measure_profiles' turns were shuffled, the sign test
@@ -65,7 +67,7 @@ from measure_profiles import (
 from muon_compile.config import Config
 from muon_compile.network_profiles import NetworkProfile
 from muon_compile.plan import plan_for
-from muon_compile.step_cost import DeviceProfile, predict, stages
+from muon_compile.step_cost import TIE, DeviceProfile, predict, stages
 
 # a bucket size per workload that splits it into several buckets
 SPLIT_MB = {"gpt-small": 4.0, "small-14": 0.02}
@@ -157,7 +159,7 @@ def report(record: dict, log=print, collectives_during: bool = False) -> None:
     spread = {name: same_plan_spread(steps, name, world, interleaved, log) for name in names}
     log(f"\n{'workload':<10} {'bucket MiB':>10} {'buckets':>7} {'strategy':<10} {'prefetch':>8} "
         f"{'predicted ms':>12} {'(NS':>7} {'pointwise':>9} {'exposed)':>9} {'measured ms':>11} {'error':>7}")
-    errors, uncorrected, paired_verdicts, resolved_verdicts = [], [], [], []
+    errors, uncorrected, paired_verdicts, resolved_verdicts, rankings = [], [], [], [], []
     for name, mb, prefetch in cases(names):
         pair = {}
         for strategy in STRATEGY_ARMS:
@@ -185,6 +187,10 @@ def report(record: dict, log=print, collectives_during: bool = False) -> None:
             verdict = "matches" if order[0] == order[1] else "DIFFERS"
             log(f"{'':<10} ranking {' < '.join(s.value for s in order[1])} measured, "
                 f"{' < '.join(s.value for s in order[0])} predicted: {verdict}")
+            predicted_gap = pair[order[0][1]][0] / pair[order[0][0]][0] - 1
+            rankings.append((predicted_gap, verdict))
+            log(f"{'':<10} predictions {predicted_gap:.1%} apart: "
+                f"{'ranked' if predicted_gap > TIE else f'a tie (within {TIE:.0%})'}")
             gap = pair[order[1][1]][1] / pair[order[1][0]][1] - 1
             if spread[name] is not None:
                 resolved = gap > spread[name]
@@ -204,6 +210,10 @@ def report(record: dict, log=print, collectives_during: bool = False) -> None:
         log(f"\n{len(errors)} pairs: {summary(errors)}")
         if uncorrected != errors:
             log(f"    with the profiles as timed before the steps, nothing followed during them: {summary(uncorrected)}")
+    if rankings:
+        apart = [v for gap, v in rankings if gap > TIE]
+        log(f"rankings predicted more than {TIE:.0%} apart: {len(apart)} of {len(rankings)}, "
+            f"{apart.count('matches')} of them as measured")
     if resolved_verdicts:
         resolved = [v for v in resolved_verdicts if v != "unresolved"]
         log(f"rankings by medians further apart than the same plan's: {len(resolved)} of "

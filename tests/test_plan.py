@@ -1,13 +1,15 @@
 """The planner (muon_compile/plan.py, muon_compile/model_shapes.py): published model shapes,
 plans from shapes alone at any world size, HSDP layouts, the command line."""
 
+import dataclasses
+
 import pytest
 
 from muon_compile import plan as planner
 from muon_compile.config import Strategy
 from muon_compile.model_shapes import MODELS, model
 from muon_compile.network_profiles import profile
-from muon_compile.step_cost import DEVICES
+from muon_compile.step_cost import DEVICES, TIE
 
 
 @pytest.mark.parametrize(
@@ -118,3 +120,30 @@ def test_the_overlapped_all_to_all_bound_reprices_only_the_all_to_all_rows(capsy
     recommended, overlapped = (line for line in out.splitlines() if "recommended: " in line or "overlapped its" in line)
     assert "HSDP 16x64" in recommended
     assert "(1 latency, not W - 1): FSDP, MUON_COMPILE_STRATEGY=all_to_all" in overlapped
+
+
+def test_ties_are_the_other_layouts_and_strategies_predicted_within_the_models_resolution(capsys):
+    rows = planner.sweep(list(MODELS["llama-1b"].matrices), 16, DEVICES["h100"], profile("nvlink-ib"), [256, 1024], [1], [8])
+    chosen = planner.best(rows)
+
+    def priced(strategy, shard, bucket_mb, factor, buffers=None):
+        row = next(r for r in rows if (r.strategy, r.shard, r.bucket_mb) == (strategy, shard, bucket_mb))
+        step = chosen.cost.step * factor
+        cost = dataclasses.replace(row.cost, total=(step,) * len(row.cost.total))
+        return dataclasses.replace(row, cost=cost, buffers=row.buffers if buffers is None else buffers)
+
+    other = Strategy.ALL_GATHER if chosen.strategy is Strategy.ALL_TO_ALL else Strategy.ALL_TO_ALL
+    hsdp = 8 if chosen.shard == 16 else 16
+    near = priced(other, chosen.shard, 256, 1 + 0.9 * TIE)
+    nearer = priced(other, chosen.shard, 1024, 1 + 0.5 * TIE)  # the same layout and strategy: the faster one stands for both
+    far = priced(chosen.strategy, hsdp, 256, 1 + 1.1 * TIE)
+    same = priced(chosen.strategy, chosen.shard, 256 if chosen.bucket_mb == 1024 else 1024, 1.01)
+    assert planner.ties([chosen, near, nearer, far, same], chosen) == [nearer]
+    too_big = dataclasses.replace(nearer, buffers=10**12)
+    assert planner.ties([chosen, near, too_big, far], chosen, 10**11) == [near]
+    assert planner.ties([chosen, far, same], chosen) == []
+    # one rank: both strategies orthogonalise everything locally, all_to_all also cuts its results back
+    planner.main(["--model", "llama-1b", "--world", "1", "--bucket-mb", "1024", "--prefetch", "1"])
+    out = capsys.readouterr().out
+    assert "recommended: FSDP, MUON_COMPILE_STRATEGY=all_gather" in out
+    assert "    a tie, within 10%: FSDP, MUON_COMPILE_STRATEGY=all_to_all MUON_COMPILE_BUCKET_MB=1024" in out

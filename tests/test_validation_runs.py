@@ -5,7 +5,8 @@ least as many of its 8 comparisons as when the run was first reported, by the ar
 medians, and, in runs timed in turns, must differ from no more of the rankings the rounds
 resolve, and must differ from no more of the rankings whose medians lie further apart
 than two arms of one plan did (a model change that ranks real measurements worse fails
-here)."""
+here); the count of rankings predicted further apart than ``step_cost.TIE`` agrees with
+the report's lines."""
 
 import json
 import subprocess
@@ -13,6 +14,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from muon_compile.step_cost import TIE
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = sorted((ROOT / "docs" / "runs").glob("*.json"))
@@ -123,6 +126,11 @@ def test_current_model_ranks_the_strategies_as_measured(run):
     assert len(resolved) == 8  # every saved run has the one-bucket arms at prefetch 0 and 1
     beyond = [r for r, line in zip(rankings, resolved) if line.endswith(": resolved")]
     assert sum(r.endswith("DIFFERS") for r in beyond) <= RESOLVED_DIFFERS.get(run.stem, 0), "\n".join(beyond)
+    gaps = [line for line in out.splitlines() if " predictions " in line and "% apart: " in line]
+    assert len(gaps) == 8
+    apart = [r for r, g in zip(rankings, gaps) if g.endswith(": ranked")]
+    assert (f"rankings predicted more than {TIE:.0%} apart: {len(apart)} of 8, "
+            f"{sum(r.endswith('matches') for r in apart)} of them as measured") in out
     assert "16 pairs: median |error|" in out
 
 

@@ -1,0 +1,24 @@
+"""scripts/probe_core_sharing.py: a world-2 gloo run times every rank busy, then rank 0
+alone while rank 1 waits in a collective, and rank 1 waiting uses almost no CPU."""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_a_waiting_rank_is_reported_with_the_cpu_it_used():
+    out = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         str(ROOT / "scripts" / "probe_core_sharing.py"), "--seconds", "0.3"],
+        capture_output=True, text=True, timeout=120, check=True,
+    ).stdout
+    both, alone = (line for line in out.splitlines() if " ranks busy: " in line)
+    assert both.startswith("2 of 2 ranks busy: rank 0: ") and "rank 1: waiting" not in both
+    assert alone.startswith("1 of 2 ranks busy: rank 0: ")
+    waited = re.search(r"rank 1: waiting, ([0-9.]+) CPU s", alone)
+    assert waited, alone
+    # gloo's wait sleeps: far less CPU than the 0.3 s rank 0 computed for
+    assert float(waited.group(1)) < 0.15, alone
