@@ -51,8 +51,8 @@ UPDATE_ACCESSES = 5
 # Two configurations predicted closer than this (relative) are a tie: the model cannot rank
 # them. Measured against steps at three CPU ranks on two cores, it prices the all_gather
 # step 5-10% low against the all_to_all one (docs/benchmarks.md, "A strategy's bias at
-# world 3"); the planner names the ties of its recommendation, and the validation counts
-# the rankings predicted further apart apart from the rest.
+# world 3"); the planner names the ties of its recommendation, and the validation reports
+# on their own the rankings it predicts further apart.
 TIE = 0.10
 
 

@@ -29,9 +29,8 @@ timed in turns with its steps, :func:`network_during`), and its error,
 and per workload, bucket size and depth whether the predicted ranking of the strategies
 is the measured one, and whether the predictions lie further apart than
 ``muon_compile.step_cost.TIE`` (closer, the model calls them a tie): by the arms'
-medians, and round by round (:func:`sign_test`: the
-rounds pair steps taken moments apart; a ranking the rounds do not resolve at 5% is
-"unresolved"), and whether the medians lie further apart than two arms of one plan did
+medians, and round by round (:func:`sign_test`: the rounds pair steps taken moments
+apart; a ranking the rounds do not resolve at 5% is "unresolved"), and whether the medians lie further apart than two arms of one plan did
 (:func:`same_plan_spread`; before measure_profiles' turns were shuffled, the sign test
 separated even those, the arm timed first after the probe always slower). ``--load``
 prints the report of a saved run without measuring (no torchrun): the current model
