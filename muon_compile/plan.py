@@ -46,7 +46,7 @@ from .ns_args import NSArgs
 from .passes.find import NSSite, Sharding
 from .passes.plan_distributed import DistPlan, plan_distributed
 from .sharded_ns import row_shard
-from .step_cost import DEVICES, TIE, DeviceProfile, StepCost, buffer_bytes, predict
+from .step_cost import DEVICES, TIE, DeviceProfile, StepCost, buffer_bytes, predict, tied
 
 # muon_compile.Muon's defaults: Keller's quintic, 5 steps, bf16, the algorithm chosen per shape
 DEFAULT_ARGS = coefficients.ns_args("keller", 5)
@@ -167,14 +167,10 @@ def ties(predictions: list[Prediction], chosen: Prediction, max_buffers: float =
     ``max_buffers`` bytes and whose step is predicted within
     :data:`~muon_compile.step_cost.TIE` of ``chosen``'s: the model cannot rank them
     against it (time both where it matters)."""
-    rivals: dict[tuple[int, Strategy], Prediction] = {}
-    for p in predictions:
-        key = (p.shard, p.strategy)
-        if key == (chosen.shard, chosen.strategy) or not p.fits(max_buffers):
-            continue
-        if key not in rivals or p.cost.step < rivals[key].cost.step:
-            rivals[key] = p
-    return [p for p in rivals.values() if p.cost.step <= chosen.cost.step * (1 + TIE)]
+    keys = dict.fromkeys((p.shard, p.strategy) for p in predictions)
+    keys.pop((chosen.shard, chosen.strategy), None)
+    rivals = (best([p for p in predictions if (p.shard, p.strategy) == key], max_buffers) for key in keys)
+    return [p for p in rivals if p is not None and tied(p.cost.step, chosen.cost.step)]
 
 
 def memory_limit(device: DeviceProfile, share: float = MEMORY_SHARE) -> float:

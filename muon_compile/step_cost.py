@@ -56,6 +56,12 @@ UPDATE_ACCESSES = 5
 TIE = 0.10
 
 
+def tied(a: float, b: float) -> bool:
+    """Whether predicted step times ``a`` and ``b`` lie within :data:`TIE` of each other
+    (the slower over the faster)."""
+    return max(a, b) <= min(a, b) * (1 + TIE)
+
+
 @dataclasses.dataclass(frozen=True)
 class DeviceProfile:
     """What a device computes at: matmul rates, memory bandwidth (bytes/s) for

@@ -30,11 +30,11 @@ and per workload, bucket size and depth whether the predicted ranking of the str
 is the measured one, and whether the predictions lie further apart than
 ``muon_compile.step_cost.TIE`` (closer, the model calls them a tie): by the arms'
 medians, and round by round (:func:`sign_test`: the rounds pair steps taken moments
-apart; a ranking the rounds do not resolve at 5% is "unresolved"), and whether the medians lie further apart than two arms of one plan did
-(:func:`same_plan_spread`; before measure_profiles' turns were shuffled, the sign test
-separated even those, the arm timed first after the probe always slower). ``--load``
-prints the report of a saved run without measuring (no torchrun): the current model
-against the same measurements.
+apart; a ranking the rounds do not resolve at 5% is "unresolved"), and whether the
+medians lie further apart than two arms of one plan did (:func:`same_plan_spread`;
+before measure_profiles' turns were shuffled, the sign test separated even those, the
+arm timed first after the probe always slower). ``--load`` prints the report of a saved
+run without measuring (no torchrun): the current model against the same measurements.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ from measure_profiles import (
 from muon_compile.config import Config
 from muon_compile.network_profiles import NetworkProfile
 from muon_compile.plan import plan_for
-from muon_compile.step_cost import TIE, DeviceProfile, predict, stages
+from muon_compile.step_cost import TIE, DeviceProfile, predict, stages, tied
 
 # a bucket size per workload that splits it into several buckets
 SPLIT_MB = {"gpt-small": 4.0, "small-14": 0.02}
@@ -186,10 +186,11 @@ def report(record: dict, log=print, collectives_during: bool = False) -> None:
             verdict = "matches" if order[0] == order[1] else "DIFFERS"
             log(f"{'':<10} ranking {' < '.join(s.value for s in order[1])} measured, "
                 f"{' < '.join(s.value for s in order[0])} predicted: {verdict}")
-            predicted_gap = pair[order[0][1]][0] / pair[order[0][0]][0] - 1
-            rankings.append((predicted_gap, verdict))
-            log(f"{'':<10} predictions {predicted_gap:.1%} apart: "
-                f"{'ranked' if predicted_gap > TIE else f'a tie (within {TIE:.0%})'}")
+            slower, faster = (pair[s][0] for s in reversed(order[0]))
+            ranked = not tied(slower, faster)
+            rankings.append((ranked, verdict))
+            log(f"{'':<10} predictions {slower / faster - 1:.1%} apart: "
+                f"{'ranked' if ranked else f'a tie (within {TIE:.0%})'}")
             gap = pair[order[1][1]][1] / pair[order[1][0]][1] - 1
             if spread[name] is not None:
                 resolved = gap > spread[name]
@@ -210,7 +211,7 @@ def report(record: dict, log=print, collectives_during: bool = False) -> None:
         if uncorrected != errors:
             log(f"    with the profiles as timed before the steps, nothing followed during them: {summary(uncorrected)}")
     if rankings:
-        apart = [v for gap, v in rankings if gap > TIE]
+        apart = [v for ranked, v in rankings if ranked]
         log(f"rankings predicted more than {TIE:.0%} apart: {len(apart)} of {len(rankings)}, "
             f"{apart.count('matches')} of them as measured")
     if resolved_verdicts:

@@ -12,7 +12,7 @@ from muon_compile.matmul_rates import PROFILES
 from muon_compile.network_profiles import Link, NetworkProfile
 from muon_compile.ns_cost import predicted_seconds
 from muon_compile.passes.plan_distributed import EVERY_RANK, DistBucket, DistMember, DistPlan
-from muon_compile.step_cost import UPDATE_ACCESSES, DeviceProfile, buffer_bytes, overhead_counts, predict
+from muon_compile.step_cost import TIE, UPDATE_ACCESSES, DeviceProfile, buffer_bytes, overhead_counts, predict, tied
 
 ARGS = coefficients.ns_args("keller", 5, compute_dtype=torch.bfloat16, algorithm="textbook")
 NET = NetworkProfile("test", "made up", intra=Link(1e-5, 1e9), inter=Link(1e-5, 1e9), ranks_per_node=8)
@@ -122,3 +122,8 @@ def test_scaled_rates_scale_the_products_not_the_call_latency():
     assert slower.seconds(torch.bfloat16, 64, 64, 64) == pytest.approx(2 * rates.seconds(torch.bfloat16, 64, 64, 64))
     assert slower.call_seconds(torch.bfloat16, 8, 8, 8) == 2e-6
     assert slower.source.endswith("x0.500: a slow spell")
+
+
+def test_two_step_times_within_the_models_resolution_are_tied_either_way_round():
+    assert tied(1.0, 1.0 + 0.9 * TIE) and tied(1.0 + 0.9 * TIE, 1.0)
+    assert not tied(1.0, 1.0 + 1.1 * TIE) and not tied(1.0 + 1.1 * TIE, 1.0)
