@@ -1,5 +1,6 @@
 """scripts/probe_core_sharing.py: a world-2 gloo run times every rank busy, then rank 0
-alone while rank 1 waits in a collective, and rank 1 waiting uses almost no CPU."""
+alone while rank 1 waits in a collective, and rank 1 waiting uses almost no CPU; then the
+same products uncut, cut by all_gathers and cut by prefetched all_gathers."""
 
 import re
 import subprocess
@@ -12,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_a_waiting_rank_is_reported_with_the_cpu_it_used():
     out = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         str(ROOT / "scripts" / "probe_core_sharing.py"), "--seconds", "0.3"],
+         str(ROOT / "scripts" / "probe_core_sharing.py"), "--seconds", "0.3", "--stretches", "4"],
         capture_output=True, text=True, timeout=120, check=True,
     ).stdout
     both, alone = (line for line in out.splitlines() if " ranks busy: " in line)
@@ -22,3 +23,14 @@ def test_a_waiting_rank_is_reported_with_the_cpu_it_used():
     assert waited, alone
     # gloo's wait sleeps: far less CPU than the 0.3 s rank 0 computed for
     assert float(waited.group(1)) < 0.15, alone
+    products = re.search(r"^(\d+) products per rank, every rank busy, 4 all_gathers of 1024 KiB per rank alone: "
+                         r"([0-9.]+) s$", out, re.M)
+    assert products and int(products.group(1)) >= 4, out
+    walls = {}
+    for label in ("one stretch", "all_gather after each stretch", "all_gather prefetched"):
+        line = re.search(rf"^  {label}: ([0-9.]+) s \(([+-][0-9.]+)%\), waiting ([0-9.]+), ([0-9.]+) s$", out, re.M)
+        assert line, (label, out)
+        walls[label] = float(line.group(1))
+    # the uncut run is the baseline: its own change is 0, and nothing waits in it
+    assert re.search(r"^  one stretch: [0-9.]+ s \(\+0\.0%\), waiting 0\.000, 0\.000 s$", out, re.M), out
+    assert all(w > 0 for w in walls.values()), walls
