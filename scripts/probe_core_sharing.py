@@ -17,7 +17,7 @@ all_gather issued before its stretch and waited after it (prefetched). It prints
 slowest rank's wall time of each, the ranks' seconds waiting in the all_gathers, and
 the all_gathers' time alone. Where the ranks have a core each, the cut costs about the
 all_gathers; where they share fewer cores, the ranks that finish a stretch first wait for
-the last one.
+the last one, and their cores go to it (docs/benchmarks.md, "The all_gather arm").
 """
 
 from __future__ import annotations
