@@ -32,9 +32,14 @@ SIZE = 512
 GATHER_BYTES = 2**20  # per rank: about a 4 MiB bucket's shard at world 3
 
 
+def operands() -> tuple[torch.Tensor, torch.Tensor]:
+    """Two bf16 ``SIZE x SIZE`` matrices to multiply."""
+    return torch.randn(SIZE, SIZE).bfloat16(), torch.randn(SIZE, SIZE).bfloat16()
+
+
 def gflops(seconds: float) -> float:
     """bf16 ``SIZE`` products back to back for ``seconds``: their GFLOP/s."""
-    a, b = torch.randn(SIZE, SIZE).bfloat16(), torch.randn(SIZE, SIZE).bfloat16()
+    a, b = operands()
     count, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds:
         a @ b
@@ -47,7 +52,7 @@ def stretches(count: int, cuts: int, gather: str) -> tuple[float, float]:
     each stretch with an all_gather: ``"none"``, ``"after"`` (waited at once) or
     ``"prefetched"`` (issued before the stretch, waited after it). This rank's wall
     seconds and its seconds waiting in the all_gathers."""
-    a, b = torch.randn(SIZE, SIZE).bfloat16(), torch.randn(SIZE, SIZE).bfloat16()
+    a, b = operands()
     world = dist.get_world_size()
     x = torch.ones(GATHER_BYTES // 2, dtype=torch.bfloat16)
     out = torch.empty(world * x.numel(), dtype=x.dtype)
