@@ -17,8 +17,11 @@ come from the heap, which keeps freed memory resident. glibc raises the threshol
 32 MiB) as mmapped blocks are freed; ``MALLOC_MMAP_THRESHOLD_`` fixes it (the script
 refuses to run on the CPU without it), so at 65536 the resident set follows every live
 tensor of 64 KiB and more. Smaller ones are not seen: use workloads whose buckets hold
-megabytes. Under NCCL it is ``torch.cuda.max_memory_allocated`` less the memory
-allocated before.
+megabytes. The kernel keeps the peak from per-CPU counters read without summing them,
+while ``VmRSS`` sums them, so on the CPU a growth is exact only to within
+:func:`rss_counter_slack` (printed in the header; 0.25 MiB on a 2-CPU machine): a step
+that allocates nothing this large can read a little below zero. Under NCCL it is
+``torch.cuda.max_memory_allocated`` less the memory allocated before.
 """
 
 from __future__ import annotations
@@ -48,6 +51,17 @@ def _status_bytes(key: str) -> int:
             if line.startswith(key + ":"):
                 return int(line.split()[1]) * 1024
     raise RuntimeError(f"/proc/self/status has no {key}")
+
+
+def rss_counter_slack() -> int:
+    """Bytes by which the resident set's peak (``VmHWM``) may read below the exact count.
+
+    Linux counts a process's pages in per-CPU counters. Since 6.16 ``VmRSS`` sums them,
+    but the peak is reset and raised from their shared total alone, which each CPU's
+    count may differ from by up to a batch of ``max(32, 2 x CPUs)`` pages before it folds
+    in: the peak less an exact ``VmRSS`` is at least the true growth less this."""
+    cpus = os.cpu_count() or 1
+    return max(32, 2 * cpus) * cpus * os.sysconf("SC_PAGE_SIZE")
 
 
 def peak_growth(fn, gpu: bool) -> int:
@@ -96,7 +110,8 @@ def main() -> None:
     device = start_backend(parser, args.backend)
     mesh = init_device_mesh(device, (dist.get_world_size(),))
     log = print if dist.get_rank() == 0 else (lambda *_: None)
-    log(f"# {args.workload}, world {dist.get_world_size()}, {args.backend}, torch {torch.__version__}, median of {args.reps} steps")
+    log(f"# {args.workload}, world {dist.get_world_size()}, {args.backend}, torch {torch.__version__}, median of {args.reps} steps"
+        + ("" if on_gpu() else f", resident-set peaks exact to within {rss_counter_slack() / 2**20:.2f} MiB"))
     log(f"{'bucket MiB':>10} {'strategy':<10} {'prefetch':>8} {'peak MiB':>9} {'estimate MiB':>12} {'ratio':>6}  per rank")
     for mb in (float(x) for x in args.bucket_mb.split(",")):
         for strategy in STRATEGY_ARMS:
