@@ -265,7 +265,9 @@ def main(argv: list[str] | None = None) -> None:
         print(f"\n=== world {world} ===")
         print(describe(predictions, limit))
         if chosen is None:
-            print(f"recommended: none; no configuration's buffers fit in {limit / 2**30:.1f} GiB: try smaller --bucket-mb")
+            smallest = min(p.buffers for p in predictions) / 2**30
+            print(f"recommended: none; no configuration's buffers fit in {limit / 2**30:.1f} GiB (the smallest take "
+                  f"{smallest:.2f} GiB): shard over more ranks, or try smaller --bucket-mb or a larger --memory-share")
             continue
         print(
             f"recommended: {_configuration(chosen)}; "

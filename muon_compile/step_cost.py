@@ -171,17 +171,31 @@ def _owned_elements(bucket: DistBucket) -> list[int]:
 
 def buffer_bytes(plan: DistPlan, prefetch: int) -> int:
     """An estimate of the peak bytes of the step's bucket buffers on its busiest rank,
-    beyond the parameters, gradients and momentum: per bucket, the packed shards sent and
-    received (twice this rank's shard bytes) and the whole matrices it orthogonalises
-    three times over (received, iterated, result), in the compute dtype; the
-    ``prefetch + 1`` largest buckets in flight at once."""
-    per_rank: list[list[int]] = []
+    beyond the parameters, gradients and momentum, in the compute dtype, as the compiled
+    step holds them (measured in docs/benchmarks.md, "The bucket-buffer estimate"):
+
+    1. From the step's start, every bucket's packed shard, to be sent: Inductor fuses the
+       packing into the momentum update, which runs first. It is freed once the bucket's
+       collective is done.
+    2. From the start too, a buffer for every bucket's results, of its shard's size: the
+       zero rows that pad a result are computed with the momentum, and the buffer that
+       holds them is allocated then. It is freed once the results are sent back.
+    3. While bucket ``k`` is orthogonalised, the whole matrices received for it and for
+       the ``prefetch`` buckets after it, and two more copies of its own (iterated, result).
+
+    The peak is the largest over ``k``, on the rank where it is largest."""
+    per_rank: list[list[tuple[int, int]]] = []
     for b in plan.buckets:
-        shard = sum(m.slot for m in b.members)
-        per_rank.append([b.args.compute_dtype.itemsize * (2 * shard + 3 * o) for o in _owned_elements(b)])
-    if not per_rank:
-        return 0
-    return max(sum(sorted(rank, reverse=True)[: prefetch + 1]) for rank in zip(*per_rank))
+        shard = b.args.compute_dtype.itemsize * sum(m.slot for m in b.members)
+        per_rank.append([(shard, b.args.compute_dtype.itemsize * o) for o in _owned_elements(b)])
+    peak = 0
+    for rank in zip(*per_rank):
+        shards = [s for s, _ in rank]
+        owned = [o for _, o in rank]
+        for k in range(len(rank)):
+            sends, results = sum(shards[k + 1 :]), sum(shards[k:])
+            peak = max(peak, sends + results + sum(owned[k : k + prefetch + 1]) + 2 * owned[k])
+    return peak
 
 
 def _algorithms(bucket: DistBucket, rates: MatmulRates) -> dict[tuple[int, int], str]:

@@ -1,32 +1,30 @@
 """The compiled step's peak memory per rank, beside the cost model's bucket-buffer estimate.
 
-    MALLOC_MMAP_THRESHOLD_=65536 torchrun --nproc-per-node W scripts/measure_step_memory.py
+    torchrun --nproc-per-node W scripts/measure_step_memory.py
         [--workload gpt-small] [--bucket-mb 64,4] [--reps 5] [--backend gloo|nccl]
 
 For each bucket size, strategy and prefetch depth (0, 1), the step of
 scripts/bench_distributed.py's arm is compiled and warmed up, then each of ``--reps``
-steps is measured by :func:`peak_growth`: how far the rank's memory rose above what it
-held before the step. The busiest rank's median is printed beside
+steps is measured by :func:`peak_growth`: how far the rank's allocated memory rose above
+its level before the step. The busiest rank's median is printed beside
 :func:`muon_compile.step_cost.buffer_bytes` of the same plan, the planner's memory
 estimate, and their ratio.
 
-On the CPU the memory is the process's resident set: its peak (``VmHWM``, reset through
-``/proc/self/clear_refs``) less its size before the step. glibc serves an allocation
-above its mmap threshold from an ``mmap`` of its own, unmapped when freed; smaller ones
-come from the heap, which keeps freed memory resident. glibc raises the threshold (up to
-32 MiB) as mmapped blocks are freed; ``MALLOC_MMAP_THRESHOLD_`` fixes it (the script
-refuses to run on the CPU without it), so at 65536 the resident set follows every live
-tensor of 64 KiB and more. Smaller ones are not seen: use workloads whose buckets hold
-megabytes. The kernel keeps the peak from per-CPU counters read without summing them,
-while ``VmRSS`` sums them, so on the CPU a growth is exact only to within
-:func:`rss_counter_slack` (printed in the header; 0.25 MiB on a 2-CPU machine): a step
-that allocates nothing this large can read a little below zero. Under NCCL it is
-``torch.cuda.max_memory_allocated`` less the memory allocated before.
+Under NCCL it is ``torch.cuda.max_memory_allocated`` less the memory allocated before.
+On the CPU it is the process's resident set, made to follow what is allocated by
+:func:`follow_allocations`: its peak (``VmHWM``, reset through ``/proc/self/clear_refs``)
+less its size before the step. Two measures that look closer are not: the resident set
+without glibc's help keeps freed memory and leaves out what is allocated but not yet
+written (the output of a concatenation one of whose parts is computed first, which a GPU
+holds from its allocation); the profiler's allocation events miss frees made on gloo's
+threads (a send buffer released there stays counted to the end of the step).
+A growth read from the resident set is exact to within :func:`rss_counter_slack`.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import math
 import os
 import statistics
@@ -42,7 +40,21 @@ from muon_compile import config
 from muon_compile.plan import plan_for
 from muon_compile.step_cost import buffer_bytes
 
-MMAP_THRESHOLD = "MALLOC_MMAP_THRESHOLD_"
+_M_MMAP_THRESHOLD, _M_PERTURB = -3, -6  # glibc's mallopt parameters (malloc.h)
+
+
+def follow_allocations() -> None:
+    """Make this process's resident set follow its allocations of 64 KiB and more.
+
+    glibc serves an allocation above its mmap threshold from a mapping of its own,
+    unmapped when freed; below it, from the heap, which keeps freed memory resident. It
+    raises the threshold (up to 32 MiB) as mapped blocks are freed: fixing it at 64 KiB
+    stops that. A page is resident once written: glibc's perturb byte has every
+    allocation filled when it is made, so it is resident from then. Tensors under 64 KiB
+    are not seen: use workloads whose buckets hold megabytes."""
+    libc = ctypes.CDLL(None)
+    if not (libc.mallopt(_M_MMAP_THRESHOLD, 64 * 1024) and libc.mallopt(_M_PERTURB, 0x55)):
+        raise RuntimeError("mallopt refused M_MMAP_THRESHOLD or M_PERTURB: the CPU measurement needs glibc")
 
 
 def _status_bytes(key: str) -> int:
@@ -66,8 +78,9 @@ def rss_counter_slack() -> int:
 
 def peak_growth(fn, gpu: bool) -> int:
     """Bytes by which this process's memory peaked above its level before ``fn()``: the
-    CUDA caching allocator's allocated bytes where ``gpu``, else the resident set (see the
-    module docstring)."""
+    CUDA caching allocator's allocated bytes where ``gpu``, else the resident set, which
+    follows the allocations once :func:`follow_allocations` has run (see the module
+    docstring)."""
     if gpu:
         torch.cuda.synchronize()
         before = torch.cuda.memory_allocated()
@@ -105,8 +118,8 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=5)
     add_backend_argument(parser)
     args = parser.parse_args()
-    if args.backend == "gloo" and MMAP_THRESHOLD not in os.environ:
-        parser.error(f"on the CPU, set {MMAP_THRESHOLD} (for example 65536) so that freed tensors leave the resident set")
+    if args.backend == "gloo":
+        follow_allocations()
     device = start_backend(parser, args.backend)
     mesh = init_device_mesh(device, (dist.get_world_size(),))
     log = print if dist.get_rank() == 0 else (lambda *_: None)

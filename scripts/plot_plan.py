@@ -18,6 +18,7 @@ Writes two PNGs:
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 
 import matplotlib
@@ -33,6 +34,13 @@ from muon_compile.step_cost import DEVICES  # noqa: E402
 
 WORLDS = [8, 16, 32, 64, 128, 256, 512, 1024]
 SHARE_WORLDS = [8, 64, 1024]
+
+
+def _step(rows: list, limit: float) -> float:
+    """The step of the fastest configuration in ``rows`` whose buffers fit in ``limit``, in
+    seconds; NaN, drawn as no point, where none fits."""
+    chosen = planner.best(rows, limit)
+    return chosen.cost.step if chosen else math.nan
 
 
 def main() -> None:
@@ -57,9 +65,9 @@ def main() -> None:
             for strategy in Strategy:
                 for shard, layout in ((world, "FSDP"), (8, "HSDP x8")):
                     picked = [r for r in rows if r.strategy is strategy and r.shard == shard]
-                    lines.setdefault(f"{strategy.value}, {layout}", []).append(planner.best(picked, limit).cost.step * 1e3)
+                    lines.setdefault(f"{strategy.value}, {layout}", []).append(_step(picked, limit) * 1e3)
             if world in SHARE_WORLDS:
-                step = planner.best(rows, limit).cost.step
+                step = _step(rows, limit)
                 train = planner.training_seconds(shapes, args.tokens, world, device, args.mfu)
                 shares.setdefault(name, []).append(100 * step / (step + train))
         for label, ms in lines.items():
@@ -82,7 +90,7 @@ def main() -> None:
         xs = [j + (i - (len(SHARE_WORLDS) - 1) / 2) * width for j in range(len(names))]
         values = [shares[n][i] for n in names]
         bars = ax.bar(xs, values, width, label=f"{world} GPUs")
-        ax.bar_label(bars, fmt="%.1f", fontsize=7)
+        ax.bar_label(bars, labels=["none fits" if math.isnan(v) else f"{v:.1f}" for v in values], fontsize=7)
     ax.set_xticks(range(len(names)), names)
     ax.set_ylabel("Muon step, % of a training step")
     ax.set_yscale("log")
@@ -92,7 +100,7 @@ def main() -> None:
     fig.savefig(out / "plan_overhead_share.png", dpi=110)
     print(f"wrote {out / 'plan_step_time.png'} and {out / 'plan_overhead_share.png'}")
     for name in names:
-        print(f"{name}: " + ", ".join(f"{w} GPUs {s:.2f}%" for w, s in zip(SHARE_WORLDS, shares[name])))
+        print(f"{name}: " + ", ".join(f"{w} GPUs " + ("none fits" if math.isnan(s) else f"{s:.2f}%") for w, s in zip(SHARE_WORLDS, shares[name])))
 
 
 if __name__ == "__main__":

@@ -95,6 +95,10 @@ def test_recommendation_keeps_the_bucket_buffers_within_the_memory_share(capsys)
     planner.main(["--model", "llama-70b", "--world", "64", "--shard", "64", "--prefetch", "1"])
     out = capsys.readouterr().out
     assert "MUON_COMPILE_STRATEGY=all_to_all MUON_COMPILE_BUCKET_MB=16384" in out
+    # at eight ranks a rank's shard of llama-70b alone, held twice, is over the share
+    planner.main(["--model", "llama-70b", "--world", "8", "--bucket-mb", "4096", "--prefetch", "0"])
+    out = capsys.readouterr().out
+    assert "recommended: none; no configuration's buffers fit in 18.6 GiB (the smallest take 33.07 GiB)" in out
     with pytest.raises(SystemExit):
         planner.main(["--model", "llama-1b", "--memory-share", "0"])
 

@@ -81,16 +81,19 @@ def test_fixed_costs_add_per_step_parameter_call_and_bucket():
     assert cost.ns == base.ns  # fixed costs are not Newton–Schulz arithmetic
 
 
-def test_buffer_bytes_count_shards_and_owned_matrices_of_the_buckets_in_flight():
+def test_buffer_bytes_hold_the_shards_to_send_the_results_and_the_matrices_in_flight():
     a2a = DistPlan((_bucket(owners=(0, 0)), _bucket(owners=(1, 1), rows=16)), (), {})
-    shard = [2 * 4 * 16, 2 * 8 * 16]  # each bucket's shard elements on one rank
-    owned0 = [2 * 8 * 16, 0]  # rank 0 owns the first bucket's two 8x16 matrices
-    owned1 = [0, 2 * 16 * 16]
-    per = [[2 * (2 * s + 3 * o) for s, o in zip(shard, owned)] for owned in (owned0, owned1)]  # bf16
-    assert buffer_bytes(a2a, 0) == max(max(p) for p in per)
-    assert buffer_bytes(a2a, 1) == max(sum(p) for p in per)
+    s0, s1 = 2 * (2 * 4 * 16), 2 * (2 * 8 * 16)  # bf16 bytes of each bucket's shard on one rank
+    owned = {0: (2 * (2 * 8 * 16), 0), 1: (0, 2 * (2 * 16 * 16))}  # rank 0 owns the first bucket's matrices
+    # during bucket 0: bucket 1's shard to send, both buckets' result buffers, bucket 0's
+    # matrices three times (received, iterated, result); during bucket 1: its own
+    prefetch0 = [max(s1 + s0 + s1 + 3 * o0, s1 + 3 * o1) for o0, o1 in owned.values()]
+    assert buffer_bytes(a2a, 0) == max(prefetch0)
+    # prefetch 1: bucket 1's matrices are received during bucket 0
+    prefetch1 = [max(s1 + s0 + s1 + 3 * o0 + o1, s1 + 3 * o1) for o0, o1 in owned.values()]
+    assert buffer_bytes(a2a, 1) == max(prefetch1)
     gather = DistPlan((_bucket(Strategy.ALL_GATHER, (EVERY_RANK, EVERY_RANK)),), (), {})
-    assert buffer_bytes(gather, 0) == 2 * (2 * shard[0] + 3 * 2 * shard[0])  # every rank holds it all
+    assert buffer_bytes(gather, 0) == s0 + 3 * 2 * s0  # every rank holds the whole bucket, two shards
     assert buffer_bytes(DistPlan((), (), {}), 2) == 0
 
 
