@@ -172,7 +172,7 @@ def _owned_elements(bucket: DistBucket) -> list[int]:
 def buffer_bytes(plan: DistPlan, prefetch: int) -> int:
     """An estimate of the peak bytes of the step's bucket buffers on its busiest rank,
     beyond the parameters, gradients and momentum, in the compute dtype, as the compiled
-    step holds them (measured in docs/benchmarks.md, "The bucket-buffer estimate"):
+    step holds them (measured in docs/benchmarks.md, "The peak as allocated"):
 
     1. From the step's start, every bucket's packed shard, to be sent: Inductor fuses the
        packing into the momentum update, which runs first. It is freed once the bucket's
