@@ -34,6 +34,7 @@ communication is a rank's total minus its own compute.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 from .config import Strategy
 from .matmul_rates import PROFILES as MATMUL_PROFILES
@@ -184,17 +185,16 @@ def buffer_bytes(plan: DistPlan, prefetch: int) -> int:
        the ``prefetch`` buckets after it, and two more copies of its own (iterated, result).
 
     The peak is the largest over ``k``, on the rank where it is largest."""
-    per_rank: list[list[tuple[int, int]]] = []
-    for b in plan.buckets:
-        shard = b.args.compute_dtype.itemsize * sum(m.slot for m in b.members)
-        per_rank.append([(shard, b.args.compute_dtype.itemsize * o) for o in _owned_elements(b)])
+    itemsize = [b.args.compute_dtype.itemsize for b in plan.buckets]
+    shards = [size * sum(m.slot for m in b.members) for size, b in zip(itemsize, plan.buckets)]  # alike on every rank
+    unsent = list(itertools.accumulate(reversed(shards), initial=0))[::-1]  # unsent[k]: buckets k onward
+    per_rank = zip(*([size * o for o in _owned_elements(b)] for size, b in zip(itemsize, plan.buckets)))
     peak = 0
-    for rank in zip(*per_rank):
-        shards = [s for s, _ in rank]
-        owned = [o for _, o in rank]
-        for k in range(len(rank)):
-            sends, results = sum(shards[k + 1 :]), sum(shards[k:])
-            peak = max(peak, sends + results + sum(owned[k : k + prefetch + 1]) + 2 * owned[k])
+    for owned in per_rank:
+        received = list(itertools.accumulate(owned, initial=0))  # received[k]: buckets before k
+        for k, own in enumerate(owned):
+            in_flight = received[min(k + prefetch + 1, len(owned))] - received[k]
+            peak = max(peak, unsent[k + 1] + unsent[k] + in_flight + 2 * own)
     return peak
 
 

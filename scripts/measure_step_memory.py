@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import ctypes
 import math
-import os
 import statistics
 
 import torch
