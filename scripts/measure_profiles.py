@@ -406,7 +406,10 @@ def _fixed_costs(fixed: dict[str, dict[str, float]], arithmetic: DeviceProfile, 
     step beyond its arithmetic and communication: the measured ``fixed`` steps (see
     :data:`FIXED_COST_WORKLOADS`) less what the cost model predicts for their plans
     without fixed costs, fitted by least squares on the plans'
-    :func:`~muon_compile.step_cost.overhead_counts`."""
+    :func:`~muon_compile.step_cost.overhead_counts`, a negative term then set to 0 and the
+    others kept. That is not the best non-negative fit: refitting the others without the
+    negative term prices less per NS call and predicts the validation's steps worse
+    (docs/benchmarks.md, "A collective after compute")."""
     rows, beyond, shown = [], [], []
     for name, (shapes, mb) in FIXED_COST_WORKLOADS.items():
         for strategy in STRATEGY_ARMS:
