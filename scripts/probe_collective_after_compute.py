@@ -19,34 +19,34 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
 
+from bench_distributed import timed
 from measure_profiles import collective
 
 KINDS = ("all_to_all_single", "all_gather_into_tensor")
 CALLS_SECONDS = 0.2  # each timing lasts about this long
 
 
-def slowest(fn: Callable[[], object], calls: int) -> float:
-    """Seconds per call of ``fn`` over ``calls`` calls after a barrier, the slowest rank's."""
-    dist.barrier()
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    elapsed = torch.tensor([time.perf_counter() - start])
-    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-    return elapsed.item() / calls
+def seconds_per_call(fn: Callable[[], object], calls: int) -> float:
+    """Seconds per call of ``fn`` over ``calls`` calls in a row, the slowest rank's
+    (bench_distributed's :func:`timed`: after a barrier)."""
+
+    def repeated() -> None:
+        for _ in range(calls):
+            fn()
+
+    return timed(repeated) / calls
 
 
 def products(seconds: float) -> Callable[[], None]:
     """bf16 products of a batch of eight 96 x 96 matrices (a small bucket's Newton–Schulz
     size), as many as take about ``seconds`` on this rank (the same count on every rank)."""
     a, b = torch.randn(8, 96, 96).bfloat16(), torch.randn(8, 96, 96).bfloat16()
-    per = slowest(lambda: torch.bmm(a, b), 200)
+    per = seconds_per_call(lambda: torch.bmm(a, b), 200)
     count = round(seconds / per)
 
     def run() -> None:
@@ -75,16 +75,16 @@ def main() -> None:
     for kind in KINDS:
         for kib in sizes:
             call = collective(kind, kib * 1024, world)
-            calls = max(10, round(CALLS_SECONDS / slowest(call, 10)))
+            once = seconds_per_call(call, 10)
             for gap in gaps:
                 work = products(gap * 1e-3) if gap else None
                 then_call = (lambda: (work(), call())) if work else call
-                n = max(10, round(CALLS_SECONDS / (gap * 1e-3 + CALLS_SECONDS / calls)))
+                n = max(10, round(CALLS_SECONDS / (gap * 1e-3 + once)))
                 rows = []
                 for _ in range(args.reps):
-                    alone = slowest(call, n)
-                    compute = slowest(work, n) if work else 0.0
-                    both = slowest(then_call, n)
+                    alone = seconds_per_call(call, n)
+                    compute = seconds_per_call(work, n) if work else 0.0
+                    both = seconds_per_call(then_call, n)
                     rows.append((alone, compute, both - compute))
                 alone, compute, after = (statistics.median(column) for column in zip(*rows))
                 if dist.get_rank() == 0:
