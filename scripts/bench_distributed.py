@@ -397,21 +397,72 @@ def nccl_problem() -> str | None:
 
 def add_backend_argument(parser: argparse.ArgumentParser) -> None:
     """``--backend``: gloo on the CPU or nccl with one GPU per rank (default:
-    :func:`default_backend`); :func:`start_backend` starts it."""
+    :func:`default_backend`), and ``--realtime-gloo`` (:func:`prioritize_gloo_threads`);
+    :func:`start_backend` starts them."""
     parser.add_argument(
         "--backend",
         choices=["gloo", "nccl"],
         default=default_backend(),
         help="gloo on the CPU, or nccl with one GPU per rank (default here: %(default)s)",
     )
+    parser.add_argument(
+        "--realtime-gloo",
+        action="store_true",
+        help="run gloo's threads at real-time priority, so that compute never delays them "
+        "(needs root or CAP_SYS_NICE; docs/benchmarks.md, \"Gloo's threads behind compute\")",
+    )
 
 
-def start_backend(parser: argparse.ArgumentParser, backend: str) -> str:
-    """:func:`init_backend`, after a usage error naming why NCCL cannot run here when
-    ``backend`` is nccl and it cannot; the mesh's device."""
-    if backend == "nccl" and (problem := nccl_problem()):
+def start_backend(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str:
+    """:func:`init_backend` for ``args.backend``, after a usage error naming why NCCL cannot
+    run here when it is nccl and it cannot; then, with ``args.realtime_gloo``,
+    :func:`prioritize_gloo_threads` (a usage error where it cannot); the mesh's device."""
+    if args.backend == "nccl" and (problem := nccl_problem()):
         parser.error(f"--backend nccl: {problem}; use --backend gloo")
-    return init_backend(backend)
+    if args.realtime_gloo and args.backend != "gloo":
+        parser.error("--realtime-gloo: only with --backend gloo")
+    device = init_backend(args.backend)
+    if args.realtime_gloo:
+        try:
+            prioritize_gloo_threads()
+        except (PermissionError, RuntimeError) as error:
+            parser.error(f"--realtime-gloo: {error}")
+    return device
+
+
+# the names gloo's TCP event loop and ProcessGroupGloo's workers give their threads
+GLOO_THREADS = ("gloo_tcp_loop", "pt_gloo_runloop")
+GLOO_PRIORITY = 1  # SCHED_FIFO's lowest: above every ordinary thread
+
+
+def prioritize_gloo_threads() -> int:
+    """Put this process's gloo threads (:data:`GLOO_THREADS`, those of the groups that
+    exist now) in ``SCHED_FIFO`` at :data:`GLOO_PRIORITY`, so that one preempts compute as
+    soon as it wakes; how many are in it when read back. Every collective passes through
+    these threads, and with two ranks on two cores the kernel's scheduler otherwise lets
+    them wait behind compute: a collective after 0.2-1 ms of compute then costs 0.14-0.45
+    ms more than back to back, and 0.04-0.15 ms more with them raised (docs/benchmarks.md,
+    "Gloo's threads behind compute"). A diagnostic of the host, which NCCL's threads on a
+    GPU machine do not share. Raises PermissionError without root or CAP_SYS_NICE, and
+    RuntimeError when there are none (not gloo, or threads named otherwise in this torch)."""
+    # each thread names itself once it runs, so right after the group starts one may still
+    # be unnamed: a prototype without this barrier missed one on some runs, and those ran
+    # slower than with none raised
+    dist.barrier()
+    count = 0
+    for tid in sorted(int(t) for t in os.listdir("/proc/self/task")):
+        with open(f"/proc/self/task/{tid}/comm") as f:
+            name = f.read().strip()
+        if name in GLOO_THREADS:
+            try:
+                os.sched_setscheduler(tid, os.SCHED_FIFO, os.sched_param(GLOO_PRIORITY))
+            except PermissionError as error:
+                raise PermissionError(f"cannot raise thread {tid} ({name}) to SCHED_FIFO: {error.strerror}; "
+                                      "needs root or CAP_SYS_NICE") from error
+            count += os.sched_getscheduler(tid) == os.SCHED_FIFO
+    if not count:
+        raise RuntimeError(f"no thread named {' or '.join(GLOO_THREADS)} in this process (torch {torch.__version__})")
+    return count
 
 
 def init_backend(backend: str) -> str:
@@ -433,7 +484,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2)
     add_backend_argument(parser)
     args = parser.parse_args()
-    mesh_device = start_backend(parser, args.backend)
+    mesh_device = start_backend(parser, args)
     world = dist.get_world_size()
     mesh = init_device_mesh(mesh_device, (world,))
     names = list(WORKLOADS) if args.workload == "all" else [args.workload]

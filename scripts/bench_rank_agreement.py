@@ -41,7 +41,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=20)
     add_backend_argument(parser)
     args = parser.parse_args()
-    device = start_backend(parser, args.backend)
+    device = start_backend(parser, args)
     world = dist.get_world_size()
     mesh = init_device_mesh(device, (world,))
     params = sharded_params(WORKLOADS[args.workload], mesh)

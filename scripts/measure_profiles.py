@@ -463,7 +463,7 @@ def main() -> None:
     add_backend_argument(parser)
     parser.add_argument("--reps", type=int, default=9)
     args = parser.parse_args()
-    start_backend(parser, args.backend)
+    start_backend(parser, args)
     world, rank = dist.get_world_size(), dist.get_rank()
     log = print if rank == 0 else (lambda *_: None)
     log(f"# {args.backend}, world {world}, torch {torch.__version__}, {platform.machine()}, {torch.get_num_threads()} threads per rank")

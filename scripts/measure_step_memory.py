@@ -117,7 +117,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.backend == "gloo":
         follow_allocations()
-    device = start_backend(parser, args.backend)
+    device = start_backend(parser, args)
     mesh = init_device_mesh(device, (dist.get_world_size(),))
     log = print if dist.get_rank() == 0 else (lambda *_: None)
     log(f"# {args.workload}, world {dist.get_world_size()}, {args.backend}, torch {torch.__version__}, median of {args.reps} steps"

@@ -1,7 +1,7 @@
 """What a collective costs when it follows a stretch of compute, as in a step, against back to back.
 
     torchrun --standalone --nproc-per-node W scripts/probe_collective_after_compute.py
-        [--sizes 4,64,1024] [--gaps 0,0.3,1,3] [--reps 5]
+        [--sizes 4,64,1024] [--gaps 0,0.3,1,3] [--reps 5] [--realtime-gloo]
 
 A question about the host, not the package: the network profile times each collective
 back to back (scripts/measure_profiles.py's sweep), while in a step every collective but
@@ -24,7 +24,7 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-from bench_distributed import timed
+from bench_distributed import add_backend_argument, prioritize_gloo_threads, start_backend, timed
 from measure_profiles import collective
 
 KINDS = ("all_to_all_single", "all_gather_into_tensor")
@@ -61,16 +61,21 @@ def main() -> None:
     parser.add_argument("--sizes", default="4,64,1024", help="KiB per rank, comma list (default %(default)s)")
     parser.add_argument("--gaps", default="0,0.3,1,3", help="ms of compute before each call (default %(default)s)")
     parser.add_argument("--reps", type=int, default=5)
+    add_backend_argument(parser)
     args = parser.parse_args()
+    if args.backend != "gloo":
+        parser.error("--backend: the probe times products on the CPU, so gloo only")
     torch.set_num_threads(1)
-    dist.init_process_group("gloo")
+    start_backend(parser, args)
+    # read back, so that the header says what the timings ran with
+    realtime = f", {prioritize_gloo_threads()} gloo threads real-time" if args.realtime_gloo else ""
     world = dist.get_world_size()
     if world < 2:
         parser.error("run it on two ranks or more (torchrun --nproc-per-node W)")
     sizes = [int(s) for s in args.sizes.split(",")]
     gaps = [float(g) for g in args.gaps.split(",")]
     if dist.get_rank() == 0:
-        print(f"# world {world}, gloo, torch {torch.__version__}, median of {args.reps} timings, ms per call")
+        print(f"# world {world}, gloo{realtime}, torch {torch.__version__}, median of {args.reps} timings, ms per call")
         print(f"{'kind':24s} {'KiB':>5s} {'gap ms':>7s} {'alone':>7s} {'after':>7s} {'extra':>7s}")
     for kind in KINDS:
         for kib in sizes:

@@ -44,7 +44,7 @@ def main() -> None:
     parser.add_argument("--rank", type=int, default=0, help="the rank whose profile is printed")
     add_backend_argument(parser)
     args = parser.parse_args()
-    mesh_device = start_backend(parser, args.backend)
+    mesh_device = start_backend(parser, args)
     world = dist.get_world_size()
     if not 0 <= args.rank < world:
         parser.error(f"--rank {args.rank}: the run has ranks 0 to {world - 1}")

@@ -1,7 +1,8 @@
 """Validate the cost model on this machine: predicted against measured distributed steps.
 
     torchrun --nproc-per-node W scripts/validate_step_cost.py [--workload all] [--reps 15]
-        [--profile-reps 15] [--instances 3] [--arm-seconds 2] [--backend gloo|nccl] [--save run.json]
+        [--profile-reps 15] [--instances 3] [--arm-seconds 2] [--backend gloo|nccl] [--realtime-gloo]
+        [--save run.json]
     python scripts/validate_step_cost.py --load run.json [--collectives-during-steps]
 
 First the raw figures of the profiles (scripts/measure_profiles.py: gloo or NCCL collectives,
@@ -102,7 +103,14 @@ def measure_interleaved(
 
 
 def measure_run(
-    names: list[str], reps: int, warmup: int, profile_reps: int, instances: int, arm_seconds: float, save: str | None
+    names: list[str],
+    reps: int,
+    warmup: int,
+    profile_reps: int,
+    instances: int,
+    arm_seconds: float,
+    save: str | None,
+    realtime_gloo: bool = False,
 ) -> dict:
     """Every figure of a validation run, as plain data: the header, the profiles' raw
     figures, and ``steps``, one entry per case and strategy with its step times (or the
@@ -111,8 +119,9 @@ def measure_run(
     world = dist.get_world_size()
     record = {
         "header": f"world {world}, {dist.get_backend()}, torch {torch.__version__}, {machine()}, "
-        f"{torch.get_num_threads()} threads per rank",
+        f"{torch.get_num_threads()} threads per rank" + (", gloo's threads real-time" if realtime_gloo else ""),
         "world": world,
+        "realtime_gloo": realtime_gloo,
         "backend": dist.get_backend(),
         "network": measure_network(profile_reps),
         "network_timing": "back to back",
@@ -321,9 +330,11 @@ def main() -> None:
         with open(args.load) as f:
             report(json.load(f), collectives_during=args.collectives_during_steps)
         return
-    start_backend(parser, args.backend)
+    start_backend(parser, args)
     names = list(WORKLOADS) if args.workload == "all" else [args.workload]
-    record = measure_run(names, args.reps, args.warmup, args.profile_reps, args.instances, args.arm_seconds, args.save)
+    record = measure_run(
+        names, args.reps, args.warmup, args.profile_reps, args.instances, args.arm_seconds, args.save, args.realtime_gloo
+    )
     if dist.get_rank() == 0:
         report(record, collectives_during=args.collectives_during_steps)
     dist.destroy_process_group()

@@ -1,6 +1,8 @@
 """scripts/probe_collective_after_compute.py: a world-2 gloo run prints, for each
 collective kind of the step, its cost back to back and after products lasting about each
-gap, and the difference of the two."""
+gap, and the difference of the two; with ``--realtime-gloo``
+(bench_distributed.prioritize_gloo_threads) it raises gloo's threads to real-time
+priority, or stops with a usage error naming the right it lacks."""
 
 import re
 import subprocess
@@ -11,12 +13,16 @@ ROOT = Path(__file__).resolve().parents[1]
 ROW = re.compile(r"^(all_to_all_single|all_gather_into_tensor) +(\d+) +([0-9.]+) +([0-9.]+) +([0-9.]+) +([+-][0-9.]+)$")
 
 
-def test_each_kind_is_timed_alone_and_after_compute():
-    out = subprocess.run(
+def probe(*flags: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         str(ROOT / "scripts" / "probe_collective_after_compute.py"), "--sizes", "4", "--gaps", "0,0.5", "--reps", "1"],
-        capture_output=True, text=True, timeout=120, check=True,
-    ).stdout
+         str(ROOT / "scripts" / "probe_collective_after_compute.py"), "--sizes", "4", *flags],
+        capture_output=True, text=True, timeout=120, check=check,
+    )
+
+
+def test_each_kind_is_timed_alone_and_after_compute():
+    out = probe("--gaps", "0,0.5", "--reps", "1").stdout
     assert out.startswith("# world 2, gloo, torch "), out
     rows = [ROW.match(line) for line in out.splitlines()[2:]]
     assert all(rows) and len(rows) == 4, out
@@ -28,3 +34,13 @@ def test_each_kind_is_timed_alone_and_after_compute():
         assert abs(extra - (after - alone)) <= 0.0015, m.group(0)  # printed to the microsecond
         # the products' count is calibrated to the gap asked: within a factor of 3 of 0.5 ms
         assert gap == 0 or 0.5 / 3 < gap < 0.5 * 3, m.group(0)
+
+
+def test_realtime_gloo_raises_every_gloo_thread_or_names_the_right_it_lacks():
+    run = probe("--gaps", "0", "--reps", "1", "--realtime-gloo", check=False)
+    if run.returncode:  # not root: the usage error, before any timing
+        assert "--realtime-gloo: cannot raise thread" in run.stderr and "CAP_SYS_NICE" in run.stderr, run.stderr
+        return
+    # a group's TCP loop and its two workers, counted as read back in SCHED_FIFO
+    assert run.stdout.startswith("# world 2, gloo, 3 gloo threads real-time, torch "), run.stdout
+    assert len(run.stdout.splitlines()) == 4, run.stdout

@@ -58,6 +58,9 @@ MATCHED_WHEN_RECORDED = {
     # ten-bucket small-14 pair with prefetch 0, predicted 0.6% apart, measured 2.9% apart
     # the other way, within the same plan's 6.5%
     "2026-11-25-world2": 7,
+    # gloo's threads real-time (--realtime-gloo): collectives 2-3 times cheaper in profile
+    # and step, the rankings all as measured; small-14's steps 12-31% over the prediction
+    "2026-11-25-world2-realtime": 8,
 }
 # runs whose steps were timed in turns: rankings that the rounds resolve (sign test at 5%)
 # against the prediction, when recorded (world3-concat: a ten-bucket small-14 pair of 15 rounds)
@@ -86,6 +89,7 @@ PAIRED_DIFFERS_WHEN_RECORDED = {
     "2026-11-24-world3-during": 1,
     "2026-11-24-world2-during": 0,
     "2026-11-25-world2": 0,
+    "2026-11-25-world2-realtime": 0,
 }
 # rankings whose medians lie further apart than two arms of one plan measured (the
 # report's "the same plan's" spread) against the prediction, when the spread was first
