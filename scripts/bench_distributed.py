@@ -416,53 +416,62 @@ def add_backend_argument(parser: argparse.ArgumentParser) -> None:
 def start_backend(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str:
     """:func:`init_backend` for ``args.backend``, after a usage error naming why NCCL cannot
     run here when it is nccl and it cannot; then, with ``args.realtime_gloo``,
-    :func:`prioritize_gloo_threads` (a usage error where it cannot); the mesh's device."""
+    :func:`prioritize_gloo_threads` on the threads the group started (a usage error where
+    it cannot); the mesh's device."""
     if args.backend == "nccl" and (problem := nccl_problem()):
         parser.error(f"--backend nccl: {problem}; use --backend gloo")
     if args.realtime_gloo and args.backend != "gloo":
         parser.error("--realtime-gloo: only with --backend gloo")
+    before = _threads()
     device = init_backend(args.backend)
     if args.realtime_gloo:
         try:
-            prioritize_gloo_threads()
+            prioritize_gloo_threads(before)
         except (PermissionError, RuntimeError) as error:
             parser.error(f"--realtime-gloo: {error}")
     return device
 
 
-# the names gloo's TCP event loop and ProcessGroupGloo's workers give their threads
-GLOO_THREADS = ("gloo_tcp_loop", "pt_gloo_runloop")
 GLOO_PRIORITY = 1  # SCHED_FIFO's lowest: above every ordinary thread
 
 
-def prioritize_gloo_threads() -> int:
-    """Put this process's gloo threads (:data:`GLOO_THREADS`, those of the groups that
-    exist now) in ``SCHED_FIFO`` at :data:`GLOO_PRIORITY`, so that one preempts compute as
-    soon as it wakes; how many are in it when read back. Every collective passes through
+def _threads() -> dict[int, str]:
+    """This process's threads: ``{thread id: name}``."""
+    names = {}
+    for tid in sorted(int(t) for t in os.listdir("/proc/self/task")):
+        with open(f"/proc/self/task/{tid}/comm") as f:
+            names[tid] = f.read().strip()
+    return names
+
+
+def realtime_threads() -> list[str]:
+    """The names of this process's threads in ``SCHED_FIFO``, as the kernel reports them."""
+    return [name for tid, name in _threads().items() if os.sched_getscheduler(tid) == os.SCHED_FIFO]
+
+
+def prioritize_gloo_threads(before: dict[int, str]) -> list[str]:
+    """Put the threads the gloo group started (those of this process not in ``before``,
+    :func:`_threads` taken before ``init_process_group``: gloo's TCP event loop and
+    ProcessGroupGloo's workers) in ``SCHED_FIFO`` at :data:`GLOO_PRIORITY`, so that one
+    preempts compute as soon as it wakes; their names. Every collective passes through
     these threads, and with two ranks on two cores the kernel's scheduler otherwise lets
     them wait behind compute: a collective after 0.2-1 ms of compute then costs 0.14-0.45
     ms more than back to back, and 0.04-0.15 ms more with them raised (docs/benchmarks.md,
     "Gloo's threads behind compute"). A diagnostic of the host, which NCCL's threads on a
-    GPU machine do not share. Raises PermissionError without root or CAP_SYS_NICE, and
-    RuntimeError when there are none (not gloo, or threads named otherwise in this torch)."""
-    # each thread names itself once it runs, so right after the group starts one may still
-    # be unnamed: a prototype without this barrier missed one on some runs, and those ran
-    # slower than with none raised
-    dist.barrier()
-    count = 0
-    for tid in sorted(int(t) for t in os.listdir("/proc/self/task")):
-        with open(f"/proc/self/task/{tid}/comm") as f:
-            name = f.read().strip()
-        if name in GLOO_THREADS:
-            try:
-                os.sched_setscheduler(tid, os.SCHED_FIFO, os.sched_param(GLOO_PRIORITY))
-            except PermissionError as error:
-                raise PermissionError(f"cannot raise thread {tid} ({name}) to SCHED_FIFO: {error.strerror}; "
-                                      "needs root or CAP_SYS_NICE") from error
-            count += os.sched_getscheduler(tid) == os.SCHED_FIFO
-    if not count:
-        raise RuntimeError(f"no thread named {' or '.join(GLOO_THREADS)} in this process (torch {torch.__version__})")
-    return count
+    GPU machine do not share. All of them or none: with one left out, a collective ran
+    slower than with none raised. Raises PermissionError without root or CAP_SYS_NICE,
+    and RuntimeError when the group started no thread."""
+    dist.barrier()  # the group's threads are all running by now
+    started = {tid: name for tid, name in _threads().items() if tid not in before}
+    if not started:
+        raise RuntimeError(f"the process group started no thread in this process (torch {torch.__version__})")
+    for tid, name in started.items():
+        try:
+            os.sched_setscheduler(tid, os.SCHED_FIFO, os.sched_param(GLOO_PRIORITY))
+        except PermissionError as error:
+            raise PermissionError(f"cannot raise thread {tid} ({name}) to SCHED_FIFO: {error.strerror}; "
+                                  "needs root or CAP_SYS_NICE") from error
+    return list(started.values())
 
 
 def init_backend(backend: str) -> str:

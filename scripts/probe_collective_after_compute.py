@@ -24,7 +24,7 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-from bench_distributed import add_backend_argument, prioritize_gloo_threads, start_backend, timed
+from bench_distributed import add_backend_argument, realtime_threads, start_backend, timed
 from measure_profiles import collective
 
 KINDS = ("all_to_all_single", "all_gather_into_tensor")
@@ -68,7 +68,7 @@ def main() -> None:
     torch.set_num_threads(1)
     start_backend(parser, args)
     # read back, so that the header says what the timings ran with
-    realtime = f", {prioritize_gloo_threads()} gloo threads real-time" if args.realtime_gloo else ""
+    realtime = f", {len(realtime_threads())} gloo threads real-time" if args.realtime_gloo else ""
     world = dist.get_world_size()
     if world < 2:
         parser.error("run it on two ranks or more (torchrun --nproc-per-node W)")

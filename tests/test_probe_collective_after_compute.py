@@ -41,6 +41,7 @@ def test_realtime_gloo_raises_every_gloo_thread_or_names_the_right_it_lacks():
     if run.returncode:  # not root: the usage error, before any timing
         assert "--realtime-gloo: cannot raise thread" in run.stderr and "CAP_SYS_NICE" in run.stderr, run.stderr
         return
-    # a group's TCP loop and its two workers, counted as read back in SCHED_FIFO
+    # the threads the group started (its TCP loop, unnamed in torch 2.11, and its two
+    # workers), counted as read back in SCHED_FIFO
     assert run.stdout.startswith("# world 2, gloo, 3 gloo threads real-time, torch "), run.stdout
     assert len(run.stdout.splitlines()) == 4, run.stdout
