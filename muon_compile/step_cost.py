@@ -85,6 +85,11 @@ class DeviceProfile:
     bucket_overhead: float = 0.0
     memory: float = 0.0
 
+    def without_fixed_costs(self) -> DeviceProfile:
+        """This device with no fixed costs: a step priced by its arithmetic, its memory
+        traffic and its collectives alone."""
+        return dataclasses.replace(self, step_overhead=0.0, param_overhead=0.0, call_overhead=0.0, bucket_overhead=0.0)
+
 
 DEVICES: dict[str, DeviceProfile] = {
     "h100": DeviceProfile(

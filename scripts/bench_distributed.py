@@ -222,7 +222,7 @@ def timed_steps(step, warmup: int, reps: int) -> list[float]:
 
 
 _ELEMENT = {"float": 4, "c10::BFloat16": 2, "c10::Half": 2, "double": 8}
-_OPERANDS = {"aten::mm": (0, 1), "aten::bmm": (0, 1), "aten::addmm": (1, 2), "aten::baddbmm": (1, 2)}
+MATMUL_OPERANDS = {"aten::mm": (0, 1), "aten::bmm": (0, 1), "aten::addmm": (1, 2), "aten::baddbmm": (1, 2)}
 # the kind of a collective from its profiler event name after "<backend>:", lower case and
 # without underscores: "_all_gather_base", "allgather", "all_gather_into_tensor_coalesced"
 # are all all_gather ("all_reduce_barrier", a barrier, is dropped before)
@@ -286,8 +286,8 @@ def profile_step(step, world: int, rank: int) -> dict:
         sent += _sent_bytes(kind, _input_bytes(e), split, world, rank)
     flops = 0
     for e in events:
-        if e.name in _OPERANDS:
-            i, j = _OPERANDS[e.name]
+        if e.name in MATMUL_OPERANDS:
+            i, j = MATMUL_OPERANDS[e.name]
             a, b = e.input_shapes[i], e.input_shapes[j]
             flops += 2 * math.prod(a[:-2] or [1]) * a[-2] * a[-1] * b[-1]
     return {"collectives": len(collectives), "sent": sent, "flops": flops}

@@ -71,9 +71,10 @@ import torch.distributed as dist
 from torch._inductor.utils import fresh_cache
 from torch.distributed.device_mesh import init_device_mesh
 
-from bench_distributed import ARMS, add_backend_argument, failure, rank_device, sharded_params, start_backend
+from bench_distributed import ARMS, add_backend_argument, failure, on_gpu, rank_device, sharded_params, start_backend
 from bench_distributed import timed as timed_once
 from measure_matmul_rates import matmul_batch
+from step_split import profiled_split
 
 from muon_compile import config
 from muon_compile.config import Config, Strategy
@@ -160,6 +161,7 @@ def measure_arms(
     with_probe: bool = False,
     instances: int = 1,
     arm_seconds: float = ARM_SECONDS,
+    split_steps: int = 0,
 ) -> tuple[list[dict], list[float]]:
     """Per arm ``(bench_distributed arm, shapes, config overrides)``, its step times
     (``{"times": [...]}``, seconds) or the error it failed with (``{"error": ...}``).
@@ -176,7 +178,11 @@ def measure_arms(
     round is the median of its instances' (their raw times under ``"instance_times"``).
     Instances of one step, timed in shuffled turns, still measure medians up to 13% apart
     (three of the one-bucket ``small-14`` step at world 2: 2.59, 2.37 and 2.29 ms), so
-    one instance measures its own speed as much as the step's."""
+    one instance measures its own speed as much as the step's.
+
+    ``split_steps``: after the timing, each arm's first instance is profiled for that
+    many steps, and every rank's split of them (scripts/step_split.py's
+    ``profiled_split``) is kept under ``"split"``, a list by rank; not under NCCL."""
     results: list[dict] = [{} for _ in arms]
     steps: list[tuple[list, dict]] = []
     with fresh_cache(), torch._dynamo.config.patch(recompile_limit=64 * instances):
@@ -206,6 +212,9 @@ def measure_arms(
                 result["times"] = round_medians(own)
                 if instances > 1:
                     result["instance_times"] = own
+                if split_steps and not on_gpu():
+                    result["split"] = [None] * dist.get_world_size()
+                    dist.all_gather_object(result["split"], profiled_split(copies[0], split_steps))
     torch._dynamo.reset()
     probed = times[len(fns):]
     return results, {key: [per / t if key == "matmul" else t / per for t in series]

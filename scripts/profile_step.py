@@ -13,12 +13,22 @@ generated pointwise kernel (``graph_N_cpp_fused_*`` on the CPU), the collectives
 The cost model's prediction for the same plan (scripts/validate_step_cost.py) splits a
 step into NS, pointwise and exposed communication; this table is what to hold it
 against. The profiler's own cost makes the profiled steps slower than the timed median.
+
+Under gloo it also prints every rank's split of the profiled steps
+(scripts/step_split.py: the wall time per step, the self time of its matmuls, of
+Inductor's generated kernels and of its collectives, and the rest, what the cost model
+counts as fixed costs). ``--predict-from RUN.json``, a run saved by scripts/validate_step_cost.py at the
+same world size, prints the cost model's split of the same plan beside it, the profiles
+fitted to that run's figures as its report fits them: NS, memory-bound pointwise work,
+fixed costs and exposed communication per rank.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
+import time
 
 import torch
 import torch.distributed as dist
@@ -27,11 +37,13 @@ from torch._inductor.utils import fresh_cache
 from torch.distributed.device_mesh import init_device_mesh
 
 from bench_distributed import WORKLOADS, add_backend_argument, our_muon, sharded_params, start_backend, timed_steps
+from step_split import PARTS, PREDICTED, predicted_split, split
+from validate_step_cost import workload_profiles
 
 import muon_compile
 from muon_compile import config
 from muon_compile.config import Strategy
-
+from muon_compile.plan import plan_for
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -42,6 +54,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--rows", type=int, default=30, help="rows of the printed table")
     parser.add_argument("--rank", type=int, default=0, help="the rank whose profile is printed")
+    parser.add_argument("--predict-from", metavar="JSON",
+                        help="a run saved by scripts/validate_step_cost.py: print the cost model's split beside the measured one")
     add_backend_argument(parser)
     args = parser.parse_args()
     mesh_device = start_backend(parser, args)
@@ -49,16 +63,23 @@ def main() -> None:
     if not 0 <= args.rank < world:
         parser.error(f"--rank {args.rank}: the run has ranks 0 to {world - 1}")
     mesh = init_device_mesh(mesh_device, (world,))
+    gpu = args.backend == "nccl"
     inductor_config.cpp.enable_kernel_profile = True
     settings = config.override(strategy=args.strategy, bucket_mb=args.bucket_mb, prefetch=args.prefetch)
     with fresh_cache(), settings:
         step = torch.compile(our_muon(sharded_params(WORKLOADS[args.workload], mesh)), backend="muon")
         median = statistics.median(timed_steps(step, 3, 7))
-        gpu = args.backend == "nccl"
         activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if gpu else [])
         with torch.profiler.profile(activities=activities) as prof:
+            start = time.perf_counter()
             for _ in range(args.steps):
                 step()
+            wall = time.perf_counter() - start
+    splits = [None] * world
+    if not gpu:  # under NCCL the CPU's self time is not the step's
+        dist.all_gather_object(splits, split(prof.events(), args.steps, wall))
+    if dist.get_rank() == 0 and not gpu:
+        print_splits(splits, args, world)
     if dist.get_rank() == args.rank:
         print(
             f"# {args.workload}, {args.strategy}, bucket {args.bucket_mb:g} MiB, prefetch {args.prefetch}, "
@@ -72,6 +93,28 @@ def main() -> None:
         for e in sorted(prof.key_averages(), key=self_us, reverse=True)[: args.rows]:
             print(f"{self_us(e) / 1e3 / args.steps:9.3f}  {e.count // args.steps:5d} calls  {e.key[:90]}")
     dist.destroy_process_group()
+
+
+def print_splits(splits: list[dict[str, float]], args, world: int) -> None:
+    """Each rank's measured split (:func:`split`) and, with ``--predict-from``, the cost
+    model's (:func:`predicted_split`), ms per step."""
+    print(f"# {args.workload}, {args.strategy}, bucket {args.bucket_mb:g} MiB, prefetch {args.prefetch}: "
+          f"each rank's profiled step, ms per step")
+    print("rank  " + "  ".join(f"{k:>11}" for k in PARTS))
+    for r, parts in enumerate(splits):
+        print(f"{r:4d}  " + "  ".join(f"{parts[k] * 1e3:11.3f}" for k in PARTS))
+    if not args.predict_from:
+        return
+    with open(args.predict_from) as f:
+        record = json.load(f)
+    if record["world"] != world:
+        raise SystemExit(f"--predict-from {args.predict_from}: a run at world {record['world']}, this one is at {world}")
+    device, network = workload_profiles(record, args.workload)
+    plan = plan_for(WORKLOADS[args.workload], world, Strategy(args.strategy), args.bucket_mb)
+    print(f"# the cost model, profiles of {args.predict_from}, ms per step")
+    print("rank  " + "  ".join(f"{k:>11}" for k in PREDICTED))
+    for r, parts in enumerate(predicted_split(plan, args.prefetch, device, network)):
+        print(f"{r:4d}  " + "  ".join(f"{parts[k] * 1e3:11.3f}" for k in PREDICTED))
 
 
 if __name__ == "__main__":

@@ -63,6 +63,7 @@ from measure_profiles import (
     measure_network,
     network_profile,
 )
+from step_split import predicted_split
 
 from muon_compile.config import Config
 from muon_compile.network_profiles import NetworkProfile
@@ -82,7 +83,7 @@ def cases(names: list[str]):
 
 
 def measure_interleaved(
-    name: str, mesh, warmup: int, reps: int, instances: int, arm_seconds: float
+    name: str, mesh, warmup: int, reps: int, instances: int, arm_seconds: float, split_steps: int = 0
 ) -> tuple[list[dict], list[float]]:
     """One entry per case of workload ``name`` and strategy, with its step times (or the
     error it failed with), the eight arms timed in turns (measure_profiles'
@@ -90,13 +91,15 @@ def measure_interleaved(
     ``arm_seconds`` of the slowest arm's, each arm as
     ``instances`` compiled instances, a round's time the median of theirs), and the
     probes timed in the same rounds (measure_profiles' ``probe_calls``: the matmul
-    probe's GFLOP/s, the network sweep's seconds per call under ``(kind, bytes)``)."""
+    probe's GFLOP/s, the network sweep's seconds per call under ``(kind, bytes)``), and,
+    with ``split_steps``, every rank's measured split of that many profiled steps
+    (scripts/step_split.py) under ``"split"``."""
     entries, arms = [], []
     for _, mb, prefetch in cases([name]):
         for strategy, arm in STRATEGY_ARMS.items():
             entries.append({"workload": name, "bucket_mb": mb, "prefetch": prefetch, "strategy": strategy.value})
             arms.append((arm, WORKLOADS[name], {"bucket_mb": mb, "prefetch": prefetch}))
-    results, probes = measure_arms(arms, mesh, warmup, reps, True, instances, arm_seconds)
+    results, probes = measure_arms(arms, mesh, warmup, reps, True, instances, arm_seconds, split_steps)
     for entry, result in zip(entries, results):
         entry.update(result)
     return entries, probes
@@ -111,6 +114,7 @@ def measure_run(
     arm_seconds: float,
     save: str | None,
     realtime_gloo: bool = False,
+    split_steps: int = 0,
 ) -> dict:
     """Every figure of a validation run, as plain data: the header, the profiles' raw
     figures, and ``steps``, one entry per case and strategy with its step times (or the
@@ -134,7 +138,7 @@ def measure_run(
     }
     mesh = init_device_mesh(rank_device().type, (world,))
     for name in names:
-        steps, probes = measure_interleaved(name, mesh, warmup, reps, instances, arm_seconds)
+        steps, probes = measure_interleaved(name, mesh, warmup, reps, instances, arm_seconds, split_steps)
         record["probe"][name] = probes.pop("matmul")
         record["network_during"][name] = by_kind(probes)
         record["steps"] += steps
@@ -190,6 +194,8 @@ def report(record: dict, log=print, collectives_during: bool = False) -> None:
             log(f"{name:<10} {mb:>10g} {len(plan.buckets):>7} {strategy.value:<10} {prefetch:>8} "
                 f"{cost.step * 1e3:>12.2f} {cost.ns[r] * 1e3:>7.2f} {cost.pointwise[r] * 1e3:>9.2f} "
                 f"{cost.exposed[r] * 1e3:>9.2f} {measured * 1e3:>11.2f} {error:>+7.1%}")
+            if "split" in entry:
+                log(split_line(entry["split"][r], predicted_split(plan, prefetch, devices[name], networks[name])[r]))
         if len(pair) == 2:
             order = [sorted(pair, key=lambda s: pair[s][i]) for i in (0, 1)]
             verdict = "matches" if order[0] == order[1] else "DIFFERS"
@@ -231,6 +237,17 @@ def report(record: dict, log=print, collectives_during: bool = False) -> None:
         resolved = [v for v in paired_verdicts if v != "unresolved"]
         log(f"paired rankings: {len(resolved)} of {len(paired_verdicts)} resolved by the rounds, "
             f"{resolved.count('matches')} of them as predicted")
+
+
+def split_line(measured: dict[str, float], predicted: dict[str, float]) -> str:
+    """One pair's measured split (scripts/step_split.py) of the predicted slowest rank
+    beside the cost model's, ms per step: matmul against NS, collectives against exposed
+    communication, generated kernels and the rest against pointwise work and fixed costs."""
+    ms = {k: v * 1e3 for k, v in measured.items()}
+    want = {k: v * 1e3 for k, v in predicted.items()}
+    return (f"{'':<10} profiled {ms['wall']:.2f} ms: matmul {ms['matmul']:.2f} (NS {want['NS']:.2f}), "
+            f"collectives {ms['collectives']:.2f} (exposed {want['exposed']:.2f}), "
+            f"kernels and rest {ms['kernels'] + ms['rest']:.2f} (pointwise {want['pointwise']:.2f} + fixed {want['fixed']:.2f})")
 
 
 def same_plan_spread(steps: dict, name: str, world: int, interleaved: bool, log) -> float | None:
@@ -284,6 +301,15 @@ def drift_corrected(device: DeviceProfile, record: dict, name: str, log) -> Devi
     return dataclasses.replace(device, matmul=device.matmul.scaled(factor, why))
 
 
+def workload_profiles(record: dict, name: str, log=lambda *_: None) -> tuple[DeviceProfile, NetworkProfile]:
+    """The profiles that :func:`report` prices workload ``name``'s steps of ``record`` with
+    by default: fitted to the figures timed before the steps, the matmul rates
+    :func:`drift_corrected` for ``name``."""
+    network = network_profile(record["network"], record["world"], record["backend"], log)
+    device = device_profile(record["device"], network, record["world"], log)
+    return drift_corrected(device, record, name, log), network
+
+
 def network_during(record: dict, name: str, log) -> NetworkProfile | None:
     """The network profile fitted (measure_profiles' ``network_profile``) to the
     collectives timed in turns with workload ``name``'s steps (each kind at each size of
@@ -322,6 +348,8 @@ def main() -> None:
     parser.add_argument("--save", metavar="JSON", help="write the run's figures here")
     add_backend_argument(parser)
     parser.add_argument("--load", metavar="JSON", help="report a saved run instead of measuring")
+    parser.add_argument("--split-steps", type=int, default=10,
+                        help="profile this many steps of each arm after its timing, for the measured split (0: none)")
     parser.add_argument("--collectives-during-steps", action="store_true",
                         help="price each workload's collectives by the profile timed in turns with its steps, "
                         "not the one timed before them")
@@ -333,7 +361,8 @@ def main() -> None:
     start_backend(parser, args)
     names = list(WORKLOADS) if args.workload == "all" else [args.workload]
     record = measure_run(
-        names, args.reps, args.warmup, args.profile_reps, args.instances, args.arm_seconds, args.save, args.realtime_gloo
+        names, args.reps, args.warmup, args.profile_reps, args.instances, args.arm_seconds, args.save,
+        args.realtime_gloo, args.split_steps,
     )
     if dist.get_rank() == 0:
         report(record, collectives_during=args.collectives_during_steps)

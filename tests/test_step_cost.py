@@ -79,6 +79,7 @@ def test_fixed_costs_add_per_step_parameter_call_and_bucket():
     added = 1e-3 + 2 * 1e-4 + 1e-5 + 1e-6
     assert [t - b for t, b in zip(cost.total, base.total)] == pytest.approx([added, added])
     assert cost.ns == base.ns  # fixed costs are not Newton–Schulz arithmetic
+    assert predict(plan, 1, fixed.without_fixed_costs(), NET) == base
 
 
 def test_buffer_bytes_hold_the_shards_to_send_the_results_and_the_matrices_in_flight():
