@@ -74,7 +74,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from bench_distributed import ARMS, add_backend_argument, failure, on_gpu, rank_device, sharded_params, start_backend
 from bench_distributed import timed as timed_once
 from measure_matmul_rates import matmul_batch
-from step_split import profiled_split
+from step_split import labelled, profiled_split, splits_by_label
 
 from muon_compile import config
 from muon_compile.config import Config, Strategy
@@ -180,9 +180,11 @@ def measure_arms(
     (three of the one-bucket ``small-14`` step at world 2: 2.59, 2.37 and 2.29 ms), so
     one instance measures its own speed as much as the step's.
 
-    ``split_steps``: after the timing, each arm's first instance is profiled for that
-    many steps, and every rank's split of them (scripts/step_split.py's
-    ``profiled_split``) is kept under ``"split"``, a list by rank; not under NCCL."""
+    ``split_steps``: after the timing, that many more rounds are profiled, each arm's
+    calls under a label of its own, and every rank's split of its steps there
+    (scripts/step_split.py's ``splits_by_label``) is kept under ``"split"``, a list by
+    rank; then its first instance is profiled for that many steps alone, one after the
+    other, under ``"split_alone"`` (``profiled_split``). Not under NCCL."""
     results: list[dict] = [{} for _ in arms]
     steps: list[tuple[list, dict]] = []
     with fresh_cache(), torch._dynamo.config.patch(recompile_limit=64 * instances):
@@ -212,13 +214,27 @@ def measure_arms(
                 result["times"] = round_medians(own)
                 if instances > 1:
                     result["instance_times"] = own
-                if split_steps and not on_gpu():
-                    result["split"] = [None] * dist.get_world_size()
-                    dist.all_gather_object(result["split"], profiled_split(copies[0], split_steps))
+            if split_steps and not on_gpu():
+                _profile_splits(steps, instances, [repeated for repeated, _ in probes.values()], split_steps)
     torch._dynamo.reset()
     probed = times[len(fns):]
     return results, {key: [per / t if key == "matmul" else t / per for t in series]
                       for (key, (_, per)), series in zip(probes.items(), probed)}
+
+
+def _profile_splits(steps: list[tuple[list, dict]], instances: int, probes: list, rounds: int) -> None:
+    """Each arm's measured split (:func:`measure_arms`' ``split_steps``) into its result:
+    in ``rounds`` more profiled :func:`turns` with the ``probes``, and alone."""
+    labels = [f"measure_arms: arm {index}" for index in range(len(steps))]
+    fns = [labelled(step, label) for label, (copies, _) in zip(labels, steps) for step in copies]
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        turns(fns + probes, rounds)
+    in_turns = splits_by_label(prof.events(), labels)
+    world = dist.get_world_size()
+    for label, (copies, result) in zip(labels, steps):
+        result["split"], result["split_alone"] = [None] * world, [None] * world
+        dist.all_gather_object(result["split"], in_turns[label])
+        dist.all_gather_object(result["split_alone"], profiled_split(copies[0], rounds))
 
 
 def probe_calls() -> dict:

@@ -57,6 +57,38 @@ def split(events, steps: int, wall: float) -> dict[str, float]:
     return parts
 
 
+def labelled(fn, label: str):
+    """``fn`` called under a profiler range named ``label``, which :func:`splits_by_label`
+    finds again."""
+
+    def call():
+        with torch.profiler.record_function(label):
+            return fn()
+
+    return call
+
+
+def _descendants(event) -> list:
+    found, stack = [], list(event.cpu_children)
+    while stack:
+        e = stack.pop()
+        found.append(e)
+        stack.extend(e.cpu_children)
+    return found
+
+
+def splits_by_label(events, labels: list[str]) -> dict[str, dict[str, float]]:
+    """Per label, the :func:`split` of the calls profiled under it (:func:`labelled`):
+    each range a step, its duration the step's wall time, the events within it its parts."""
+    events = list(events)
+    out = {}
+    for label in labels:
+        ranges = [e for e in events if e.name == label]
+        inner = [d for r in ranges for d in _descendants(r)]
+        out[label] = split(inner, len(ranges), sum(r.cpu_time_total for r in ranges) / 1e6)
+    return out
+
+
 def profiled_split(step, steps: int) -> dict[str, float]:
     """:func:`split` of ``steps`` calls of ``step`` on this rank, each after a barrier as
     bench_distributed's ``timed`` takes them (the barriers outside the wall time)."""

@@ -194,8 +194,8 @@ def report(record: dict, log=print, collectives_during: bool = False) -> None:
             log(f"{name:<10} {mb:>10g} {len(plan.buckets):>7} {strategy.value:<10} {prefetch:>8} "
                 f"{cost.step * 1e3:>12.2f} {cost.ns[r] * 1e3:>7.2f} {cost.pointwise[r] * 1e3:>9.2f} "
                 f"{cost.exposed[r] * 1e3:>9.2f} {measured * 1e3:>11.2f} {error:>+7.1%}")
-            if "split" in entry:
-                log(split_line(entry["split"][r], predicted_split(plan, prefetch, devices[name], networks[name])[r]))
+            if "split" in entry or "split_alone" in entry:
+                log(split_line(entry, r, predicted_split(plan, prefetch, devices[name], networks[name])[r]))
         if len(pair) == 2:
             order = [sorted(pair, key=lambda s: pair[s][i]) for i in (0, 1)]
             verdict = "matches" if order[0] == order[1] else "DIFFERS"
@@ -239,13 +239,22 @@ def report(record: dict, log=print, collectives_during: bool = False) -> None:
             f"{resolved.count('matches')} of them as predicted")
 
 
-def split_line(measured: dict[str, float], predicted: dict[str, float]) -> str:
-    """One pair's measured split (scripts/step_split.py) of the predicted slowest rank
-    beside the cost model's, ms per step: matmul against NS, collectives against exposed
-    communication, generated kernels and the rest against pointwise work and fixed costs."""
+def split_line(entry: dict, rank: int, predicted: dict[str, float]) -> str:
+    """One pair's measured split (scripts/step_split.py) on ``rank`` beside the cost
+    model's ``predicted`` one, ms per step: matmul against NS, collectives against
+    exposed communication, generated kernels and the rest against pointwise work and
+    fixed costs. The split is the one profiled in turns where ``entry`` has it, with the
+    wall time of the steps profiled alone beside; else (the first run that had one) the
+    one profiled alone."""
+    alone = entry["split_alone"][rank] if "split_alone" in entry else None
+    if "split" in entry:
+        measured = entry["split"][rank]
+        how = f"in turns {measured['wall'] * 1e3:.2f} ms" + (f" (alone {alone['wall'] * 1e3:.2f})" if alone else "")
+    else:
+        measured, how = alone, f"alone {alone['wall'] * 1e3:.2f} ms"
     ms = {k: v * 1e3 for k, v in measured.items()}
     want = {k: v * 1e3 for k, v in predicted.items()}
-    return (f"{'':<10} profiled {ms['wall']:.2f} ms: matmul {ms['matmul']:.2f} (NS {want['NS']:.2f}), "
+    return (f"{'':<10} profiled {how}: matmul {ms['matmul']:.2f} (NS {want['NS']:.2f}), "
             f"collectives {ms['collectives']:.2f} (exposed {want['exposed']:.2f}), "
             f"kernels and rest {ms['kernels'] + ms['rest']:.2f} (pointwise {want['pointwise']:.2f} + fixed {want['fixed']:.2f})")
 

@@ -197,11 +197,11 @@ def test_validate_step_cost_runs_end_to_end_on_one_rank(tmp_path):
     assert "all_to_all_single: latency 0.0 us, bandwidth unbounded" in out
     assert record["network_during"] == {"small-14": {}}  # no collective to time on one rank
     assert len(record["probe"]["small-14"]) == len(steps[0]["times"])  # the matmul probe, each round
-    for s in steps:  # each arm's first instance profiled (10 steps by default), its one rank's split
-        (split,) = s["split"]
-        assert split["matmul"] > 0 and split["wall"] > split["matmul"] + split["collectives"]
-        assert sum(split[k] for k in ("matmul", "kernels", "collectives", "rest")) == pytest.approx(split["wall"])
-    assert out.count("profiled ") == 8 and "(NS " in out and "+ fixed " in out
+    for s in steps:  # each arm profiled in turns and alone, its one rank's split of each
+        for split in (*s["split"], *s["split_alone"]):
+            assert split["matmul"] > 0 and split["wall"] > split["matmul"] + split["collectives"]
+            assert sum(split[k] for k in ("matmul", "kernels", "collectives", "rest")) == pytest.approx(split["wall"])
+    assert out.count("profiled in turns ") == 8 and "(alone " in out and "(NS " in out and "+ fixed " in out
     reloaded = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "validate_step_cost.py"), "--load", str(saved)],
         capture_output=True, text=True, timeout=300, check=True,

@@ -36,6 +36,19 @@ def test_split_divides_the_wall_time_of_the_thread_that_ran_the_steps():
     assert tuple(parts) == step_split.PARTS
 
 
+def test_splits_by_label_take_each_labelled_range_as_a_step():
+    def call(*children, name="aten::bmm", us=0, total=0):
+        return SimpleNamespace(name=name, key=name, self_cpu_time_total=us, cpu_time_total=total, thread=1, cpu_children=list(children))
+
+    a = [call(call(us=300), call(call(name="_c10d_functional::wait_tensor", us=100), name="Torch-Compiled Region", us=50),
+              name="arm 0", total=1000) for _ in range(2)]
+    b = call(call(us=700), name="arm 1", total=800)
+    outside = call(name="aten::bmm", us=5000)  # a probe between the steps
+    splits = step_split.splits_by_label([*a, b, outside], ["arm 0", "arm 1"])
+    assert splits["arm 0"] == pytest.approx({"wall": 1e-3, "matmul": 300e-6, "kernels": 0, "collectives": 100e-6, "rest": 600e-6})
+    assert splits["arm 1"] == pytest.approx({"wall": 800e-6, "matmul": 700e-6, "kernels": 0, "collectives": 0, "rest": 100e-6})
+
+
 def test_predicted_split_adds_up_to_the_total_and_prices_each_ranks_fixed_costs():
     plan = DistPlan((_bucket(owners=(0, 0)),), (), {})  # rank 0 makes the one NS call
     device = dataclasses.replace(_device(False), step_overhead=1e-3, param_overhead=1e-4, call_overhead=1e-5, bucket_overhead=1e-6)
