@@ -66,6 +66,8 @@ MATCHED_WHEN_RECORDED = {
     "2026-11-25-world3-realtime": 6,
     # real-time threads again, each arm's steps profiled for the measured split
     "2026-11-25-world2-split": 8,
+    # the same, each arm's split profiled in turns too
+    "2026-11-25-world2-turns": 8,
 }
 # runs whose steps were timed in turns: rankings that the rounds resolve (sign test at 5%)
 # against the prediction, when recorded (world3-concat: a ten-bucket small-14 pair of 15 rounds)
@@ -98,6 +100,7 @@ PAIRED_DIFFERS_WHEN_RECORDED = {
     # the ten-bucket small-14 pairs (all_to_all faster in 82 and 87 of 87 rounds)
     "2026-11-25-world3-realtime": 2,
     "2026-11-25-world2-split": 0,
+    "2026-11-25-world2-turns": 0,
 }
 # rankings whose medians lie further apart than two arms of one plan measured (the
 # report's "the same plan's" spread) against the prediction, when the spread was first
