@@ -215,14 +215,14 @@ def measure_arms(
                 if instances > 1:
                     result["instance_times"] = own
             if split_steps and not on_gpu():
-                _profile_splits(steps, instances, [repeated for repeated, _ in probes.values()], split_steps)
+                _profile_splits(steps, [repeated for repeated, _ in probes.values()], split_steps)
     torch._dynamo.reset()
     probed = times[len(fns):]
     return results, {key: [per / t if key == "matmul" else t / per for t in series]
                       for (key, (_, per)), series in zip(probes.items(), probed)}
 
 
-def _profile_splits(steps: list[tuple[list, dict]], instances: int, probes: list, rounds: int) -> None:
+def _profile_splits(steps: list[tuple[list, dict]], probes: list, rounds: int) -> None:
     """Each arm's measured split (:func:`measure_arms`' ``split_steps``) into its result:
     in ``rounds`` more profiled :func:`turns` with the ``probes``, and alone."""
     labels = [f"measure_arms: arm {index}" for index in range(len(steps))]

@@ -45,6 +45,7 @@ from muon_compile import config
 from muon_compile.config import Strategy
 from muon_compile.plan import plan_for
 
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workload", choices=list(WORKLOADS), default="gpt-small")

@@ -28,8 +28,8 @@ import torch.distributed as dist
 
 from bench_distributed import MATMUL_OPERANDS
 
-from muon_compile.passes.plan_distributed import DistPlan
 from muon_compile.network_profiles import NetworkProfile
+from muon_compile.passes.plan_distributed import DistPlan
 from muon_compile.step_cost import DeviceProfile, predict
 
 PARTS = ("wall", "matmul", "kernels", "collectives", "rest")  # measured, seconds per step

@@ -1,8 +1,8 @@
 """Validate the cost model on this machine: predicted against measured distributed steps.
 
     torchrun --nproc-per-node W scripts/validate_step_cost.py [--workload all] [--reps 15]
-        [--profile-reps 15] [--instances 3] [--arm-seconds 2] [--backend gloo|nccl] [--realtime-gloo]
-        [--save run.json]
+        [--profile-reps 15] [--instances 3] [--arm-seconds 2] [--split-steps 10]
+        [--backend gloo|nccl] [--realtime-gloo] [--save run.json]
     python scripts/validate_step_cost.py --load run.json [--collectives-during-steps]
 
 First the raw figures of the profiles (scripts/measure_profiles.py: gloo or NCCL collectives,
@@ -17,8 +17,10 @@ timed in turns, ``--reps`` rounds or more, up to ``--arm-seconds`` (measure_prof
 also timing measure_profiles' ``probe_calls`` (the matmul probe, and the network
 profile's sweep of collectives), in an order shuffled each round. Each arm is
 ``--instances`` compiled instances of its step, and its time in a round is their median
-(instances of one step measured medians up to 13% apart). ``--save`` writes all of it
-as JSON.
+(instances of one step measured medians up to 13% apart). Then, on the CPU, each arm's
+split (scripts/step_split.py: matmuls, collectives, the rest) in ``--split-steps`` more
+rounds profiled in the same turns, and its first instance's alone. ``--save`` writes all
+of it as JSON.
 
 The report fits the profiles to the figures and prints, beside each measured step, the
 cost model's prediction from the plan of the same shapes
@@ -26,8 +28,9 @@ cost model's prediction from the plan of the same shapes
 matmul rates scaled per workload by the probe's rate during its steps over the profile's
 (:func:`drift_corrected`), the collectives priced by the network profile timed before
 the steps (``--collectives-during-steps``: per workload by the one fitted to the sweep
-timed in turns with its steps, :func:`network_during`), and its error,
-and per workload, bucket size and depth whether the predicted ranking of the strategies
+timed in turns with its steps, :func:`network_during`), and its error (under it,
+where the run has it, the measured split of the predicted slowest rank beside the
+model's, :func:`split_line`), and per workload, bucket size and depth whether the predicted ranking of the strategies
 is the measured one, and whether the predictions lie further apart than
 ``muon_compile.step_cost.TIE`` (closer, the model calls them a tie): by the arms'
 medians, and round by round (:func:`sign_test`: the rounds pair steps taken moments
@@ -92,8 +95,9 @@ def measure_interleaved(
     ``instances`` compiled instances, a round's time the median of theirs), and the
     probes timed in the same rounds (measure_profiles' ``probe_calls``: the matmul
     probe's GFLOP/s, the network sweep's seconds per call under ``(kind, bytes)``), and,
-    with ``split_steps``, every rank's measured split of that many profiled steps
-    (scripts/step_split.py) under ``"split"``."""
+    with ``split_steps``, every rank's measured split (scripts/step_split.py) of that
+    many more rounds, profiled in the same turns, under ``"split"``, and of that many
+    steps of its first instance alone under ``"split_alone"``."""
     entries, arms = [], []
     for _, mb, prefetch in cases([name]):
         for strategy, arm in STRATEGY_ARMS.items():

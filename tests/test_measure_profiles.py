@@ -181,7 +181,7 @@ def test_validate_step_cost_runs_end_to_end_on_one_rank(tmp_path):
     out = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
          str(ROOT / "scripts" / "validate_step_cost.py"), "--backend", "gloo", "--workload", "small-14",
-         "--reps", "3", "--profile-reps", "3", "--instances", "2", "--arm-seconds", "0", "--save", str(saved)],
+         "--reps", "3", "--profile-reps", "3", "--instances", "2", "--arm-seconds", "0", "--split-steps", "2", "--save", str(saved)],
         capture_output=True, text=True, timeout=600, check=True,
     ).stdout
     record = json.loads(saved.read_text())
@@ -197,7 +197,7 @@ def test_validate_step_cost_runs_end_to_end_on_one_rank(tmp_path):
     assert "all_to_all_single: latency 0.0 us, bandwidth unbounded" in out
     assert record["network_during"] == {"small-14": {}}  # no collective to time on one rank
     assert len(record["probe"]["small-14"]) == len(steps[0]["times"])  # the matmul probe, each round
-    for s in steps:  # each arm profiled in turns and alone, its one rank's split of each
+    for s in steps:  # each arm profiled in 2 more rounds and 2 steps alone, its one rank's split of each
         for split in (*s["split"], *s["split_alone"]):
             assert split["matmul"] > 0 and split["wall"] > split["matmul"] + split["collectives"]
             assert sum(split[k] for k in ("matmul", "kernels", "collectives", "rest")) == pytest.approx(split["wall"])
