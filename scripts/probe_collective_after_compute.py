@@ -56,12 +56,20 @@ def products(seconds: float) -> Callable[[], None]:
     return run
 
 
-def main() -> None:
+def command_line() -> argparse.ArgumentParser:
+    """The probe's options; ``--backend`` gloo by default, also where one GPU per rank
+    makes nccl the other scripts' default."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="4,64,1024", help="KiB per rank, comma list (default %(default)s)")
     parser.add_argument("--gaps", default="0,0.3,1,3", help="ms of compute before each call (default %(default)s)")
     parser.add_argument("--reps", type=int, default=5)
     add_backend_argument(parser)
+    parser.set_defaults(backend="gloo")
+    return parser
+
+
+def main() -> None:
+    parser = command_line()
     args = parser.parse_args()
     if args.backend != "gloo":
         parser.error("--backend: the probe times products on the CPU, so gloo only")

@@ -2,7 +2,8 @@
 collective kind of the step, its cost back to back and after products lasting about each
 gap, and the difference of the two; with ``--realtime-gloo``
 (bench_distributed.prioritize_gloo_threads) it raises gloo's threads to real-time
-priority, or stops with a usage error naming the right it lacks."""
+priority, or stops with a usage error naming the right it lacks; its backend is gloo by
+default, also where nccl is the other scripts' default."""
 
 import re
 import subprocess
@@ -10,6 +11,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
 ROW = re.compile(r"^(all_to_all_single|all_gather_into_tensor) +(\d+) +([0-9.]+) +([0-9.]+) +([0-9.]+) +([+-][0-9.]+)$")
 
 
@@ -45,3 +47,12 @@ def test_realtime_gloo_raises_every_gloo_thread_or_names_the_right_it_lacks():
     # workers), counted as read back in SCHED_FIFO
     assert run.stdout.startswith("# world 2, gloo, 3 gloo threads real-time, torch "), run.stdout
     assert len(run.stdout.splitlines()) == 4, run.stdout
+
+
+def test_the_backend_is_gloo_by_default_also_where_nccl_is_the_scripts_default(monkeypatch):
+    import bench_distributed
+    import probe_collective_after_compute
+
+    monkeypatch.setattr(bench_distributed, "default_backend", lambda: "nccl")  # one GPU per rank
+    assert probe_collective_after_compute.command_line().parse_args([]).backend == "gloo"
+    assert probe_collective_after_compute.command_line().parse_args(["--backend", "nccl"]).backend == "nccl"
