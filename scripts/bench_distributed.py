@@ -449,18 +449,19 @@ def realtime_threads() -> list[str]:
     return [name for tid, name in _threads().items() if os.sched_getscheduler(tid) == os.SCHED_FIFO]
 
 
-def prioritize_gloo_threads(before: dict[int, str]) -> list[str]:
+def prioritize_gloo_threads(before: dict[int, str]) -> None:
     """Put the threads the gloo group started (those of this process not in ``before``,
     :func:`_threads` taken before ``init_process_group``: gloo's TCP event loop and
     ProcessGroupGloo's workers) in ``SCHED_FIFO`` at :data:`GLOO_PRIORITY`, so that one
-    preempts compute as soon as it wakes; their names. Every collective passes through
-    these threads, and with two ranks on two cores the kernel's scheduler otherwise lets
-    them wait behind compute: a collective after 0.2-1 ms of compute then costs 0.14-0.45
-    ms more than back to back, and 0.04-0.15 ms more with them raised (docs/benchmarks.md,
-    "Gloo's threads behind compute"). A diagnostic of the host, which NCCL's threads on a
-    GPU machine do not share. All of them or none: with one left out, a collective ran
-    slower than with none raised. Raises PermissionError without root or CAP_SYS_NICE,
-    and RuntimeError when the group started no thread."""
+    preempts compute as soon as it wakes (:func:`realtime_threads` reads them back).
+    Every collective passes through these threads, and with two ranks on two cores the
+    kernel's scheduler otherwise lets them wait behind compute: a collective after 0.2-1
+    ms of compute then costs 0.14-0.45 ms more than back to back, and 0.04-0.15 ms more
+    with them raised (docs/benchmarks.md, "Gloo's threads behind compute"). A diagnostic
+    of the host, which NCCL's threads on a GPU machine do not share. All of them or none:
+    with one left out, a collective ran slower than with none raised. Raises
+    PermissionError without root or CAP_SYS_NICE, and RuntimeError when the group
+    started no thread."""
     dist.barrier()  # the group's threads are all running by now
     started = {tid: name for tid, name in _threads().items() if tid not in before}
     if not started:
@@ -471,7 +472,6 @@ def prioritize_gloo_threads(before: dict[int, str]) -> list[str]:
         except PermissionError as error:
             raise PermissionError(f"cannot raise thread {tid} ({name}) to SCHED_FIFO: {error.strerror}; "
                                   "needs root or CAP_SYS_NICE") from error
-    return list(started.values())
 
 
 def init_backend(backend: str) -> str:
