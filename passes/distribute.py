@@ -30,6 +30,7 @@ Before / after (W = 2, two members, both owned by rank 0)::
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Callable, Sequence
 
@@ -39,6 +40,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from muon_compile.config import Strategy
+from muon_compile.ns_args import NSArgs
 from muon_compile.ns_op import newton_schulz_op
 from muon_compile.stats import counters
 
@@ -102,15 +104,48 @@ def _scatter_rows(result: dict[int, Tensor], members: Sequence[DistMember], worl
     return (blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=1)).reshape(-1)
 
 
-def _orthogonalize(bucket: DistBucket, full: dict[int, Tensor]) -> dict[int, Tensor]:
-    """This rank's matrices of ``bucket``, one batched NS call per canonical shape."""
+def _orthogonalize_stacked(groups: Sequence[tuple[Sequence[DistMember], Tensor]], args: NSArgs) -> dict[int, Tensor]:
+    """Each ``(members, stacked)`` group's matrices, one batched NS call per group; a tall
+    member's stacked matrix is its transpose."""
     result = {}
-    for group in bucket.ns_groups():
-        stacked = torch.stack([full[m.site].mT if m.rows > m.cols else full[m.site] for m in group])
-        ortho = newton_schulz_op(stacked, bucket.args)
-        for m, y in zip(group, ortho.unbind(0)):
+    for members, stacked in groups:
+        ortho = newton_schulz_op(stacked, args)
+        for m, y in zip(members, ortho.unbind(0)):
             result[m.site] = y.mT if m.rows > m.cols else y
     return result
+
+
+def _orthogonalize(bucket: DistBucket, full: dict[int, Tensor]) -> dict[int, Tensor]:
+    """This rank's matrices of ``bucket``, one batched NS call per canonical shape."""
+    stacked = [(g, torch.stack([full[m.site].mT if m.rows > m.cols else full[m.site] for m in g])) for g in bucket.ns_groups()]
+    return _orthogonalize_stacked(stacked, bucket.args)
+
+
+def _gathered_groups(grid: Tensor, order: Sequence[DistMember]) -> list[tuple[list[DistMember], Tensor]]:
+    """Every NS group's members and stacked input, from the all-gathered ``[W, elements]``
+    grid whose slots lie in ``order`` (:meth:`DistBucket.owner_order`: by group, by layout).
+
+    The members of one layout are one ``[W, n, rows_per_shard, cols]`` block: permuted to
+    ``[n, W, rows_per_shard, cols]``, reshaped and trimmed, the n whole matrices, transposed
+    together if tall; a group of two layouts (a matrix and its transpose's shape) is their
+    concatenation. Inductor's C++ code reads the block in a vectorised loop. A reshape per
+    matrix, stacked, merges the world and row dimensions in each matrix's index, and is read
+    with a division and a modulo per element in a scalar loop (six 1536x384 matrices at
+    world 2: 6.9 ms against 0.7; docs/benchmarks.md, "The all_gather reassembly by layout").
+    """
+    world = grid.size(0)
+    groups: dict[tuple[int, int], tuple[list[DistMember], list[Tensor]]] = {}
+    offset = 0
+    for _, run in itertools.groupby(order, key=lambda m: m.layout):
+        run = list(run)
+        m, n = run[0], len(run)
+        block = grid[:, offset : offset + n * m.slot].view(world, n, m.rows_per_shard, m.cols)
+        whole = block.permute(1, 0, 2, 3).reshape(n, world * m.rows_per_shard, m.cols)[:, : m.rows]
+        members, parts = groups.setdefault(m.canonical, ([], []))
+        members.extend(run)
+        parts.append(whole.mT if m.rows > m.cols else whole)
+        offset += n * m.slot
+    return [(members, parts[0] if len(parts) == 1 else torch.cat(parts)) for members, parts in groups.values()]
 
 
 def _stages(bucket: DistBucket, dtypes: Sequence[torch.dtype]) -> list[tuple[Stage, Callable]]:
@@ -131,10 +166,7 @@ def _stages(bucket: DistBucket, dtypes: Sequence[torch.dtype]) -> list[tuple[Sta
             return [_c10d.all_gather_into_tensor(pack(shards), world, group)]
 
         def gather_compute(gathered: Tensor) -> list[Tensor]:
-            # every rank reassembles every matrix: by shards, the graph would grow by W x matrices
-            # nodes (world 8, 48 matrices: compile 21 -> 28 s), so a reshape
-            full = _reassemble(_c10d.wait_tensor(gathered).view(world, total), bucket.members, by_shards=False)
-            result = _orthogonalize(bucket, full)
+            result = _orthogonalize_stacked(_gathered_groups(_c10d.wait_tensor(gathered).view(world, total), order), bucket.args)
             start = {m.site: rank * m.rows_per_shard for m in bucket.members}
             return [result[m.site][start[m.site] : start[m.site] + m.local_rows].to(dtype[m.site]) for m in bucket.members]
 

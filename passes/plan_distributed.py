@@ -54,6 +54,12 @@ class DistMember:
         return (min(self.rows, self.cols), max(self.rows, self.cols))
 
     @property
+    def layout(self) -> tuple[int, int, int]:
+        """What a shard's place in transport depends on: members of one layout side by side
+        form one ``[W, n, rows_per_shard, cols]`` block."""
+        return (self.rows, self.cols, self.rows_per_shard)
+
+    @property
     def flops(self) -> int:
         return ns_flops(self.rows, self.cols, self.steps)
 
@@ -74,9 +80,10 @@ class DistBucket:
         return tuple(m for m in self.members if m.owner in (rank, EVERY_RANK))
 
     def owner_order(self) -> tuple[DistMember, ...]:
-        """Members in transport order: by owner, then graph order (all_gather: graph order)."""
+        """Members in transport order: by owner, then graph order (``all_gather``: by NS group,
+        and within a group by layout, so each layout's members lie side by side)."""
         if self.strategy is Strategy.ALL_GATHER:
-            return self.members
+            return tuple(m for g in self.ns_groups() for m in sorted(g, key=lambda m: m.layout))
         return tuple(m for r in range(self.group_size) for m in self.members if m.owner == r)
 
     def split_sizes(self) -> list[int]:
