@@ -6,8 +6,9 @@ Algorithm, per bucket (``all_to_all``, owner-compute):
      flatten, concatenate by owner; one ``all_to_all_single`` (split sizes: the elements
      each owner owns, the same on every rank).
   2. compute: wait; the received ``[W, mine]`` block holds every rank's shard of each
-     matrix this rank owns: reassemble ``[W * rows_per_shard, cols]`` (:func:`_reassemble`),
-     trim to the global rows, orthogonalise (one batched NS per canonical shape), zero-pad
+     matrix this rank owns: reassemble each NS group's ``[n, W * rows_per_shard, cols]``,
+     trimmed to the global rows, one block per layout (:func:`_received_groups`),
+     orthogonalise (one batched NS per canonical shape), zero-pad
      each result back to ``W * rows_per_shard`` rows, view it as ``[W, slot]`` and
      concatenate the members along the slots (:func:`_scatter_rows`); a second
      ``all_to_all_single`` returns every rank its rows.
@@ -22,9 +23,11 @@ Before / after (W = 2, two members, both owned by rank 0)::
 
     y0 = sharded_ns(x0, 24, "0", 2, ...)     # x0: 12x16 shard of 24x16
     y1 = sharded_ns(x1, 3, "0", 2, ...)      # x1: 2x16 shard of 3x16 (rank 1 holds 1 row)
- -> s  = all_to_all_single(cat([x0.bf16().flatten(), x1.bf16().flatten()]), [448, 448], [448, 0])
-    full = wait(s).view(2, 448) ... cat(2 shards of 12x16), cat(2 shards of 2x16)[:3]; ns(...); ns(...)
-    r  = all_to_all_single(cat([pad(y0, 24).view(2, 192), pad(y1, 4).view(2, 32)], dim=1).flatten(), [448, 0], [448, 448])
+ -> s  = all_to_all_single(cat([x0.bf16().flatten(), pad(x1.bf16(), 2).flatten()]), [224, 224], [224, 0])
+    g  = wait(s).view(2, 224)     # every rank's shards of x0 and x1, side by side
+    z0 = g[:, :192].view(2, 1, 12, 16).permute(1, 0, 2, 3).reshape(1, 24, 16)
+    z1 = g[:, 192:].view(2, 1, 2, 16).permute(1, 0, 2, 3).reshape(1, 4, 16)[:, :3]; ns(z0); ns(z1)
+    r  = all_to_all_single(cat([pad(y0, 24).view(2, 192), pad(y1, 4).view(2, 32)], dim=1).flatten(), [224, 0], [224, 224])
     y0 = wait(r)[0:192].view(12, 16).float(); y1 = wait(r)[192:224].view(2, 16)[:2].float()
 """
 
@@ -57,38 +60,12 @@ def _pad_rows(t: Tensor, rows: int) -> Tensor:
     return t if t.size(0) == rows else F.pad(t, (0, 0, 0, rows - t.size(0)))
 
 
-def _reassemble(grid: Tensor, members: Sequence[DistMember], by_shards: bool) -> dict[int, Tensor]:
-    """From ``[W, elements]`` with the members' shard slots side by side, each whole matrix.
-
-    A member's ``[W, slot]`` block is a view of the matrix when it is contiguous (a sole
-    member). Otherwise the matrix is a reshape of the block, or with ``by_shards`` the
-    concatenation of its W shards: the reshape merges the world and row dimensions into one
-    index, and Inductor's C++ code reads that with a division and a modulo per element, in
-    a scalar loop (fused with a tall matrix's transpose, 3x slower: docs/benchmarks.md); a
-    ``cat`` is materialised on the CPU, so what reads it reads a plain row-major matrix.
-    It costs W more graph nodes per matrix.
-    """
-    world = grid.size(0)
-    out, offset = {}, 0
-    for m in members:
-        block = grid[:, offset : offset + m.slot]
-        if block.is_contiguous():
-            whole = block.view(world * m.rows_per_shard, m.cols)
-        elif by_shards:
-            whole = torch.cat([shard.view(m.rows_per_shard, m.cols) for shard in block.unbind(0)])
-        else:
-            whole = block.reshape(world * m.rows_per_shard, m.cols)
-        out[m.site] = whole[: m.rows]
-        offset += m.slot
-    return out
-
-
 def _padded_row_major(y: Tensor, rows: int) -> Tensor:
     """``y`` zero-padded to ``rows`` rows, in a row-major buffer of its own unless it already is one.
 
     The padding is a concatenation of zero rows with one spare row, cut off again, so the
     ``cat`` has two non-empty inputs and is materialised (a tall result's transposing copy is
-    then a plain 2-D loop, as in :func:`_reassemble`); with an empty one the decomposition
+    then a plain 2-D loop); with an empty one the decomposition
     returns a clone of the transposed view, which has no flat view.
     """
     if y.is_contiguous() and y.size(0) == rows:
@@ -98,7 +75,7 @@ def _padded_row_major(y: Tensor, rows: int) -> Tensor:
 
 def _scatter_rows(result: dict[int, Tensor], members: Sequence[DistMember], world: int) -> Tensor:
     """The flat ``[W, elements]`` buffer that sends rank j rows ``j * rows_per_shard`` onward of
-    each member's result, zero-padded: the inverse of :func:`_reassemble`. Each result is
+    each member's result, zero-padded: the inverse of :func:`_received_groups`. Each result is
     padded and viewed as ``[W, slot]``; the members are concatenated along the slots."""
     blocks = [_padded_row_major(result[m.site], world * m.rows_per_shard).view(world, m.slot) for m in members]
     return (blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=1)).reshape(-1)
@@ -115,15 +92,10 @@ def _orthogonalize_stacked(groups: Sequence[tuple[Sequence[DistMember], Tensor]]
     return result
 
 
-def _orthogonalize(bucket: DistBucket, full: dict[int, Tensor]) -> dict[int, Tensor]:
-    """This rank's matrices of ``bucket``, one batched NS call per canonical shape."""
-    stacked = [(g, torch.stack([full[m.site].mT if m.rows > m.cols else full[m.site] for m in g])) for g in bucket.ns_groups()]
-    return _orthogonalize_stacked(stacked, bucket.args)
-
-
-def _gathered_groups(grid: Tensor, order: Sequence[DistMember]) -> list[tuple[list[DistMember], Tensor]]:
-    """Every NS group's members and stacked input, from the all-gathered ``[W, elements]``
-    grid whose slots lie in ``order`` (:meth:`DistBucket.owner_order`: by group, by layout).
+def _received_groups(grid: Tensor, order: Sequence[DistMember]) -> list[tuple[list[DistMember], Tensor]]:
+    """Every NS group's members and stacked input, from the received ``[W, elements]`` grid
+    (all-gathered, or this owner's part of an all-to-all) whose slots lie in ``order``
+    (:meth:`DistBucket.owner_order`: by NS group, then by layout).
 
     The members of one layout are one ``[W, n, rows_per_shard, cols]`` block: permuted to
     ``[n, W, rows_per_shard, cols]``, reshaped and trimmed, the n whole matrices, transposed
@@ -166,7 +138,7 @@ def _stages(bucket: DistBucket, dtypes: Sequence[torch.dtype]) -> list[tuple[Sta
             return [_c10d.all_gather_into_tensor(pack(shards), world, group)]
 
         def gather_compute(gathered: Tensor) -> list[Tensor]:
-            result = _orthogonalize_stacked(_gathered_groups(_c10d.wait_tensor(gathered).view(world, total), order), bucket.args)
+            result = _orthogonalize_stacked(_received_groups(_c10d.wait_tensor(gathered).view(world, total), order), bucket.args)
             start = {m.site: rank * m.rows_per_shard for m in bucket.members}
             return [result[m.site][start[m.site] : start[m.site] + m.local_rows].to(dtype[m.site]) for m in bucket.members]
 
@@ -174,7 +146,7 @@ def _stages(bucket: DistBucket, dtypes: Sequence[torch.dtype]) -> list[tuple[Sta
 
     sizes = bucket.split_sizes()
     mine = sizes[rank]
-    owned = bucket.computed_by(rank)
+    owned = [m for m in order if m.owner == rank]  # in transport order
 
     def launch(*shards: Tensor) -> list[Tensor]:
         return [_c10d.all_to_all_single(pack(shards), [mine] * world, sizes, group)]
@@ -183,9 +155,7 @@ def _stages(bucket: DistBucket, dtypes: Sequence[torch.dtype]) -> list[tuple[Sta
         flat = _c10d.wait_tensor(received)
         if not owned:  # nothing to orthogonalise here: return the (empty) receive buffer
             return [_c10d.all_to_all_single(flat, sizes, [mine] * world, group)]
-        # by shards on the CPU only: the C++ code is what a reshape slows (this rank's W x
-        # owned shards are about as many as the bucket's matrices)
-        result = _orthogonalize(bucket, _reassemble(flat.view(world, mine), owned, by_shards=flat.is_cpu))
+        result = _orthogonalize_stacked(_received_groups(flat.view(world, mine), owned), bucket.args)
         return [_c10d.all_to_all_single(_scatter_rows(result, owned, world), sizes, [mine] * world, group)]
 
     def finish(returned: Tensor) -> list[Tensor]:

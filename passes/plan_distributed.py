@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import defaultdict
+from collections.abc import Sequence
 
 from muon_compile.config import Strategy
 from muon_compile.ns_args import NSArgs
@@ -64,6 +65,15 @@ class DistMember:
         return ns_flops(self.rows, self.cols, self.steps)
 
 
+def by_ns_group(members: Sequence[DistMember]) -> list[tuple[DistMember, ...]]:
+    """``members`` grouped by canonical shape (groups in order of first appearance), each
+    group sorted by layout (stable: graph order within a layout)."""
+    groups: dict[tuple[int, int], list[DistMember]] = {}
+    for m in members:
+        groups.setdefault(m.canonical, []).append(m)
+    return [tuple(sorted(g, key=lambda m: m.layout)) for g in groups.values()]
+
+
 @dataclasses.dataclass(frozen=True)
 class DistBucket:
     """Sharded sites moved by one collective pair (``all_to_all``) or one ``all_gather``."""
@@ -80,11 +90,11 @@ class DistBucket:
         return tuple(m for m in self.members if m.owner in (rank, EVERY_RANK))
 
     def owner_order(self) -> tuple[DistMember, ...]:
-        """Members in transport order: by owner, then graph order (``all_gather``: by NS group,
-        and within a group by layout, so each layout's members lie side by side)."""
-        if self.strategy is Strategy.ALL_GATHER:
-            return tuple(m for g in self.ns_groups() for m in sorted(g, key=lambda m: m.layout))
-        return tuple(m for r in range(self.group_size) for m in self.members if m.owner == r)
+        """Members in transport order: by owner (``all_gather``: one block), then as
+        :func:`by_ns_group`, so that the members of one layout that a rank orthogonalises lie
+        side by side in what it receives."""
+        owners = [EVERY_RANK] if self.strategy is Strategy.ALL_GATHER else range(self.group_size)
+        return tuple(m for r in owners for g in by_ns_group([m for m in self.members if m.owner == r]) for m in g)
 
     def split_sizes(self) -> list[int]:
         """Elements each rank owns (all_to_all): what every rank sends to each owner."""
@@ -92,10 +102,7 @@ class DistBucket:
 
     def ns_groups(self) -> list[tuple[DistMember, ...]]:
         """This rank's matrices to orthogonalise, grouped by canonical shape (one NS call each)."""
-        groups: dict[tuple[int, int], list[DistMember]] = {}
-        for m in self.computed_by(self.rank):
-            groups.setdefault(m.canonical, []).append(m)
-        return [tuple(g) for g in groups.values()]
+        return by_ns_group(self.computed_by(self.rank))
 
     @property
     def nbytes(self) -> int:

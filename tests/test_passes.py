@@ -247,30 +247,37 @@ def test_tall_and_wide_share_a_distributed_bucket_and_groups_never_mix():
 
 
 @pytest.mark.parametrize("world", [2, 3])
-def test_all_gather_transport_reassembles_each_layout_as_one_block(world):
-    """The all_gather order puts each NS group's members side by side, by layout; the
-    reassembly reads each layout's members as one block of the gathered grid and returns
-    every group's stacked canonical matrices (the tall ones transposed), whatever the
-    graph order of the members and the padding of the last shard."""
-    from muon_compile.passes.distribute import _gathered_groups, _pad_rows
+@pytest.mark.parametrize("strategy", [Strategy.ALL_GATHER, Strategy.ALL_TO_ALL])
+def test_each_layout_travels_as_one_block_and_is_reassembled_as_one(world, strategy):
+    """The transport order puts each NS group's members side by side, by layout, for every
+    owner; the reassembly reads each layout's members as one block of what a rank receives
+    and returns every group's stacked canonical matrices (the tall ones transposed),
+    whatever the graph order of the members and the padding of the last shard."""
+    from muon_compile.passes.distribute import _pad_rows, _received_groups
+    from muon_compile.passes.plan_distributed import by_ns_group
 
     shapes = [(40, 12), (7, 16), (12, 40), (40, 12), (7, 16), (1, 16), (12, 40), (40, 12)]
     matrices = [torch.randn(r, c) for r, c in shapes]
-    bucket = plan_distributed(sharded_sites(shapes, world, ARGS), bucket_mb=64, strategy=Strategy.ALL_GATHER).buckets[0]
+    bucket = plan_distributed(sharded_sites(shapes, world, ARGS), bucket_mb=64, strategy=strategy).buckets[0]
     order = bucket.owner_order()
     assert sorted(m.site for m in order) == list(range(len(shapes)))
-    # one run per layout, and one stretch per NS group: a block, and a concatenation of blocks
-    assert len(list(itertools.groupby(order, key=lambda m: m.layout))) == len({m.layout for m in order}) == 4
-    assert len(list(itertools.groupby(order, key=lambda m: m.canonical))) == len(bucket.ns_groups()) == 3
 
     def shard(m, rank):  # FSDP2's rows of the matrix on rank (torch.chunk's), zero-padded
         chunks = matrices[m.site].chunk(world)
         return _pad_rows(chunks[rank] if rank < len(chunks) else matrices[m.site][:0], m.rows_per_shard)
 
-    # each rank packs its shards in transport order, flat; the grid stacks the ranks' packs
-    grid = torch.stack([torch.cat([shard(m, rank).reshape(-1) for m in order]) for rank in range(world)])
-    groups = _gathered_groups(grid, order)
-    assert [sorted(m.site for m in members) for members, _ in groups] == [sorted(m.site for m in g) for g in bucket.ns_groups()]
-    for members, stacked in groups:
-        want = torch.stack([matrices[m.site].mT if m.rows > m.cols else matrices[m.site] for m in members])
-        assert torch.equal(stacked, want)
+    for owner in sorted({m.owner for m in order}):
+        received = [m for m in order if m.owner == owner]
+        # one run per layout, and one stretch per NS group: a block, or a concatenation of blocks
+        layouts, canonical = {m.layout for m in received}, {m.canonical for m in received}
+        assert len(list(itertools.groupby(received, key=lambda m: m.layout))) == len(layouts)
+        assert len(list(itertools.groupby(received, key=lambda m: m.canonical))) == len(canonical)
+        # each rank sends the owner its shards in transport order; the owner stacks them by rank
+        grid = torch.stack([torch.cat([shard(m, rank).reshape(-1) for m in received]) for rank in range(world)])
+        groups = _received_groups(grid, received)
+        assert [[m.site for m in members] for members, _ in groups] == [[m.site for m in g] for g in by_ns_group(received)]
+        for members, stacked in groups:
+            want = torch.stack([matrices[m.site].mT if m.rows > m.cols else matrices[m.site] for m in members])
+            assert torch.equal(stacked, want)
+    if strategy is Strategy.ALL_GATHER:
+        assert len(layouts) == 4 and len(canonical) == 3
