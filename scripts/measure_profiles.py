@@ -41,8 +41,9 @@ its rates are the ones that hold while they all run.
   every rank at once.
 * Fixed costs: the compiled ``muon_compile.Muon`` step (scripts/bench_distributed.py's
   arms, each strategy) on FSDP2 matrices of 8 to 31 columns, of one shape or of many, in
-  one bucket or in one bucket each, all compiled first and then timed in turns for
-  :data:`ARM_SECONDS` of the slowest (:func:`measure_arms`), less what the cost model
+  one bucket or in one bucket each, all compiled first and then timed in turns with the
+  probes, as the validation times its steps, for :data:`ARM_SECONDS` of the slowest or
+  :data:`FIXED_COST_ROUNDS` rounds (:func:`measure_arms`), less what the cost model
   predicts for their arithmetic and collectives, fitted to
   ``step + parameters * per_parameter + NS calls * per_call + buckets * per_bucket``
   seconds: guards, DTensor unwrapping, the runtime wrapper, kernel launches, the
@@ -91,6 +92,9 @@ TOLERANCE = 0.2
 SEGMENT_POINTS = 3
 SUSTAINED = 0.05  # seconds a timed matmul, copy or collective runs on every rank at once
 ARM_SECONDS = 2.0  # seconds of timed steps, at least, of the slowest arm that measure_arms times
+# rounds, at most, of the fixed-cost steps, timed in turns with the probes (about 1.5 s of
+# probes a round at world 2; uncapped, 2 s of these 2-3 ms steps would be 700 rounds)
+FIXED_COST_ROUNDS = 40
 MATMUL_SIZES = (32, 64, 128, 256, 512, 1024)
 # the matmul rate that measure_arms can time in turns with the steps, to follow the VM's
 # drift between the profile and the steps: batched bf16 products of this size
@@ -153,6 +157,16 @@ def probe() -> tuple[Callable[[], None], float]:
     return repeated, count * 2 * batch * PROBE_SIZE**3 / 1e9
 
 
+def timed_rounds(longest: float, reps: int, arm_seconds: float, max_rounds: int = 0) -> int:
+    """Rounds of :func:`measure_arms`' turns: ``reps``, or more, up to ``arm_seconds`` of the
+    ``longest`` step, capped at ``max_rounds`` where that is not 0 (never below ``reps``);
+    none when there is no step (``longest`` 0)."""
+    if not longest:
+        return 0
+    rounds = max(reps, math.ceil(arm_seconds / longest))
+    return min(rounds, max(reps, max_rounds)) if max_rounds else rounds
+
+
 def measure_arms(
     arms: list[tuple[str, list, dict]],
     mesh,
@@ -162,14 +176,16 @@ def measure_arms(
     instances: int = 1,
     arm_seconds: float = ARM_SECONDS,
     split_steps: int = 0,
+    max_rounds: int = 0,
 ) -> tuple[list[dict], list[float]]:
     """Per arm ``(bench_distributed arm, shapes, config overrides)``, its step times
     (``{"times": [...]}``, seconds) or the error it failed with (``{"error": ...}``).
     Every arm is compiled (fresh Inductor cache) and warmed up first, then the arms are
     timed in :func:`turns`: ``reps`` rounds, or more, up to ``arm_seconds`` of the
     slowest arm's steps, so that short steps, whose single timings spread most, get more
-    of them (``arm_seconds`` 0: ``reps`` rounds, enough to check the script runs). No arm
-    may recompile while timed. ``with_probe``: each round also times
+    of them (``arm_seconds`` 0: ``reps`` rounds, enough to check the script runs), and at
+    most ``max_rounds`` where that is not 0 and not below ``reps``. No arm may recompile
+    while timed. ``with_probe``: each round also times
     :func:`probe_calls`, which come second: ``{"matmul": GFLOP/s per round, (kind,
     bytes per rank): seconds per call per round}`` (else an empty dict).
 
@@ -206,7 +222,7 @@ def measure_arms(
         with torch._dynamo.config.patch(error_on_recompile=True):
             fns = [step for copies, _ in steps for step in copies]
             longest = max((timed_once(fn) for fn in fns), default=0.0)  # the same on every rank
-            rounds = max(reps, math.ceil(arm_seconds / longest)) if longest else 0
+            rounds = timed_rounds(longest, reps, arm_seconds, max_rounds)
             probes = probe_calls() if with_probe else {}
             times = turns(fns + [repeated for repeated, _ in probes.values()], rounds)
             for index, (copies, result) in enumerate(steps):
@@ -399,7 +415,8 @@ def measure_device(reps: int, arm_seconds: float = ARM_SECONDS) -> dict:
     ``(size, GFLOP/s)`` of large batches; ``matmul_call``, the ``(size, seconds)`` of one
     product call on a single matrix; ``memory_bandwidth`` in bytes/s (a copy);
     ``fixed``, the compiled step's median seconds on each of
-    :data:`FIXED_COST_WORKLOADS` with each strategy (``{workload: {strategy: seconds}}``);
+    :data:`FIXED_COST_WORKLOADS` with each strategy (``{workload: {strategy: seconds}}``),
+    timed in turns with the probes (``fixed_timing`` says how);
     ``kind``, the device type the ranks computed on (``cuda`` under NCCL, one GPU per
     rank, else ``cpu``). ``arm_seconds``: the fixed-cost steps' timing, as
     :func:`measure_arms` takes it."""
@@ -411,7 +428,8 @@ def measure_device(reps: int, arm_seconds: float = ARM_SECONDS) -> dict:
     cases = [(name, strategy, arm) for name in FIXED_COST_WORKLOADS for strategy, arm in STRATEGY_ARMS.items()]
     arms = [(arm, FIXED_COST_WORKLOADS[name][0], {"bucket_mb": FIXED_COST_WORKLOADS[name][1]}) for name, _, arm in cases]
     fixed: dict[str, dict[str, float]] = {}
-    for (name, strategy, arm), result in zip(cases, measure_arms(arms, mesh, 2, reps, arm_seconds=arm_seconds)[0]):
+    timed = measure_arms(arms, mesh, 2, reps, with_probe=True, arm_seconds=arm_seconds, max_rounds=FIXED_COST_ROUNDS)[0]
+    for (name, strategy, arm), result in zip(cases, timed):
         if "error" in result:
             raise RuntimeError(f"measuring the fixed costs: {arm} on {name} failed: {result['error']}")
         fixed.setdefault(name, {})[strategy.value] = statistics.median(result["times"])
@@ -421,6 +439,7 @@ def measure_device(reps: int, arm_seconds: float = ARM_SECONDS) -> dict:
         "memory_bandwidth": _memory_bandwidth(reps),
         "sustained_s": SUSTAINED,
         "fixed": fixed,
+        "fixed_timing": f"in turns with the probes, {FIXED_COST_ROUNDS} rounds at most",
         "threads": torch.get_num_threads(),
         "kind": rank_device().type,
     }

@@ -164,6 +164,8 @@ def report(record: dict, log=print, collectives_during: bool = False) -> None:
     timing = f"collectives timed {record.get('network_timing', 'alone after a barrier')}"
     if "step_timing" in record:
         timing += f", steps {record['step_timing']}"
+    # runs saved before 2026-11-25 timed the fixed-cost steps in turns among themselves only
+    timing += f", fixed-cost steps {record['device'].get('fixed_timing', 'in turns without the probes')}"
     log(f"# {record['header']}; {timing}")
     network = network_profile(record["network"], world, record["backend"], log)
     device = device_profile(record["device"], network, world, log)

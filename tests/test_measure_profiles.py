@@ -157,6 +157,17 @@ def test_turns_time_each_function_once_a_round_in_an_order_shuffled_alike_on_eve
     assert run(6)[1] == calls  # the same order in another process: every rank's collectives match
 
 
+def test_timed_rounds_follow_the_longest_step_up_to_the_cap():
+    rounds = measure_profiles.timed_rounds
+    assert rounds(0.01, 5, 2.0) == 200  # 2 s of 10 ms steps
+    assert rounds(1.0, 5, 2.0) == 5  # never below reps
+    assert rounds(0.01, 5, 0.0) == 5  # arm_seconds 0: reps rounds
+    assert rounds(0.002, 5, 2.0, max_rounds=40) == 40  # 1,000 capped
+    assert rounds(0.01, 50, 2.0, max_rounds=40) == 50  # the cap never below reps
+    assert rounds(0.1, 5, 2.0, max_rounds=40) == 20  # under the cap
+    assert rounds(0.0, 5, 2.0) == 0  # no step timed
+
+
 def test_round_medians_take_the_middle_instance_of_each_round():
     instances = [[1.0, 9.0, 2.0], [2.0, 1.0, 8.0], [3.0, 2.0, 3.0]]
     assert measure_profiles.round_medians(instances) == [2.0, 2.0, 3.0]
@@ -186,6 +197,8 @@ def test_validate_step_cost_runs_end_to_end_on_one_rank(tmp_path):
     ).stdout
     record = json.loads(saved.read_text())
     assert record["world"] == 1 and record["device"]["kind"] == "cpu"
+    assert record["device"]["fixed_timing"].startswith("in turns with the probes")
+    assert "fixed-cost steps in turns with the probes, 40 rounds at most" in out
     steps = record["steps"]
     assert len(steps) == 8 and all("error" not in s for s in steps), steps
     assert all(len(s["times"]) == 3 for s in steps)  # --arm-seconds 0: --reps rounds, no more
