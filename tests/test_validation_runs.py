@@ -71,6 +71,9 @@ MATCHED_WHEN_RECORDED = {
     # after the reassembly by layout: a one-bucket small-14 pair with prefetch 0, predicted
     # 8.7% apart, measured 0.2% apart the other way, within the same plan's 0.6%
     "2026-11-25-world2-layout": 7,
+    # the same at world 3, the fixed-cost steps timed in turns with the probes: the
+    # ten-bucket small-14 pairs, a tie predicted 4.4% apart the other way
+    "2026-11-25-world3-layout": 6,
 }
 # runs whose steps were timed in turns: rankings that the rounds resolve (sign test at 5%)
 # against the prediction, when recorded (world3-concat: a ten-bucket small-14 pair of 15 rounds)
@@ -105,6 +108,8 @@ PAIRED_DIFFERS_WHEN_RECORDED = {
     "2026-11-25-world2-split": 0,
     "2026-11-25-world2-turns": 0,
     "2026-11-25-world2-layout": 0,
+    # the ten-bucket small-14 pairs (all_to_all faster in 68 and 76 of 76 rounds)
+    "2026-11-25-world3-layout": 2,
 }
 # rankings whose medians lie further apart than two arms of one plan measured (the
 # report's "the same plan's" spread) against the prediction, when the spread was first
@@ -125,6 +130,8 @@ RESOLVED_DIFFERS = {
     "2026-11-24-world3-during": 2,
     # the ten-bucket small-14 pairs, 10.5% and 22.4% apart against 1.9%
     "2026-11-25-world3-realtime": 2,
+    # the ten-bucket small-14 pairs, 9.8% and 22.9% apart against 1.4%
+    "2026-11-25-world3-layout": 2,
 }
 
 
