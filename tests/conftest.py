@@ -15,10 +15,16 @@ Devices: a test that compiles or runs the op takes the ``device`` fixture and ru
 per available device: ``"cpu"`` always, ``"cuda"`` when ``torch.cuda.is_available()``.
 """
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
 import muon_compile
+
+# the tests of the scripts import their modules (bench_distributed, measure_profiles, ...)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 
 from helpers import DEVICES, graph_caches_off
 

@@ -13,7 +13,6 @@ import pytest
 from dist_harness import run_world
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
 
 import measure_profiles  # noqa: E402
 import validate_step_cost  # noqa: E402

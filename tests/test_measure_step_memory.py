@@ -11,7 +11,6 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
 
 import measure_step_memory  # noqa: E402
 from bench_distributed import WORKLOADS  # noqa: E402

@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
 ROW = re.compile(r"^(all_to_all_single|all_gather_into_tensor) +(\d+) +([0-9.]+) +([0-9.]+) +([0-9.]+) +([+-][0-9.]+)$")
 
 

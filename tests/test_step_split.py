@@ -3,18 +3,13 @@ kernels, collectives and the rest, on the thread that ran it; and the cost model
 split of the same plan, per rank."""
 
 import dataclasses
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import step_split
 from test_step_cost import NET, _bucket, _device
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
-
-import step_split  # noqa: E402
-from muon_compile.passes.plan_distributed import DistPlan  # noqa: E402
+from muon_compile.passes.plan_distributed import DistPlan
 
 
 def _event(key, us, thread=1):
