@@ -17,7 +17,9 @@ world size it prints, per layout, strategy and bucket size, at the best prefetch
 the predicted optimizer step, its NS, pointwise and exposed-communication parts and its
 bucket buffers (:func:`~muon_compile.step_cost.buffer_bytes`), and recommends the fastest
 configuration whose buffers fit in ``--memory-share`` of the device's memory (the rest
-holds the model, its gradients, optimizer state and activations); then Muon's share of a
+holds the model, its gradients, optimizer state and activations) and whose ranks' share of
+the Muon parameters' fp32 weights, gradients and momentum (:func:`state_bytes`) fits in
+the device at all; then Muon's share of a
 training step of ``--tokens`` tokens at ``--mfu`` of the device's bf16 matmul rate
 (forward and backward at ``6 * active parameters`` FLOPs per token); then what it would
 recommend if every all-to-all overlapped its peer exchanges, paying one latency instead
@@ -56,6 +58,9 @@ PREFETCHES = (0, 1, 2)
 SHARDS = (8, 64)
 # the share of a device's memory the step's bucket buffers may take
 MEMORY_SHARE = 0.25
+# bytes per Muon parameter a rank holds of its shard before any buffer: the fp32 weight,
+# its gradient and its momentum
+STATE_BYTES = 12
 
 
 def sharded_sites(
@@ -88,6 +93,8 @@ class Prediction:
     buckets: int
     cost: StepCost
     buffers: int  # bytes, see muon_compile.step_cost.buffer_bytes
+    state: float = 0.0  # bytes of a rank's share of the Muon parameters' state, see state_bytes
+    state_fits: bool = True  # whether the state fits in the device's memory (unknown: it does)
 
     @property
     def settings(self) -> tuple:
@@ -99,13 +106,20 @@ class Prediction:
         return "FSDP" if self.shard == self.world else f"HSDP {self.world // self.shard}x{self.shard}"
 
     def fits(self, max_buffers: float) -> bool:
-        """Whether its buffers take at most ``max_buffers`` bytes (0: no limit)."""
-        return not max_buffers or self.buffers <= max_buffers
+        """Whether its buffers take at most ``max_buffers`` bytes (0: no limit), its state
+        fitting in the device."""
+        return self.state_fits and (not max_buffers or self.buffers <= max_buffers)
 
     @property
     def exposed_share(self) -> float:
         """The slowest rank's exposed communication as a share of the step."""
         return self.cost.exposed[self.cost.slowest_rank] / self.cost.step if self.cost.step else 0.0
+
+
+def state_bytes(shapes: list[tuple[int, int]], shard: int) -> float:
+    """Bytes of a rank's share of the Muon parameters' state when ``shard`` ranks shard
+    them (FSDP: the world; HSDP: a shard group): :data:`STATE_BYTES` per parameter."""
+    return STATE_BYTES * sum(r * c for r, c in shapes) / shard
 
 
 def shard_sizes(world: int, candidates: list[int]) -> list[int]:
@@ -127,12 +141,15 @@ def sweep(
     size of :func:`shard_sizes` (``shards``)."""
     rows = []
     for shard in shard_sizes(world, list(shards)):
+        state = state_bytes(shapes, shard)
+        runs = not device.memory or state <= device.memory
         for strategy in strategies:
             for mb in bucket_mbs:
                 plan = plan_for(shapes, shard, strategy, mb)
                 for k in prefetches:
                     cost = predict(plan, k, device, network)
-                    rows.append(Prediction(world, shard, strategy, mb, k, len(plan.buckets), cost, buffer_bytes(plan, k)))
+                    buffers = buffer_bytes(plan, k)
+                    rows.append(Prediction(world, shard, strategy, mb, k, len(plan.buckets), cost, buffers, state, runs))
     return rows
 
 
@@ -264,6 +281,11 @@ def main(argv: list[str] | None = None) -> None:
         train = training_seconds(shapes, args.tokens, world, device, args.mfu)
         print(f"\n=== world {world} ===")
         print(describe(predictions, limit))
+        if chosen is None and not any(p.state_fits for p in predictions):
+            state = min(p.state for p in predictions)
+            print(f"recommended: none; a rank's fp32 Muon parameters, gradients and momentum take {state / 1e9:.1f} GB "
+                  f"or more, over the device's {device.memory / 1e9:.0f} GB: shard over more ranks")
+            continue
         if chosen is None:
             smallest = min(p.buffers for p in predictions) / 2**30
             print(f"recommended: none; no configuration's buffers fit in {limit / 2**30:.1f} GiB (the smallest take "

@@ -178,16 +178,16 @@ def _owned_elements(bucket: DistBucket) -> list[int]:
 def buffer_bytes(plan: DistPlan, prefetch: int) -> int:
     """An estimate of the peak bytes of the step's bucket buffers on its busiest rank,
     beyond the parameters, gradients and momentum, in the compute dtype, as the compiled
-    step holds them (measured in docs/benchmarks.md, "The peak as allocated"):
+    step holds them (measured in docs/benchmarks.md, "The cut-back by layout, and the result
+    buffers"):
 
     1. From the step's start, every bucket's packed shard, to be sent: Inductor fuses the
        packing into the momentum update, which runs first. It is freed once the bucket's
        collective is done.
-    2. From the start too, a buffer for every bucket's results, of its shard's size: the
-       zero rows that pad a result are computed with the momentum, and the buffer that
-       holds them is allocated then. It is freed once the results are sent back.
-    3. While bucket ``k`` is orthogonalised, the whole matrices received for it and for
-       the ``prefetch`` buckets after it, and two more copies of its own (iterated, result).
+    2. While bucket ``k`` is orthogonalised, the whole matrices received for it and for
+       the ``prefetch`` buckets after it, and two more copies of its own (the iterate,
+       and the result: under ``all_to_all`` the buffer that sends it back, which its
+       padding is written into).
 
     The peak is the largest over ``k``, on the rank where it is largest."""
     itemsize = [b.args.compute_dtype.itemsize for b in plan.buckets]
@@ -199,7 +199,7 @@ def buffer_bytes(plan: DistPlan, prefetch: int) -> int:
         received = list(itertools.accumulate(owned, initial=0))  # received[k]: buckets before k
         for k, own in enumerate(owned):
             in_flight = received[min(k + prefetch + 1, len(owned))] - received[k]
-            peak = max(peak, unsent[k + 1] + unsent[k] + in_flight + 2 * own)
+            peak = max(peak, unsent[k + 1] + in_flight + 2 * own)
     return peak
 
 

@@ -8,10 +8,10 @@ Algorithm, per bucket (``all_to_all``, owner-compute):
   2. compute: wait; the received ``[W, mine]`` block holds every rank's shard of each
      matrix this rank owns: reassemble each NS group's ``[n, W * rows_per_shard, cols]``,
      trimmed to the global rows, one block per layout (:func:`_received_groups`),
-     orthogonalise (one batched NS per canonical shape), zero-pad
-     each result back to ``W * rows_per_shard`` rows, view it as ``[W, slot]`` and
-     concatenate the members along the slots (:func:`_scatter_rows`); a second
-     ``all_to_all_single`` returns every rank its rows.
+     orthogonalise (one batched NS per canonical shape), pad each layout's results back
+     to ``W * rows_per_shard`` rows, permute them to ``[W, n, rows_per_shard, cols]``
+     and concatenate the layouts along the slots (:func:`_scatter_rows`, the mirror of
+     the reassembly); a second ``all_to_all_single`` returns every rank its rows.
   3. finish: wait; cut out each member's rows, drop the padding, cast to the shard's
      dtype: the old op node's users take that.
   ``all_gather``: launch packs every member and all-gathers the bucket; compute waits,
@@ -27,7 +27,8 @@ Before / after (W = 2, two members, both owned by rank 0)::
     g  = wait(s).view(2, 224)     # every rank's shards of x0 and x1, side by side
     z0 = g[:, :192].view(2, 1, 12, 16).permute(1, 0, 2, 3).reshape(1, 24, 16)
     z1 = g[:, 192:].view(2, 1, 2, 16).permute(1, 0, 2, 3).reshape(1, 4, 16)[:, :3]; ns(z0); ns(z1)
-    r  = all_to_all_single(cat([pad(y0, 24).view(2, 192), pad(y1, 4).view(2, 32)], dim=1).flatten(), [224, 0], [224, 224])
+    r  = all_to_all_single(cat([y0.view(1, 2, 12, 16).permute(1, 0, 2, 3).reshape(2, 192),
+                                pad(y1, 4).view(1, 2, 2, 16).permute(1, 0, 2, 3).reshape(2, 32)], dim=1).flatten(), [224, 0], [224, 224])
     y0 = wait(r)[0:192].view(12, 16).float(); y1 = wait(r)[192:224].view(2, 16)[:2].float()
 """
 
@@ -56,40 +57,59 @@ log = logging.getLogger(__name__)
 _c10d = torch.ops._c10d_functional
 
 
-def _pad_rows(t: Tensor, rows: int) -> Tensor:
-    return t if t.size(0) == rows else F.pad(t, (0, 0, 0, rows - t.size(0)))
+def _pad_rows(t: Tensor, rows: int, dim: int = 0) -> Tensor:
+    """``t`` zero-padded to ``rows`` rows; ``dim``, the rows' dimension: 0 of a matrix, 1
+    of a stack of them."""
+    return t if t.size(dim) == rows else F.pad(t, (0, 0, 0, rows - t.size(dim)))
 
 
-def _padded_row_major(y: Tensor, rows: int) -> Tensor:
-    """``y`` zero-padded to ``rows`` rows, in a row-major buffer of its own unless it already is one.
+def _scatter_rows(groups: Sequence[tuple[Sequence[DistMember], Tensor]], world: int) -> Tensor:
+    """The flat ``[W, elements]`` buffer that sends rank j rows ``j * rows_per_shard`` onward
+    of every result, padded, its slots in the order of the ``groups``' members (the
+    transport order): the mirror of :func:`_received_groups`. ``groups``: each NS group's
+    members and their stacked canonical results (:func:`_orthogonalize_stacked`).
 
-    The padding is a concatenation of zero rows with one spare row, cut off again, so the
-    ``cat`` has two non-empty inputs and is materialised (a tall result's transposing copy is
-    then a plain 2-D loop); with an empty one the decomposition
-    returns a clone of the transposed view, which has no flat view.
-    """
-    if y.is_contiguous() and y.size(0) == rows:
-        return y
-    return torch.cat([y, y.new_zeros(rows - y.size(0) + 1, y.size(1))])[:rows]
+    The members of one layout are one block: their ``[n, rows, cols]`` results, padded to
+    ``W * rows_per_shard`` rows, viewed as ``[n, W, rows_per_shard, cols]`` and permuted
+    to ``[W, n, rows_per_shard, cols]``; the blocks are concatenated along the slots.
 
-
-def _scatter_rows(result: dict[int, Tensor], members: Sequence[DistMember], world: int) -> Tensor:
-    """The flat ``[W, elements]`` buffer that sends rank j rows ``j * rows_per_shard`` onward of
-    each member's result, zero-padded: the inverse of :func:`_received_groups`. Each result is
-    padded and viewed as ``[W, slot]``; the members are concatenated along the slots."""
-    blocks = [_padded_row_major(result[m.site], world * m.rows_per_shard).view(world, m.slot) for m in members]
+    A tall layout's results are first transposed into a padded buffer of their own, by a
+    concatenation with the padding rows: Inductor writes a concatenation's inputs in their
+    own shape, so that is a tiled transposition; padded in the concatenation along the
+    slots instead, the transposition is read through the flattened slot index, a division
+    and a modulo per element in a scalar loop (a 12.6 ms kernel per ``gpt-small`` step at
+    world 2). The padding rows are a result row times 0, not constant zeros: Inductor
+    computes a constant with the step's first kernel, and the concatenation's buffer
+    would then be held from the step's start (5 MiB more per rank with 4 MiB buckets).
+    They are never read back. docs/benchmarks.md, "The cut-back by layout, and the result
+    buffers"."""
+    blocks = []
+    for members, ortho in groups:
+        start = 0
+        for _, run in itertools.groupby(members, key=lambda m: m.layout):
+            m, n = next(run), 1 + sum(1 for _ in run)
+            ys, rows = ortho[start : start + n], world * m.rows_per_shard
+            if m.rows > m.cols:
+                ys = ys.mT
+                padding = ys[:, :1].mul(0).expand(n, rows - m.rows + 1, m.cols)
+                ys = torch.cat([ys, padding], dim=1)[:, :rows]
+            else:
+                ys = _pad_rows(ys, rows, dim=1)
+            blocks.append(ys.reshape(n, world, m.rows_per_shard, m.cols).permute(1, 0, 2, 3).reshape(world, n * m.slot))
+            start += n
     return (blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=1)).reshape(-1)
 
 
-def _orthogonalize_stacked(groups: Sequence[tuple[Sequence[DistMember], Tensor]], args: NSArgs) -> dict[int, Tensor]:
-    """Each ``(members, stacked)`` group's matrices, one batched NS call per group; a tall
-    member's stacked matrix is its transpose."""
-    result = {}
-    for members, stacked in groups:
-        ortho = newton_schulz_op(stacked, args)
-        for m, y in zip(members, ortho.unbind(0)):
-            result[m.site] = y.mT if m.rows > m.cols else y
-    return result
+def _orthogonalize_stacked(groups: Sequence[tuple[Sequence[DistMember], Tensor]], args: NSArgs) -> list[tuple[Sequence[DistMember], Tensor]]:
+    """Each ``(members, stacked)`` group's members and their stacked canonical results: one
+    batched NS call per group."""
+    return [(members, newton_schulz_op(stacked, args)) for members, stacked in groups]
+
+
+def _by_member(groups: Sequence[tuple[Sequence[DistMember], Tensor]]) -> dict[int, Tensor]:
+    """Each member's result of :func:`_orthogonalize_stacked`'s ``groups``, by site, in the
+    member's own orientation (a tall member's canonical result transposed back)."""
+    return {m.site: y.mT if m.rows > m.cols else y for members, ortho in groups for m, y in zip(members, ortho.unbind(0))}
 
 
 def _received_groups(grid: Tensor, order: Sequence[DistMember]) -> list[tuple[list[DistMember], Tensor]]:
@@ -139,7 +159,8 @@ def _stages(bucket: DistBucket, dtypes: Sequence[torch.dtype]) -> list[tuple[Sta
             return [_c10d.all_gather_into_tensor(pack(shards), world, group)]
 
         def gather_compute(gathered: Tensor) -> list[Tensor]:
-            result = _orthogonalize_stacked(_received_groups(_c10d.wait_tensor(gathered).view(world, total), order), bucket.args)
+            groups = _received_groups(_c10d.wait_tensor(gathered).view(world, total), order)
+            result = _by_member(_orthogonalize_stacked(groups, bucket.args))
             start = {m.site: rank * m.rows_per_shard for m in bucket.members}
             return [result[m.site][start[m.site] : start[m.site] + m.local_rows].to(dtype[m.site]) for m in bucket.members]
 
@@ -157,7 +178,7 @@ def _stages(bucket: DistBucket, dtypes: Sequence[torch.dtype]) -> list[tuple[Sta
         if not owned:  # nothing to orthogonalise here: return the (empty) receive buffer
             return [_c10d.all_to_all_single(flat, sizes, [mine] * world, group)]
         result = _orthogonalize_stacked(_received_groups(flat.view(world, mine), owned), bucket.args)
-        return [_c10d.all_to_all_single(_scatter_rows(result, owned, world), sizes, [mine] * world, group)]
+        return [_c10d.all_to_all_single(_scatter_rows(result, world), sizes, [mine] * world, group)]
 
     def finish(returned: Tensor) -> list[Tensor]:
         flat = _c10d.wait_tensor(returned)

@@ -252,8 +252,9 @@ def test_each_layout_travels_as_one_block_and_is_reassembled_as_one(world, strat
     """The transport order puts each NS group's members side by side, by layout, for every
     owner; the reassembly reads each layout's members as one block of what a rank receives
     and returns every group's stacked canonical matrices (the tall ones transposed),
-    whatever the graph order of the members and the padding of the last shard."""
-    from muon_compile.passes.distribute import _pad_rows, _received_groups
+    whatever the graph order of the members and the padding of the last shard; the cut-back
+    of the results writes them back as they came, zero padding included."""
+    from muon_compile.passes.distribute import _pad_rows, _received_groups, _scatter_rows
     from muon_compile.passes.plan_distributed import by_ns_group
 
     shapes = [(40, 12), (7, 16), (12, 40), (40, 12), (7, 16), (1, 16), (12, 40), (40, 12)]
@@ -279,5 +280,7 @@ def test_each_layout_travels_as_one_block_and_is_reassembled_as_one(world, strat
         for members, stacked in groups:
             want = torch.stack([matrices[m.site].mT if m.rows > m.cols else matrices[m.site] for m in members])
             assert torch.equal(stacked, want)
+        # the cut-back is its mirror: the stacked matrices, returned as they came, are the grid
+        assert torch.equal(_scatter_rows(groups, world), grid.reshape(-1))
     if strategy is Strategy.ALL_GATHER:
         assert len(layouts) == 4 and len(canonical) == 3

@@ -95,10 +95,16 @@ def test_recommendation_keeps_the_bucket_buffers_within_the_memory_share(capsys)
     planner.main(["--model", "llama-70b", "--world", "64", "--shard", "64", "--prefetch", "1"])
     out = capsys.readouterr().out
     assert "MUON_COMPILE_STRATEGY=all_to_all MUON_COMPILE_BUCKET_MB=16384" in out
-    # at eight ranks a rank's shard of llama-70b alone, held twice, is over the share
+    # at sixteen ranks the buffers of llama-70b's 4 GiB buckets are over a tenth of an H100's memory
+    planner.main(["--model", "llama-70b", "--world", "16", "--bucket-mb", "4096", "--prefetch", "0", "--memory-share", "0.1"])
+    out = capsys.readouterr().out
+    assert "recommended: none; no configuration's buffers fit in 7.5 GiB (the smallest take 9.04 GiB)" in out
+    # at eight ranks its fp32 state alone is over the whole of it: 12 bytes x 68.45B
+    # parameters / 8, in every layout, whatever the buffers
     planner.main(["--model", "llama-70b", "--world", "8", "--bucket-mb", "4096", "--prefetch", "0"])
     out = capsys.readouterr().out
-    assert "recommended: none; no configuration's buffers fit in 18.6 GiB (the smallest take 33.07 GiB)" in out
+    assert "recommended: none; a rank's fp32 Muon parameters, gradients and momentum take 102.7 GB or more" in out
+    assert out.count("(over memory)") == 2
     with pytest.raises(SystemExit):
         planner.main(["--model", "llama-1b", "--memory-share", "0"])
 

@@ -82,19 +82,20 @@ def test_fixed_costs_add_per_step_parameter_call_and_bucket():
     assert predict(plan, 1, fixed.without_fixed_costs(), NET) == base
 
 
-def test_buffer_bytes_hold_the_shards_to_send_the_results_and_the_matrices_in_flight():
+def test_buffer_bytes_hold_the_shards_to_send_and_the_matrices_in_flight():
     a2a = DistPlan((_bucket(owners=(0, 0)), _bucket(owners=(1, 1), rows=16)), (), {})
-    s0, s1 = 2 * (2 * 4 * 16), 2 * (2 * 8 * 16)  # bf16 bytes of each bucket's shard on one rank
+    s1 = 2 * (2 * 8 * 16)  # bf16 bytes of the second bucket's shard on one rank
     owned = {0: (2 * (2 * 8 * 16), 0), 1: (0, 2 * (2 * 16 * 16))}  # rank 0 owns the first bucket's matrices
-    # during bucket 0: bucket 1's shard to send, both buckets' result buffers, bucket 0's
-    # matrices three times (received, iterated, result); during bucket 1: its own
-    prefetch0 = [max(s1 + s0 + s1 + 3 * o0, s1 + 3 * o1) for o0, o1 in owned.values()]
+    # during bucket 0: bucket 1's shard to send, bucket 0's matrices three times (received,
+    # iterated, result); during bucket 1: its own, all shards sent
+    prefetch0 = [max(s1 + 3 * o0, 3 * o1) for o0, o1 in owned.values()]
     assert buffer_bytes(a2a, 0) == max(prefetch0)
     # prefetch 1: bucket 1's matrices are received during bucket 0
-    prefetch1 = [max(s1 + s0 + s1 + 3 * o0 + o1, s1 + 3 * o1) for o0, o1 in owned.values()]
+    prefetch1 = [max(s1 + 3 * o0 + o1, 3 * o1) for o0, o1 in owned.values()]
     assert buffer_bytes(a2a, 1) == max(prefetch1)
     gather = DistPlan((_bucket(Strategy.ALL_GATHER, (EVERY_RANK, EVERY_RANK)),), (), {})
-    assert buffer_bytes(gather, 0) == s0 + 3 * 2 * s0  # every rank holds the whole bucket, two shards
+    s0 = 2 * (2 * 4 * 16)
+    assert buffer_bytes(gather, 0) == 3 * 2 * s0  # every rank holds the whole bucket, two shards, three times
     assert buffer_bytes(DistPlan((), (), {}), 2) == 0
 
 
