@@ -55,6 +55,8 @@ def per_matrix(grid: torch.Tensor, order, by_shards: bool) -> dict[int, torch.Te
 
 
 def cut_per_matrix(groups, world: int) -> torch.Tensor:
+    """The send buffer as ``_scatter_rows`` wrote it before 2026-11-25, the baseline: each
+    result padded by a concatenation with zero rows and viewed as ``[W, slot]``."""
     blocks = []
     for members, stacked in groups:
         for m, y in zip(members, stacked.unbind(0)):
