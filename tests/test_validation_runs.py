@@ -74,6 +74,10 @@ MATCHED_WHEN_RECORDED = {
     # the same at world 3, the fixed-cost steps timed in turns with the probes: the
     # ten-bucket small-14 pairs, a tie predicted 4.4% apart the other way
     "2026-11-25-world3-layout": 6,
+    # after the all_to_all cut-back by layout, the fixed-cost steps timed with the probes:
+    # a one-bucket small-14 pair with prefetch 0, a tie predicted 7.5% apart, measured 3.0%
+    # apart the other way, within the same plan's 5.7%
+    "2026-11-25-world2-cutback": 7,
 }
 # runs whose steps were timed in turns: rankings that the rounds resolve (sign test at 5%)
 # against the prediction, when recorded (world3-concat: a ten-bucket small-14 pair of 15 rounds)
@@ -110,6 +114,7 @@ PAIRED_DIFFERS_WHEN_RECORDED = {
     "2026-11-25-world2-layout": 0,
     # the ten-bucket small-14 pairs (all_to_all faster in 68 and 76 of 76 rounds)
     "2026-11-25-world3-layout": 2,
+    "2026-11-25-world2-cutback": 0,
 }
 # rankings whose medians lie further apart than two arms of one plan measured (the
 # report's "the same plan's" spread) against the prediction, when the spread was first
