@@ -93,7 +93,6 @@ class Prediction:
     buckets: int
     cost: StepCost
     buffers: int  # bytes, see muon_compile.step_cost.buffer_bytes
-    state: float = 0.0  # bytes of a rank's share of the Muon parameters' state, see state_bytes
     state_fits: bool = True  # whether the state fits in the device's memory (unknown: it does)
 
     @property
@@ -141,15 +140,14 @@ def sweep(
     size of :func:`shard_sizes` (``shards``)."""
     rows = []
     for shard in shard_sizes(world, list(shards)):
-        state = state_bytes(shapes, shard)
-        runs = not device.memory or state <= device.memory
+        runs = not device.memory or state_bytes(shapes, shard) <= device.memory
         for strategy in strategies:
             for mb in bucket_mbs:
                 plan = plan_for(shapes, shard, strategy, mb)
                 for k in prefetches:
                     cost = predict(plan, k, device, network)
                     buffers = buffer_bytes(plan, k)
-                    rows.append(Prediction(world, shard, strategy, mb, k, len(plan.buckets), cost, buffers, state, runs))
+                    rows.append(Prediction(world, shard, strategy, mb, k, len(plan.buckets), cost, buffers, runs))
     return rows
 
 
@@ -282,7 +280,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"\n=== world {world} ===")
         print(describe(predictions, limit))
         if chosen is None and not any(p.state_fits for p in predictions):
-            state = min(p.state for p in predictions)
+            state = state_bytes(list(shapes.matrices), world)  # FSDP's, the least of the layouts
             print(f"recommended: none; a rank's fp32 Muon parameters, gradients and momentum take {state / 1e9:.1f} GB "
                   f"or more, over the device's {device.memory / 1e9:.0f} GB: shard over more ranks")
             continue

@@ -57,10 +57,15 @@ log = logging.getLogger(__name__)
 _c10d = torch.ops._c10d_functional
 
 
-def _pad_rows(t: Tensor, rows: int, dim: int = 0) -> Tensor:
-    """``t`` zero-padded to ``rows`` rows; ``dim``, the rows' dimension: 0 of a matrix, 1
-    of a stack of them."""
-    return t if t.size(dim) == rows else F.pad(t, (0, 0, 0, rows - t.size(dim)))
+def _pad_rows(t: Tensor, rows: int) -> Tensor:
+    """``t``, a matrix or a stack of them, zero-padded to ``rows`` rows."""
+    return t if t.size(-2) == rows else F.pad(t, (0, 0, 0, rows - t.size(-2)))
+
+
+def _layout_runs(members: Sequence[DistMember]) -> list[list[DistMember]]:
+    """``members`` cut into runs of one layout, in order: the blocks that the reassembly
+    (:func:`_received_groups`) and the cut-back (:func:`_scatter_rows`) move as one."""
+    return [list(run) for _, run in itertools.groupby(members, key=lambda m: m.layout)]
 
 
 def _scatter_rows(groups: Sequence[tuple[Sequence[DistMember], Tensor]], world: int) -> Tensor:
@@ -86,15 +91,15 @@ def _scatter_rows(groups: Sequence[tuple[Sequence[DistMember], Tensor]], world: 
     blocks = []
     for members, ortho in groups:
         start = 0
-        for _, run in itertools.groupby(members, key=lambda m: m.layout):
-            m, n = next(run), 1 + sum(1 for _ in run)
+        for run in _layout_runs(members):
+            m, n = run[0], len(run)
             ys, rows = ortho[start : start + n], world * m.rows_per_shard
             if m.rows > m.cols:
                 ys = ys.mT
                 padding = ys[:, :1].mul(0).expand(n, rows - m.rows + 1, m.cols)
                 ys = torch.cat([ys, padding], dim=1)[:, :rows]
             else:
-                ys = _pad_rows(ys, rows, dim=1)
+                ys = _pad_rows(ys, rows)
             blocks.append(ys.reshape(n, world, m.rows_per_shard, m.cols).permute(1, 0, 2, 3).reshape(world, n * m.slot))
             start += n
     return (blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=1)).reshape(-1)
@@ -129,8 +134,7 @@ def _received_groups(grid: Tensor, order: Sequence[DistMember]) -> list[tuple[li
     world = grid.size(0)
     groups: dict[tuple[int, int], tuple[list[DistMember], list[Tensor]]] = {}
     offset = 0
-    for _, run in itertools.groupby(order, key=lambda m: m.layout):
-        run = list(run)
+    for run in _layout_runs(order):
         m, n = run[0], len(run)
         block = grid[:, offset : offset + n * m.slot].view(world, n, m.rows_per_shard, m.cols)
         whole = block.permute(1, 0, 2, 3).reshape(n, world * m.rows_per_shard, m.cols)[:, : m.rows]
