@@ -78,6 +78,14 @@ MATCHED_WHEN_RECORDED = {
     # a one-bucket small-14 pair with prefetch 0, a tie predicted 7.5% apart, measured 3.0%
     # apart the other way, within the same plan's 5.7%
     "2026-11-25-world2-cutback": 7,
+    # the same at world 3, on a VM with AMX (bf16 products of size 512 at 601 GFLOP/s per
+    # rank, 4.5 times the runs before): the ten-bucket small-14 pairs, a tie predicted 3.1%
+    # apart the other way
+    "2026-11-25-world3-cutback": 6,
+    # the same code at world 2 on the AMX VM (1154 GFLOP/s at size 512): the one-bucket
+    # small-14 pairs, predicted 2.6% apart, measured 4.2% and 2.3% apart the other way,
+    # within the same plan's 4.7%
+    "2026-11-25-world2-amx": 6,
 }
 # runs whose steps were timed in turns: rankings that the rounds resolve (sign test at 5%)
 # against the prediction, when recorded (world3-concat: a ten-bucket small-14 pair of 15 rounds)
@@ -115,6 +123,10 @@ PAIRED_DIFFERS_WHEN_RECORDED = {
     # the ten-bucket small-14 pairs (all_to_all faster in 68 and 76 of 76 rounds)
     "2026-11-25-world3-layout": 2,
     "2026-11-25-world2-cutback": 0,
+    # the ten-bucket small-14 pairs (all_to_all faster in 81 and 84 of 84 rounds)
+    "2026-11-25-world3-cutback": 2,
+    # the one-bucket small-14 pair with prefetch 0 (all_to_all faster in 39 of 107, p 0.0065)
+    "2026-11-25-world2-amx": 1,
 }
 # rankings whose medians lie further apart than two arms of one plan measured (the
 # report's "the same plan's" spread) against the prediction, when the spread was first
@@ -137,6 +149,8 @@ RESOLVED_DIFFERS = {
     "2026-11-25-world3-realtime": 2,
     # the ten-bucket small-14 pairs, 9.8% and 22.9% apart against 1.4%
     "2026-11-25-world3-layout": 2,
+    # the ten-bucket small-14 pairs, 14.7% and 28.2% apart against 1.1%
+    "2026-11-25-world3-cutback": 2,
 }
 
 
