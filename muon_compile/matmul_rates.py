@@ -7,6 +7,16 @@ table's sizes and held flat beyond its ends. That is enough for what the table i
 for: comparing two evaluations of one Newton–Schulz iteration whose products differ in
 shape and dtype, not predicting wall time to the percent.
 
+Where a profile also measured non-square products, the rate depends on the product's
+aspect too (:data:`FAMILIES`): a product whose inner dimension ``k`` is the long one
+(the Newton–Schulz's ``X X^T``) or whose output is (its ``B X``). Each such table holds
+the rates of products :data:`ASPECT` times longer one way than the others, by the size
+of their cube; a product is priced between the square rate and its family's, linearly
+in log aspect, the family's held beyond :data:`ASPECT`. On the project's first VM (AVX-512
+BF16) the cube rule held to about 10%; on an AMX one some of the iteration's long products
+ran at 0.7 of square ones of equal volume (docs/benchmarks.md, "A VM with AMX"). Neither
+rule sees a size the library's kernels do not tile well (383 rows there: 0.3).
+
 The rates are those of large batches. A product call also costs a latency that does not
 shrink with its work (dispatch, the BLAS library's setup): on the 2-core VM a bf16 ``bmm``
 of one or two matrices of 37 to 256 rows costs about 10 us beyond its arithmetic, one of
@@ -33,12 +43,33 @@ from collections.abc import Mapping
 
 import torch
 
-Table = tuple[tuple[int, float], ...]  # (size, GFLOP/s or seconds), sizes ascending
+Table = tuple[tuple[float, float], ...]  # (size, GFLOP/s or seconds), sizes ascending
+
+# How many times longer than its other dimensions the long one of a non-square product a
+# profile measures is; the families of such products, named by their long dimension:
+# ``(s x 4s) @ (4s x s)`` and ``(s x s) @ (s x 4s)``.
+ASPECT = 4
+LONG_INNER, LONG_OUTER = "long inner", "long outer"
+FAMILIES = (LONG_INNER, LONG_OUTER)
 
 
-def _size(m: int, k: int, n: int) -> float:
+def family_product(family: str, s: int) -> tuple[int, int, int]:
+    """``(m, k, n)`` of the product of ``family`` with short side ``s``, as profiles time it."""
+    return {LONG_INNER: (s, ASPECT * s, s), LONG_OUTER: (s, s, ASPECT * s)}[family]
+
+
+def cube_size(m: int, k: int, n: int) -> float:
     """The side of the cube of the product's volume: the size it is priced at."""
     return (m * k * n) ** (1 / 3)
+
+
+def _aspect(m: int, k: int, n: int) -> tuple[str, float]:
+    """The family a product is priced in and how far it is from square: its inner dimension
+    against the outer ones' geometric mean, or its longer outer dimension against the
+    other two's; the larger of the two (1 for a square product)."""
+    inner = k / math.sqrt(m * n)
+    outer = max(m, n) / math.sqrt(k * min(m, n))
+    return (LONG_INNER, inner) if inner >= outer else (LONG_OUTER, outer)
 
 
 def _interpolate(table: Table, size: float, log_log: bool = False) -> float:
@@ -61,24 +92,36 @@ class MatmulRates:
     source: str
     tables: Mapping[torch.dtype, Table]
     latency: Mapping[torch.dtype, Table] = dataclasses.field(default_factory=dict)  # (size, seconds per call)
+    # per family of FAMILIES, per dtype: (cube size, GFLOP/s) of its products, where measured
+    families: Mapping[str, Mapping[torch.dtype, Table]] = dataclasses.field(default_factory=dict)
 
     def rate(self, dtype: torch.dtype, m: int, k: int, n: int) -> float:
         """GFLOP/s of an ``(m x k) @ (k x n)`` product in ``dtype`` (see the module docstring)."""
         table = self.tables.get(dtype)
         if table is None:
             raise ValueError(f"no {self.device} matmul rates for {dtype}; known: {sorted(map(str, self.tables))}")
-        return _interpolate(table, _size(m, k, n), log_log=True)
+        size = cube_size(m, k, n)
+        square = _interpolate(table, size, log_log=True)
+        family, aspect = _aspect(m, k, n)
+        long = self.families.get(family, {}).get(dtype)
+        if long is None or aspect <= 1:
+            return square
+        weight = min(1.0, math.log(aspect) / math.log(ASPECT))
+        return square ** (1 - weight) * _interpolate(long, size, log_log=True) ** weight
 
     def call_seconds(self, dtype: torch.dtype, m: int, k: int, n: int) -> float:
         """Seconds one batched ``(m x k) @ (k x n)`` product call costs beyond its
         arithmetic, whatever its batch (see the module docstring); 0 without a latency table."""
         table = self.latency.get(dtype)
-        return _interpolate(table, _size(m, k, n)) if table else 0.0
+        return _interpolate(table, cube_size(m, k, n)) if table else 0.0
 
     def scaled(self, factor: float, why: str) -> MatmulRates:
         """These rates times ``factor`` (the latency per call unchanged), ``why`` added to the source."""
-        tables = {d: tuple((s, r * factor) for s, r in t) for d, t in self.tables.items()}
-        return dataclasses.replace(self, source=f"{self.source}; x{factor:.3f}: {why}", tables=tables)
+        def scale(tables: Mapping[torch.dtype, Table]) -> dict[torch.dtype, Table]:
+            return {d: tuple((s, r * factor) for s, r in t) for d, t in tables.items()}
+
+        families = {f: scale(t) for f, t in self.families.items()}
+        return dataclasses.replace(self, source=f"{self.source}; x{factor:.3f}: {why}", tables=scale(self.tables), families=families)
 
     def seconds(self, dtype: torch.dtype, m: int, k: int, n: int, count: int = 1) -> float:
         """Predicted seconds of ``count`` ``(m x k) @ (k x n)`` products in ``dtype``."""

@@ -20,7 +20,9 @@ its rates are the ones that hold while they all run.
   on gloo at world 2 a small all_gather measured 250-330 us alone after a barrier and
   510-590 us back to back.
 * Matmul: bf16 batched ``s x s`` products (scripts/measure_matmul_rates.py), the
-  iteration's dtype on this CPU, repeated for :data:`SUSTAINED` seconds per timing; and
+  iteration's dtype on this CPU, repeated for :data:`SUSTAINED` seconds per timing; the
+  non-square products of :data:`muon_compile.matmul_rates.FAMILIES` at the same short
+  sides, spelled as the Newton–Schulz iteration spells them (:func:`family_rates`); and
   single products of :data:`CALL_SIZES`, whose time beyond their arithmetic is the
   latency of a product call (muon_compile.matmul_rates).
 * Memory: ``y.copy_(x)`` on 64 MiB fp32 tensors, read + write counted, repeated likewise.
@@ -79,7 +81,7 @@ from step_split import labelled, profiled_split, splits_by_label
 
 from muon_compile import config
 from muon_compile.config import Config, Strategy
-from muon_compile.matmul_rates import MatmulRates
+from muon_compile.matmul_rates import ASPECT, FAMILIES, LONG_INNER, MatmulRates, cube_size, family_product
 from muon_compile.network_profiles import COLLECTIVES, Link, NetworkProfile, alpha_beta
 from muon_compile.plan import plan_for
 from muon_compile.step_cost import DeviceProfile, overhead_counts, predict
@@ -408,11 +410,38 @@ def _products(shapes: list[tuple[int, int]], reps: int) -> list[float]:
     return per_call([lambda a=a, b=b: torch.bmm(a, b) for a, b in operands], reps)
 
 
+def square_rates(reps: int) -> list[tuple[int, float]]:
+    """``(size, GFLOP/s)`` of bf16 batched square products at each of :data:`MATMUL_SIZES`."""
+    batched = _products([(matmul_batch(s), s) for s in MATMUL_SIZES], reps)
+    return [(s, round(2 * matmul_batch(s) * s**3 / t / 1e9, 1)) for s, t in zip(MATMUL_SIZES, batched)]
+
+
+def family_rates(family: str, reps: int) -> list[tuple[int, float]]:
+    """``(short side, GFLOP/s)`` of bf16 batched products of ``family`` at each of
+    :data:`MATMUL_SIZES`, a batch holding about as many multiply-adds as the square
+    table's; written as the iteration writes them: the long inner dimension as
+    ``bmm(x, x.mT)`` (its ``X X^T``), the long output as ``bmm(b, x)`` (its ``B X``)."""
+    calls, flops = [], []
+    for s in MATMUL_SIZES:
+        m, k, n = family_product(family, s)
+        batch = max(1, matmul_batch(s) // ASPECT)
+        x = torch.randn(batch, m, k).to(rank_device(), torch.bfloat16)
+        if family == LONG_INNER:
+            calls.append(lambda x=x: torch.bmm(x, x.mT))
+        else:
+            y = torch.randn(batch, k, n).to(rank_device(), torch.bfloat16)
+            calls.append(lambda x=x, y=y: torch.bmm(x, y))
+        flops.append(2 * batch * m * k * n)
+    return [(s, round(f / t / 1e9, 1)) for s, f, t in zip(MATMUL_SIZES, flops, per_call(calls, reps))]
+
+
 def measure_device(reps: int, arm_seconds: float = ARM_SECONDS) -> dict:
     """The device's raw figures, as :func:`device_profile` takes them, every rank
     computing at once for :data:`SUSTAINED` seconds per timing, after a barrier (the
     slowest rank's time; ``sustained_s`` records the duration): ``matmul``, the bf16
-    ``(size, GFLOP/s)`` of large batches; ``matmul_call``, the ``(size, seconds)`` of one
+    ``(size, GFLOP/s)`` of large batches; ``matmul_families``, per family of
+    non-square products, ``(short side, GFLOP/s)`` (:func:`family_rates`);
+    ``matmul_call``, the ``(size, seconds)`` of one
     product call on a single matrix; ``memory_bandwidth`` in bytes/s (a copy);
     ``fixed``, the compiled step's median seconds on each of
     :data:`FIXED_COST_WORKLOADS` with each strategy (``{workload: {strategy: seconds}}``),
@@ -420,8 +449,7 @@ def measure_device(reps: int, arm_seconds: float = ARM_SECONDS) -> dict:
     ``kind``, the device type the ranks computed on (``cuda`` under NCCL, one GPU per
     rank, else ``cpu``). ``arm_seconds``: the fixed-cost steps' timing, as
     :func:`measure_arms` takes it."""
-    batched = _products([(matmul_batch(s), s) for s in MATMUL_SIZES], reps)
-    table = [(s, round(2 * matmul_batch(s) * s**3 / t / 1e9, 1)) for s, t in zip(MATMUL_SIZES, batched)]
+    table = square_rates(reps)
     calls = _products([(1, s) for s in CALL_SIZES], reps)
     world = dist.get_world_size()
     mesh = init_device_mesh(rank_device().type, (world,))
@@ -435,6 +463,7 @@ def measure_device(reps: int, arm_seconds: float = ARM_SECONDS) -> dict:
         fixed.setdefault(name, {})[strategy.value] = statistics.median(result["times"])
     return {
         "matmul": table,
+        "matmul_families": {family: family_rates(family, reps) for family in FAMILIES},
         "matmul_call": list(zip(CALL_SIZES, calls)),
         "memory_bandwidth": _memory_bandwidth(reps),
         "sustained_s": SUSTAINED,
@@ -467,6 +496,26 @@ def _fixed_costs(fixed: dict[str, dict[str, float]], arithmetic: DeviceProfile, 
     return tuple(max(x, 0.0) for x in solution)
 
 
+def rates_of(figures: dict, kind: str, dtypes: tuple[torch.dtype, ...], source: str, log=print) -> MatmulRates:
+    """The :class:`MatmulRates` of :func:`measure_device`'s ``figures`` (its ``matmul``
+    table, and its ``matmul_families`` and ``matmul_call`` where measured), for each of
+    ``dtypes``; ``log`` gets a line per table."""
+    table = tuple((int(s), float(r)) for s, r in figures["matmul"])
+    log(f"matmul bf16 GFLOP/s: {table}")
+    rates = MatmulRates(kind, source, dict.fromkeys(dtypes, table))
+    if "matmul_families" in figures:  # runs saved before 2026-11-25 priced every product by its volume
+        families = {}
+        for family, points in figures["matmul_families"].items():
+            families[family] = dict.fromkeys(dtypes, tuple((cube_size(*family_product(family, int(s))), float(r)) for s, r in points))
+            log(f"matmul bf16 GFLOP/s, {family} (x{ASPECT}), by short side: {tuple((int(s), float(r)) for s, r in points)}")
+        rates = dataclasses.replace(rates, families=families)
+    if "matmul_call" in figures:  # runs saved before 2026-11-24 did not measure it
+        latency = tuple((int(s), max(0.0, t - rates.seconds(torch.bfloat16, s, s, s))) for s, t in figures["matmul_call"])
+        rates = dataclasses.replace(rates, latency=dict.fromkeys(dtypes, latency))
+        log(f"matmul bf16 call latency us: {tuple((s, round(t * 1e6, 1)) for s, t in latency)}")
+    return rates
+
+
 def device_profile(figures: dict, network: NetworkProfile, world: int, log=print) -> DeviceProfile:
     """The device profile of :func:`measure_device`'s ``figures``, its fixed costs fitted
     with ``network`` pricing the collectives of the fixed-cost steps. On the CPU nothing
@@ -475,15 +524,9 @@ def device_profile(figures: dict, network: NetworkProfile, world: int, log=print
     cores run both at one rate, as in muon_compile.matmul_rates' H100 estimate)."""
     kind = figures.get("kind", "cpu")  # runs saved before 2026-11-24 measured the CPU only
     dtypes = (torch.bfloat16, torch.float16) if kind == "cuda" else (torch.bfloat16,)
-    table = tuple((int(s), float(r)) for s, r in figures["matmul"])
     bandwidth = figures["memory_bandwidth"]
-    log(f"matmul bf16 GFLOP/s: {table}")
     source = f"measured by scripts/measure_profiles.py, {world} ranks x {figures['threads']} threads, {kind}"
-    rates = MatmulRates(kind, source, dict.fromkeys(dtypes, table))
-    if "matmul_call" in figures:  # runs saved before 2026-11-24 did not measure it
-        latency = tuple((int(s), max(0.0, t - rates.seconds(torch.bfloat16, s, s, s))) for s, t in figures["matmul_call"])
-        rates = dataclasses.replace(rates, latency=dict.fromkeys(dtypes, latency))
-        log(f"matmul bf16 call latency us: {tuple((s, round(t * 1e6, 1)) for s, t in latency)}")
+    rates = rates_of(figures, kind, dtypes, source, log)
     log(f"memory bandwidth (copy, read + write): {bandwidth / 1e9:.2f} GB/s")
     arithmetic = DeviceProfile(
         f"{kind}-w{world}",

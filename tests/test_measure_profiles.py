@@ -10,12 +10,14 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from dist_harness import run_world
 
 ROOT = Path(__file__).resolve().parents[1]
 
 import measure_profiles  # noqa: E402
 import validate_step_cost  # noqa: E402
+from muon_compile.matmul_rates import LONG_INNER, LONG_OUTER  # noqa: E402
 from muon_compile.network_profiles import Link, NetworkProfile, alpha_beta  # noqa: E402
 
 SAVED = ROOT / "docs" / "runs" / "2026-11-24-world2-shuffled.json"
@@ -183,6 +185,24 @@ def test_device_profile_of_saved_figures_overlaps_collectives_only_off_the_cpu(k
     assert profile.name == f"{kind}-w2" and profile.matmul.device == kind
     assert profile.overlaps_communication is (kind == "cuda")
     assert profile.matmul.tables[next(iter(profile.matmul.tables))] == tuple(tuple(p) for p in figures["matmul"])
+
+
+def test_device_profile_prices_non_square_products_where_the_figures_time_them():
+    figures = json.loads(SAVED.read_text())["device"]
+    network = NetworkProfile("flat", "test", intra=Link(1e-4, 1e9), inter=Link(1e-4, 1e9), ranks_per_node=2)
+    lines = []
+    before = measure_profiles.device_profile(figures, network, 2, log=lambda *_: None)
+    assert before.matmul.families == {}  # saved before the families were timed: the cube rule
+    families = {LONG_INNER: [[s, r / 2] for s, r in figures["matmul"]], LONG_OUTER: [[s, r / 4] for s, r in figures["matmul"]]}
+    after = measure_profiles.device_profile(dict(figures, matmul_families=families), network, 2, log=lines.append)
+    assert sum(" (x4), by short side: " in line for line in lines) == 2
+    bf16 = torch.bfloat16
+    # a family's product of short side s is timed at cube size s * 4 ** (1/3): s = 256 is
+    # priced at its own measured rate
+    rate = dict(figures["matmul"])[256]
+    assert after.matmul.rate(bf16, 256, 1024, 256) == pytest.approx(rate / 2)
+    assert after.matmul.rate(bf16, 256, 256, 1024) == pytest.approx(rate / 4)
+    assert after.matmul.rate(bf16, 256, 256, 256) == before.matmul.rate(bf16, 256, 256, 256)
 
 
 @pytest.mark.slow

@@ -8,7 +8,7 @@ import torch
 
 from muon_compile import coefficients
 from muon_compile.config import Strategy
-from muon_compile.matmul_rates import PROFILES
+from muon_compile.matmul_rates import ASPECT, LONG_INNER, LONG_OUTER, PROFILES, MatmulRates
 from muon_compile.network_profiles import Link, NetworkProfile
 from muon_compile.ns_cost import predicted_seconds
 from muon_compile.passes.plan_distributed import EVERY_RANK, DistBucket, DistMember, DistPlan
@@ -127,6 +127,24 @@ def test_scaled_rates_scale_the_products_not_the_call_latency():
     assert slower.seconds(torch.bfloat16, 64, 64, 64) == pytest.approx(2 * rates.seconds(torch.bfloat16, 64, 64, 64))
     assert slower.call_seconds(torch.bfloat16, 8, 8, 8) == 2e-6
     assert slower.source.endswith("x0.500: a slow spell")
+
+
+def test_a_non_square_product_is_priced_between_the_square_rate_and_its_familys_by_log_aspect():
+    bf16 = torch.bfloat16
+    flat = lambda rate: ((16.0, rate), (4096.0, rate))  # noqa: E731 - one rate at every size
+    families = {LONG_INNER: {bf16: flat(50.0)}, LONG_OUTER: {bf16: flat(25.0)}}
+    rates = MatmulRates("cpu", "test", {bf16: flat(100.0)}, families=families)
+    assert ASPECT == 4
+    assert rates.rate(bf16, 128, 128, 128) == pytest.approx(100.0)  # square: the square table
+    assert rates.rate(bf16, 128, 512, 128) == pytest.approx(50.0)  # X X^T of a 1:4 matrix
+    assert rates.rate(bf16, 128, 128, 512) == pytest.approx(25.0)  # B X of one
+    assert rates.rate(bf16, 512, 128, 128) == pytest.approx(25.0)  # the long outer dimension as rows
+    assert rates.rate(bf16, 128, 256, 128) == pytest.approx((100.0 * 50.0) ** 0.5)  # aspect 2: halfway in log
+    assert rates.rate(bf16, 64, 4096, 64) == pytest.approx(50.0)  # beyond ASPECT: the family's rate
+    assert rates.scaled(0.5, "slow").rate(bf16, 128, 512, 128) == pytest.approx(25.0)  # families scale too
+    # without the families' tables (a profile that did not time them): the cube rule
+    assert dataclasses.replace(rates, families={}).rate(bf16, 128, 512, 128) == pytest.approx(100.0)
+    assert dataclasses.replace(rates, families={LONG_INNER: {torch.float16: flat(1.0)}}).rate(bf16, 128, 512, 128) == pytest.approx(100.0)
 
 
 def test_two_step_times_within_the_models_resolution_are_tied_either_way_round():
