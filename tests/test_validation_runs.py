@@ -86,6 +86,10 @@ MATCHED_WHEN_RECORDED = {
     # small-14 pairs, predicted 2.6% apart, measured 4.2% and 2.3% apart the other way,
     # within the same plan's 4.7%
     "2026-11-25-world2-amx": 6,
+    # the first run with the non-square products in the profile (2026-11-25): the
+    # one-bucket small-14 pair with prefetch 0, predicted 3.8% apart, measured 3.8% apart
+    # the other way, within the same plan's 5.9%
+    "2026-11-25-world2-aspect": 7,
 }
 # runs whose steps were timed in turns: rankings that the rounds resolve (sign test at 5%)
 # against the prediction, when recorded (world3-concat: a ten-bucket small-14 pair of 15 rounds)
@@ -127,6 +131,8 @@ PAIRED_DIFFERS_WHEN_RECORDED = {
     "2026-11-25-world3-cutback": 2,
     # the one-bucket small-14 pair with prefetch 0 (all_to_all faster in 39 of 107, p 0.0065)
     "2026-11-25-world2-amx": 1,
+    # the one-bucket small-14 pair with prefetch 0 (all_to_all faster in 28 of 80, p 0.0097)
+    "2026-11-25-world2-aspect": 1,
 }
 # rankings whose medians lie further apart than two arms of one plan measured (the
 # report's "the same plan's" spread) against the prediction, when the spread was first
