@@ -90,6 +90,10 @@ MATCHED_WHEN_RECORDED = {
     # one-bucket small-14 pair with prefetch 0, predicted 3.8% apart, measured 3.8% apart
     # the other way, within the same plan's 5.9%
     "2026-11-25-world2-aspect": 7,
+    # the same at world 3, back on the AMD EPYC VM (bf16 products of size 512 at 308
+    # GFLOP/s per rank): the ten-bucket small-14 pairs, a tie predicted 2.8% apart the
+    # other way
+    "2026-11-26-world3-aspect": 6,
 }
 # runs whose steps were timed in turns: rankings that the rounds resolve (sign test at 5%)
 # against the prediction, when recorded (world3-concat: a ten-bucket small-14 pair of 15 rounds)
@@ -133,6 +137,8 @@ PAIRED_DIFFERS_WHEN_RECORDED = {
     "2026-11-25-world2-amx": 1,
     # the one-bucket small-14 pair with prefetch 0 (all_to_all faster in 28 of 80, p 0.0097)
     "2026-11-25-world2-aspect": 1,
+    # the ten-bucket small-14 pairs (all_to_all faster in 105 and 109 of 109 rounds)
+    "2026-11-26-world3-aspect": 2,
 }
 # rankings whose medians lie further apart than two arms of one plan measured (the
 # report's "the same plan's" spread) against the prediction, when the spread was first
@@ -157,6 +163,8 @@ RESOLVED_DIFFERS = {
     "2026-11-25-world3-layout": 2,
     # the ten-bucket small-14 pairs, 14.7% and 28.2% apart against 1.1%
     "2026-11-25-world3-cutback": 2,
+    # the ten-bucket small-14 pairs, 13.3% and 27.6% apart against 4.0%
+    "2026-11-26-world3-aspect": 2,
 }
 
 
