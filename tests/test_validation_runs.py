@@ -1,6 +1,7 @@
 """The cost model against the saved validation runs (docs/runs, measured on the 2-core VM
 by scripts/validate_step_cost.py --save): every run is reported again by the current model
-(--load), and the predicted ranking of the strategies must match the measured one in at
+(what --load prints, called in this process: a subprocess per run cost 3 s of the suite
+each, mostly importing torch), and the predicted ranking of the strategies must match the measured one in at
 least as many of its 8 comparisons as when the run was first reported, by the arms'
 medians, and, in runs timed in turns, must differ from no more of the rankings the rounds
 resolve, and must differ from no more of the rankings whose medians lie further apart
@@ -14,6 +15,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from validate_step_cost import report  # scripts/, on the path (conftest.py)
 
 from muon_compile.step_cost import TIE
 
@@ -174,10 +177,9 @@ def test_runs_are_saved():
 
 @pytest.mark.parametrize("run", RUNS, ids=[r.stem for r in RUNS])
 def test_current_model_ranks_the_strategies_as_measured(run):
-    out = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "validate_step_cost.py"), "--load", str(run)],
-        capture_output=True, text=True, timeout=300, check=True,
-    ).stdout
+    lines = []
+    report(json.loads(run.read_text()), log=lines.append)  # what --load prints, in this process
+    out = "\n".join(lines)
     rankings = [line for line in out.splitlines() if " ranking " in line]
     assert len(rankings) == 8  # 2 workloads x 2 bucket sizes x 2 prefetch depths
     matched = sum(line.endswith("matches") for line in rankings)
