@@ -124,7 +124,7 @@ def run_fake(fn, world: int, ranks, *args, timeout: float = 600) -> list:
 # What every rank imports before it runs anything. The ranks are forked from a server
 # process that has imported these once, instead of spawned fresh, each importing torch
 # again (2-3 s of CPU a rank on the VM; the 15 gloo tests of test_distributed went from
-# 294.7 s to 246.9 s, the eight world-8 fake ranks from 46 s to 27). The server does
+# 294.7 s to 246.9 s, the eight world-8 fake ranks from 39-46 s to 23-32). The server does
 # nothing but import, as a DataLoader's forked workers start from a process with torch
 # imported; its environment is this process's when it started, and no test changes its
 # environment for the ranks.

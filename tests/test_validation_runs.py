@@ -1,13 +1,13 @@
 """The cost model against the saved validation runs (docs/runs, measured on the 2-core VM
 by scripts/validate_step_cost.py --save): every run is reported again by the current model
 (what --load prints, called in this process: a subprocess per run cost 3 s of the suite
-each, mostly importing torch), and the predicted ranking of the strategies must match the measured one in at
-least as many of its 8 comparisons as when the run was first reported, by the arms'
-medians, and, in runs timed in turns, must differ from no more of the rankings the rounds
-resolve, and must differ from no more of the rankings whose medians lie further apart
-than two arms of one plan did (a model change that ranks real measurements worse fails
-here); the count of rankings predicted further apart than ``step_cost.TIE`` agrees with
-the report's lines."""
+each, mostly importing torch), and the predicted ranking of the strategies must match the
+measured one in at least as many of its 8 comparisons as when the run was first reported,
+by the arms' medians, and, in runs timed in turns, must differ from no more of the
+rankings the rounds resolve, and must differ from no more of the rankings whose medians
+lie further apart than two arms of one plan did (a model change that ranks real
+measurements worse fails here); the count of rankings predicted further apart than
+``step_cost.TIE`` agrees with the report's lines."""
 
 import json
 import subprocess
