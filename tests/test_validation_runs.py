@@ -97,6 +97,9 @@ MATCHED_WHEN_RECORDED = {
     # GFLOP/s per rank): the ten-bucket small-14 pairs, a tie predicted 2.8% apart the
     # other way
     "2026-11-26-world3-aspect": 6,
+    # the same at world 2 (468.4 GFLOP/s at size 512): the one-bucket small-14 pairs, a tie
+    # predicted 5.1% apart, measured 1.2% and 2.0% apart the other way
+    "2026-11-26-world2-aspect": 6,
 }
 # runs whose steps were timed in turns: rankings that the rounds resolve (sign test at 5%)
 # against the prediction, when recorded (world3-concat: a ten-bucket small-14 pair of 15 rounds)
@@ -142,6 +145,8 @@ PAIRED_DIFFERS_WHEN_RECORDED = {
     "2026-11-25-world2-aspect": 1,
     # the ten-bucket small-14 pairs (all_to_all faster in 105 and 109 of 109 rounds)
     "2026-11-26-world3-aspect": 2,
+    # a one-bucket small-14 pair (all_to_all faster in 109 of 250 rounds, p 0.05)
+    "2026-11-26-world2-aspect": 1,
 }
 # rankings whose medians lie further apart than two arms of one plan measured (the
 # report's "the same plan's" spread) against the prediction, when the spread was first
@@ -168,6 +173,8 @@ RESOLVED_DIFFERS = {
     "2026-11-25-world3-cutback": 2,
     # the ten-bucket small-14 pairs, 13.3% and 27.6% apart against 4.0%
     "2026-11-26-world3-aspect": 2,
+    # the one-bucket small-14 pairs, 1.2% and 2.0% apart against 0.4%
+    "2026-11-26-world2-aspect": 2,
 }
 
 
