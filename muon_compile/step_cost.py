@@ -19,8 +19,9 @@ Work per bucket (docs/design.md, "Distributed layout"):
 * finish (``all_to_all``): wait, unpack;
 * and per parameter, outside the buckets, the momentum and the update: read the
   gradient, read and write the momentum and the parameter;
-* the step's fixed costs: the device's overhead per step, per parameter, per NS call and
-  per bucket (:func:`overhead_counts`), counted as pointwise time.
+* the step's fixed costs (:data:`FIXED_COSTS`, counted by :func:`overhead_counts`): the
+  device's overhead per step, per parameter, per NS call and per bucket, counted as
+  pointwise time, and per collective, counted as the collective's time.
 
 Timeline: the stages run in the order of the ``schedule`` pass
 (:func:`~muon_compile.passes.schedule.stage_order`), each rank's compute on its own
@@ -57,6 +58,17 @@ UPDATE_ACCESSES = 5
 TIE = 0.10
 
 
+# The fixed costs of a compiled step: each a DeviceProfile field (seconds), and what it is
+# counted by (overhead_counts gives the counts in this order).
+FIXED_COSTS = {
+    "step_overhead": "step",
+    "param_overhead": "parameter",
+    "call_overhead": "NS call",
+    "bucket_overhead": "bucket",
+    "collective_overhead": "collective",
+}
+
+
 def tied(a: float, b: float) -> bool:
     """Whether predicted step times ``a`` and ``b`` lie within :data:`TIE` of each other
     (the slower over the faster)."""
@@ -70,9 +82,12 @@ class DeviceProfile:
     compiled step on it: ``step_overhead`` seconds per call (guards, the runtime wrapper),
     ``param_overhead`` seconds per parameter (unwrapping it, its share of the update's
     kernels), ``call_overhead`` seconds per Newton–Schulz call (the launches of its
-    matmul and pointwise kernels, which the rates of large batched products leave out)
-    and ``bucket_overhead`` seconds per bucket (packing, its collectives' dispatch and
-    waits beyond their transfer); ``memory``, its bytes (0: unknown)."""
+    matmul and pointwise kernels, which the rates of large batched products leave out),
+    ``bucket_overhead`` seconds per bucket (packing, its stages' dispatch) and
+    ``collective_overhead`` seconds per collective, beyond its transfer as the network
+    profile prices it back to back (on the CPU, gloo's threads woken behind the step's
+    compute: docs/benchmarks.md, "A collective after compute"), counted as the
+    collective's time (:data:`FIXED_COSTS`); ``memory``, its bytes (0: unknown)."""
 
     name: str
     source: str
@@ -83,12 +98,13 @@ class DeviceProfile:
     param_overhead: float = 0.0
     call_overhead: float = 0.0
     bucket_overhead: float = 0.0
+    collective_overhead: float = 0.0
     memory: float = 0.0
 
     def without_fixed_costs(self) -> DeviceProfile:
         """This device with no fixed costs: a step priced by its arithmetic, its memory
         traffic and its collectives alone."""
-        return dataclasses.replace(self, step_overhead=0.0, param_overhead=0.0, call_overhead=0.0, bucket_overhead=0.0)
+        return dataclasses.replace(self, **dict.fromkeys(FIXED_COSTS, 0.0))
 
 
 DEVICES: dict[str, DeviceProfile] = {
@@ -97,7 +113,8 @@ DEVICES: dict[str, DeviceProfile] = {
         "published figures: the matmul rates of muon_compile.matmul_rates 'cuda' (an estimate); "
         "HBM3 3.35 TB/s peak, 2.8 TB/s taken as achieved, 80 GB; NCCL runs on its own stream; "
         "fixed costs, estimates: 50 us per step (a compiled call without CUDA graphs), 10 us per "
-        "parameter, 100 us per NS call (about 20 kernel launches of ~5 us) and 50 us per bucket",
+        "parameter, 100 us per NS call (about 20 kernel launches of ~5 us) and 50 us per bucket, the "
+        "launches of its collectives included (none per collective beyond them)",
         MATMUL_PROFILES["cuda"],
         memory_bandwidth=2.8e12,
         overlaps_communication=True,
@@ -158,12 +175,14 @@ def ns_calls(bucket: DistBucket) -> tuple[int, ...]:
     return tuple(len(c) for c in _calls(bucket))
 
 
-def overhead_counts(plan: DistPlan) -> tuple[int, int, int]:
-    """What the fixed costs of ``plan``'s step are counted by: its parameters, the NS
-    calls of its busiest rank, its buckets."""
+def overhead_counts(plan: DistPlan) -> tuple[int, ...]:
+    """What each of the :data:`FIXED_COSTS` of ``plan``'s step is counted by, in their
+    order: one step, its parameters, the NS calls of its busiest rank, its buckets, its
+    collectives (none in a group of one)."""
     members = sum(len(b.members) for b in plan.buckets)
     calls = [sum(c) for c in zip(*(ns_calls(b) for b in plan.buckets))]
-    return members, max(calls, default=0), len(plan.buckets)
+    collectives = sum(len(b.collectives()) for b in plan.buckets if b.group_size > 1)
+    return 1, members, max(calls, default=0), len(plan.buckets), collectives
 
 
 def _owned_elements(bucket: DistBucket) -> list[int]:
@@ -272,7 +291,8 @@ def _bucket_work(bucket: DistBucket, device: DeviceProfile, network: NetworkProf
         (cuts * 2 * e * itemsize + p) / bw + len(c) * device.call_overhead for e, p, c in zip(owned, ns_passes, calls)
     )
     finish = pack if bucket.strategy is Strategy.ALL_TO_ALL else 0.0
-    seconds = tuple(network.seconds(kind, shard_elems * itemsize, world) for kind, _, _ in bucket.collectives())
+    overhead = device.collective_overhead if world > 1 else 0.0  # a group of one exchanges nothing
+    seconds = tuple(network.seconds(kind, shard_elems * itemsize, world) + overhead for kind, _, _ in bucket.collectives())
     return _BucketWork((pack + device.bucket_overhead,) * world, compute, (finish,) * world, ns, seconds)
 
 

@@ -84,7 +84,7 @@ from muon_compile.config import Config, Strategy
 from muon_compile.matmul_rates import ASPECT, FAMILIES, LONG_INNER, MatmulRates, cube_size, family_product
 from muon_compile.network_profiles import COLLECTIVES, Link, NetworkProfile, alpha_beta
 from muon_compile.plan import plan_for
-from muon_compile.step_cost import DeviceProfile, overhead_counts, predict
+from muon_compile.step_cost import FIXED_COSTS, DeviceProfile, overhead_counts, predict
 
 SIZES = [2**k for k in range(12, 26, 2)]  # bytes per rank
 # the cost model's tolerance: a prediction within it of the measured step counts as right
@@ -474,26 +474,47 @@ def measure_device(reps: int, arm_seconds: float = ARM_SECONDS) -> dict:
     }
 
 
-def _fixed_costs(fixed: dict[str, dict[str, float]], arithmetic: DeviceProfile, network: NetworkProfile, world: int, log) -> tuple[float, ...]:
-    """``(per step, per parameter, per NS call, per bucket)`` seconds of the compiled Muon
-    step beyond its arithmetic and communication: the measured ``fixed`` steps (see
-    :data:`FIXED_COST_WORKLOADS`) less what the cost model predicts for their plans
-    without fixed costs, fitted by least squares on the plans'
+def collectives_wait_behind_compute(backend: str, realtime_gloo: bool) -> bool:
+    """Whether a collective's cost in the step grows with the compute before it: gloo's
+    threads at ordinary priority wait for a core behind the step's compute, a collective
+    then costing 0.03 ms more than back to back after no compute and 0.3-0.8 ms more after
+    0.2-3 ms (docs/benchmarks.md, "A collective after compute"). No constant per collective
+    describes that; with gloo's threads real-time (``--realtime-gloo``) or under NCCL, one
+    does."""
+    return backend == "gloo" and not realtime_gloo
+
+
+def _fixed_costs(
+    fixed: dict[str, dict[str, float]], arithmetic: DeviceProfile, network: NetworkProfile, world: int, per_collective: bool, log
+) -> dict[str, float]:
+    """The seconds of each of the cost model's
+    :data:`~muon_compile.step_cost.FIXED_COSTS` (per step, parameter, NS call, bucket and
+    collective) of the compiled Muon step beyond its arithmetic and its collectives' transfer:
+    the measured ``fixed`` steps (see :data:`FIXED_COST_WORKLOADS`) less what the cost model
+    predicts for their plans without fixed costs, fitted by least squares on the plans'
     :func:`~muon_compile.step_cost.overhead_counts`, a negative term then set to 0 and the
     others kept. That is not the best non-negative fit: refitting the others without the
     negative term prices less per NS call and predicts the validation's steps worse
-    (docs/benchmarks.md, "A collective after compute")."""
-    rows, beyond, shown = [], [], []
+    (docs/benchmarks.md, "A collective after compute"). The cost per collective is told
+    apart from the cost per bucket by the steps of both strategies (an ``all_to_all``
+    bucket issues two collectives, an ``all_gather`` one); without ``per_collective``
+    (:func:`collectives_wait_behind_compute`), or with one rank (no collective), it is not
+    fitted and is 0."""
+    counts, beyond, shown = [], [], []
     for name, (shapes, mb) in FIXED_COST_WORKLOADS.items():
         for strategy in STRATEGY_ARMS:
             plan = plan_for(shapes, world, strategy, mb)
             extra = fixed[name][strategy.value] - predict(plan, Config.prefetch, arithmetic, network).step
-            rows.append([1.0, *overhead_counts(plan)])
+            counts.append(dict(zip(FIXED_COSTS, overhead_counts(plan))))
             beyond.append(extra)
             shown.append(f"{name} {strategy.value} {extra * 1e3:.3f} ms")
     log(f"compiled Muon step beyond its arithmetic: {', '.join(shown)}")
-    solution = least_squares(torch.tensor(rows, dtype=torch.float64), torch.tensor(beyond, dtype=torch.float64)[:, None])
-    return tuple(max(x, 0.0) for x in solution)
+    fit_collectives = per_collective and any(c["collective_overhead"] for c in counts)
+    terms = [name for name in FIXED_COSTS if fit_collectives or name != "collective_overhead"]
+    rows = torch.tensor([[float(c[term]) for term in terms] for c in counts], dtype=torch.float64)
+    solution = least_squares(rows, torch.tensor(beyond, dtype=torch.float64)[:, None])
+    fitted = dict(zip(terms, solution))
+    return {name: max(fitted.get(name, 0.0), 0.0) for name in FIXED_COSTS}
 
 
 def rates_of(figures: dict, kind: str, dtypes: tuple[torch.dtype, ...], source: str, log=print) -> MatmulRates:
@@ -516,9 +537,10 @@ def rates_of(figures: dict, kind: str, dtypes: tuple[torch.dtype, ...], source: 
     return rates
 
 
-def device_profile(figures: dict, network: NetworkProfile, world: int, log=print) -> DeviceProfile:
+def device_profile(figures: dict, network: NetworkProfile, world: int, log=print, per_collective: bool = True) -> DeviceProfile:
     """The device profile of :func:`measure_device`'s ``figures``, its fixed costs fitted
-    with ``network`` pricing the collectives of the fixed-cost steps. On the CPU nothing
+    with ``network`` pricing the collectives of the fixed-cost steps, a cost per collective
+    among them where ``per_collective`` (see :func:`_fixed_costs`). On the CPU nothing
     overlaps (the collectives hold its cores); on a GPU, NCCL runs on a stream of its own,
     and the bf16 rates stand for fp16 too (Gram Newton–Schulz's dtype there; the tensor
     cores run both at one rate, as in muon_compile.matmul_rates' H100 estimate)."""
@@ -535,14 +557,9 @@ def device_profile(figures: dict, network: NetworkProfile, world: int, log=print
         memory_bandwidth=bandwidth,
         overlaps_communication=kind != "cpu",
     )
-    step, per_param, per_call, per_bucket = _fixed_costs(figures["fixed"], arithmetic, network, world, log)
-    log(
-        f"fixed costs: {step * 1e6:.0f} us per step, {per_param * 1e6:.1f} us per parameter, "
-        f"{per_call * 1e6:.1f} us per NS call, {per_bucket * 1e6:.1f} us per bucket"
-    )
-    return dataclasses.replace(
-        arithmetic, step_overhead=step, param_overhead=per_param, call_overhead=per_call, bucket_overhead=per_bucket
-    )
+    fitted = _fixed_costs(figures["fixed"], arithmetic, network, world, per_collective, log)
+    log(f"fixed costs: {', '.join(f'{s * 1e6:.1f} us per {FIXED_COSTS[name]}' for name, s in fitted.items())}")
+    return dataclasses.replace(arithmetic, **fitted)
 
 
 def main() -> None:
@@ -555,7 +572,8 @@ def main() -> None:
     log = print if rank == 0 else (lambda *_: None)
     log(f"# {args.backend}, world {world}, torch {torch.__version__}, {platform.machine()}, {torch.get_num_threads()} threads per rank")
     network = network_profile(measure_network(args.reps), world, args.backend, log)
-    device_profile(measure_device(args.reps), network, world, log)
+    per_collective = not collectives_wait_behind_compute(args.backend, args.realtime_gloo)
+    device_profile(measure_device(args.reps), network, world, log, per_collective)
     dist.destroy_process_group()
 
 

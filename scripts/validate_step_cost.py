@@ -60,6 +60,7 @@ from measure_profiles import (
     STRATEGY_ARMS,
     TOLERANCE,
     by_kind,
+    collectives_wait_behind_compute,
     device_profile,
     measure_arms,
     measure_device,
@@ -168,7 +169,7 @@ def report(record: dict, log=print, collectives_during: bool = False) -> None:
     timing += f", fixed-cost steps {record['device'].get('fixed_timing', 'in turns without the probes')}"
     log(f"# {record['header']}; {timing}")
     network = network_profile(record["network"], world, record["backend"], log)
-    device = device_profile(record["device"], network, world, log)
+    device = recorded_device(record, network, log)
     names = list(dict.fromkeys(s["workload"] for s in record["steps"]))
     devices = {name: drift_corrected(device, record, name, log) for name in names}
     networks = {name: (network_during(record, name, log) if collectives_during else None) or network for name in names}
@@ -321,8 +322,17 @@ def workload_profiles(record: dict, name: str, log=lambda *_: None) -> tuple[Dev
     by default: fitted to the figures timed before the steps, the matmul rates
     :func:`drift_corrected` for ``name``."""
     network = network_profile(record["network"], record["world"], record["backend"], log)
-    device = device_profile(record["device"], network, record["world"], log)
-    return drift_corrected(device, record, name, log), network
+    return drift_corrected(recorded_device(record, network, log), record, name, log), network
+
+
+def recorded_device(record: dict, network: NetworkProfile, log) -> DeviceProfile:
+    """The device profile fitted (measure_profiles' ``device_profile``) to ``record``'s
+    figures, with ``network`` pricing its fixed-cost steps' collectives; a cost per
+    collective among its fixed costs unless gloo's threads ran at ordinary priority
+    (``collectives_wait_behind_compute``; runs saved before 2026-11-25 did not raise them)."""
+    realtime = record.get("realtime_gloo", False)
+    per_collective = not collectives_wait_behind_compute(record["backend"], realtime)
+    return device_profile(record["device"], network, record["world"], log, per_collective)
 
 
 def network_during(record: dict, name: str, log) -> NetworkProfile | None:

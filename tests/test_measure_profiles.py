@@ -17,8 +17,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 import measure_profiles  # noqa: E402
 import validate_step_cost  # noqa: E402
+from muon_compile.config import Config  # noqa: E402
 from muon_compile.matmul_rates import LONG_INNER, LONG_OUTER  # noqa: E402
 from muon_compile.network_profiles import Link, NetworkProfile, alpha_beta  # noqa: E402
+from muon_compile.plan import plan_for  # noqa: E402
+from muon_compile.step_cost import FIXED_COSTS, overhead_counts, predict  # noqa: E402
 
 SAVED = ROOT / "docs" / "runs" / "2026-11-24-world2-shuffled.json"
 
@@ -203,6 +206,43 @@ def test_device_profile_prices_non_square_products_where_the_figures_time_them()
     assert after.matmul.rate(bf16, 256, 1024, 256) == pytest.approx(rate / 2)
     assert after.matmul.rate(bf16, 256, 256, 1024) == pytest.approx(rate / 4)
     assert after.matmul.rate(bf16, 256, 256, 256) == before.matmul.rate(bf16, 256, 256, 256)
+
+
+def _fixed_figures_of(figures: dict, network: NetworkProfile, world: int, costs: dict[str, float]) -> dict:
+    """``figures`` with fixed-cost steps that take the cost model's price without fixed
+    costs plus ``costs`` (seconds per :data:`~muon_compile.step_cost.FIXED_COSTS` term)."""
+    bare = measure_profiles.device_profile(figures, network, world, log=lambda *_: None).without_fixed_costs()
+    fixed = {}
+    for name, (shapes, mb) in measure_profiles.FIXED_COST_WORKLOADS.items():
+        for strategy in measure_profiles.STRATEGY_ARMS:
+            plan = plan_for(shapes, world, strategy, mb)
+            counts = dict(zip(FIXED_COSTS, overhead_counts(plan)))
+            extra = sum(costs[term] * counts[term] for term in FIXED_COSTS)
+            fixed.setdefault(name, {})[strategy.value] = predict(plan, Config.prefetch, bare, network).step + extra
+    return dict(figures, fixed=fixed)
+
+
+def test_fixed_cost_fit_recovers_a_cost_per_collective_only_where_one_is_constant():
+    figures = json.loads(SAVED.read_text())["device"]
+    network = NetworkProfile("flat", "test", intra=Link(1e-4, 1e9), inter=Link(1e-4, 1e9), ranks_per_node=2)
+    costs = dict(zip(FIXED_COSTS, (300e-6, 40e-6, 70e-6, 20e-6, 150e-6)))
+    steps = _fixed_figures_of(figures, network, 2, costs)
+    fitted = measure_profiles.device_profile(steps, network, 2, log=lambda *_: None)
+    assert {term: getattr(fitted, term) for term in FIXED_COSTS} == pytest.approx(costs, abs=1e-9)
+    # gloo's threads at ordinary priority: no cost per collective is fitted, the rest still is
+    assert measure_profiles.collectives_wait_behind_compute("gloo", realtime_gloo=False)
+    assert not measure_profiles.collectives_wait_behind_compute("gloo", realtime_gloo=True)
+    assert not measure_profiles.collectives_wait_behind_compute("nccl", realtime_gloo=False)
+    ordinary = measure_profiles.device_profile(steps, network, 2, log=lambda *_: None, per_collective=False)
+    assert ordinary.collective_overhead == 0 and ordinary.step_overhead > 0
+    # a saved run says how its gloo threads ran: the report fits the cost per collective by it
+    record = {"device": steps, "world": 2, "backend": "gloo"}
+    assert validate_step_cost.recorded_device(record, network, lambda *_: None).collective_overhead == 0
+    realtime = validate_step_cost.recorded_device(dict(record, realtime_gloo=True), network, lambda *_: None)
+    assert realtime.collective_overhead == pytest.approx(costs["collective_overhead"], abs=1e-9)
+    # one rank issues no collective: nothing to fit per collective
+    alone = measure_profiles.device_profile(_fixed_figures_of(figures, network, 1, costs), network, 1, log=lambda *_: None)
+    assert alone.collective_overhead == 0
 
 
 @pytest.mark.slow

@@ -12,7 +12,7 @@ from muon_compile.matmul_rates import ASPECT, LONG_INNER, LONG_OUTER, PROFILES, 
 from muon_compile.network_profiles import Link, NetworkProfile
 from muon_compile.ns_cost import predicted_seconds
 from muon_compile.passes.plan_distributed import EVERY_RANK, DistBucket, DistMember, DistPlan
-from muon_compile.step_cost import TIE, UPDATE_ACCESSES, DeviceProfile, buffer_bytes, overhead_counts, predict, tied
+from muon_compile.step_cost import FIXED_COSTS, TIE, UPDATE_ACCESSES, DeviceProfile, buffer_bytes, overhead_counts, predict, tied
 
 ARGS = coefficients.ns_args("keller", 5, compute_dtype=torch.bfloat16, algorithm="textbook")
 NET = NetworkProfile("test", "made up", intra=Link(1e-5, 1e9), inter=Link(1e-5, 1e9), ranks_per_node=8)
@@ -69,17 +69,24 @@ def test_one_group_per_prediction():
         predict(DistPlan((_bucket(), other), (), {}), 1, _device(True), NET)
 
 
-def test_fixed_costs_add_per_step_parameter_call_and_bucket():
+def test_fixed_costs_add_per_step_parameter_call_bucket_and_collective():
     plan = DistPlan((_bucket(owners=(0, 0)),), (), {})  # two members of one shape, both on rank 0
-    assert overhead_counts(plan) == (2, 1, 1)  # parameters, NS calls of the busiest rank, buckets
+    # one step, parameters, NS calls of the busiest rank, buckets, collectives (an all_to_all pair)
+    assert overhead_counts(plan) == (1, 2, 1, 1, 2)
+    assert len(overhead_counts(plan)) == len(FIXED_COSTS)
     base = predict(plan, 1, _device(False), NET)
-    fixed = dataclasses.replace(_device(False), step_overhead=1e-3, param_overhead=1e-4, call_overhead=1e-5, bucket_overhead=1e-6)
+    costs = dict(zip(FIXED_COSTS, (1e-3, 1e-4, 1e-5, 1e-6, 1e-7)))
+    fixed = dataclasses.replace(_device(False), **costs)
     cost = predict(plan, 1, fixed, NET)
     # rank 0's NS call delays the return collective, which every rank waits for
-    added = 1e-3 + 2 * 1e-4 + 1e-5 + 1e-6
+    added = 1e-3 + 2 * 1e-4 + 1e-5 + 1e-6 + 2 * 1e-7
     assert [t - b for t, b in zip(cost.total, base.total)] == pytest.approx([added, added])
     assert cost.ns == base.ns  # fixed costs are not Newton–Schulz arithmetic
+    # the cost per collective is the collectives' time, the rest pointwise
+    assert cost.communication - base.communication == pytest.approx(2 * 1e-7)
     assert predict(plan, 1, fixed.without_fixed_costs(), NET) == base
+    gather = DistPlan((_bucket(Strategy.ALL_GATHER, (EVERY_RANK, EVERY_RANK)),), (), {})
+    assert overhead_counts(gather)[-1] == 1
 
 
 def test_buffer_bytes_hold_the_shards_to_send_and_the_matrices_in_flight():
