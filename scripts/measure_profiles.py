@@ -169,6 +169,19 @@ def timed_rounds(longest: float, reps: int, arm_seconds: float, max_rounds: int 
     return min(rounds, max(reps, max_rounds)) if max_rounds else rounds
 
 
+def compiled_arm(key: str, shapes: list, mesh, overrides: dict, warmup: int):
+    """bench_distributed's arm ``key`` on fresh FSDP2 matrices of ``shapes``, compiled with
+    the config ``overrides`` and called ``warmup`` times after the call that compiles it."""
+    _, build, backend, strategy = ARMS[key]
+    with config.override(**({"strategy": strategy} if strategy else {}), **overrides):
+        # static shapes: the arms share the step's code, and a recompile for other shapes
+        # would otherwise trace it with dynamic shapes, which the passes leave alone
+        step = torch.compile(build(sharded_params(shapes, mesh)), backend=backend, dynamic=False)
+        for _ in range(warmup + 1):  # the first call compiles
+            step()
+    return step
+
+
 def measure_arms(
     arms: list[tuple[str, list, dict]],
     mesh,
@@ -207,18 +220,8 @@ def measure_arms(
     steps: list[tuple[list, dict]] = []
     with fresh_cache(), torch._dynamo.config.patch(recompile_limit=64 * instances):
         for (key, shapes, overrides), result in zip(arms, results):
-            _, build, backend, strategy = ARMS[key]
             try:
-                copies = []
-                with config.override(**({"strategy": strategy} if strategy else {}), **overrides):
-                    for _ in range(instances):
-                        # static shapes: the arms share the step's code, and a recompile for other
-                        # shapes would otherwise trace it with dynamic shapes, which the passes leave alone
-                        step = torch.compile(build(sharded_params(shapes, mesh)), backend=backend, dynamic=False)
-                        for _ in range(warmup + 1):  # the first call compiles
-                            step()
-                        copies.append(step)
-                steps.append((copies, result))
+                steps.append(([compiled_arm(key, shapes, mesh, overrides, warmup) for _ in range(instances)], result))
             except Exception as exc:  # report and go on: the caller shows the failure
                 result["error"] = failure(exc)
         with torch._dynamo.config.patch(error_on_recompile=True):

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from dist_harness import run_world
+from script_runs import torchrun
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -248,11 +249,9 @@ def test_fixed_cost_fit_recovers_a_cost_per_collective_only_where_one_is_constan
 @pytest.mark.slow
 def test_validate_step_cost_runs_end_to_end_on_one_rank(tmp_path):
     saved = tmp_path / "world1.json"
-    out = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
-         str(ROOT / "scripts" / "validate_step_cost.py"), "--backend", "gloo", "--workload", "small-14",
-         "--reps", "3", "--profile-reps", "3", "--instances", "2", "--arm-seconds", "0", "--split-steps", "2", "--save", str(saved)],
-        capture_output=True, text=True, timeout=600, check=True,
+    out = torchrun(
+        "validate_step_cost.py", "--backend", "gloo", "--workload", "small-14", "--reps", "3", "--profile-reps", "3",
+        "--instances", "2", "--arm-seconds", "0", "--split-steps", "2", "--save", str(saved), world=1, timeout=600,
     ).stdout
     record = json.loads(saved.read_text())
     assert record["world"] == 1 and record["device"]["kind"] == "cpu"

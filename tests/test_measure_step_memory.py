@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from script_runs import torchrun
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -57,11 +58,9 @@ def test_the_resident_set_follows_allocations_once_told_to():
 
 @pytest.mark.slow
 def test_script_prints_each_configuration_beside_the_estimate():
-    out = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
-         str(ROOT / "scripts" / "measure_step_memory.py"), "--backend", "gloo", "--workload", "small-14",
-         "--bucket-mb", "64", "--reps", "1"],
-        capture_output=True, text=True, timeout=600, check=True,
+    out = torchrun(
+        "measure_step_memory.py", "--backend", "gloo", "--workload", "small-14", "--bucket-mb", "64", "--reps", "1",
+        world=1, timeout=600,
     ).stdout
     short = measure_step_memory.RESIDENT_SET_SHORTFALL / MiB
     assert f"resident-set peaks may read up to {short:g} MiB short" in out.splitlines()[0]

@@ -7,19 +7,13 @@ default, also where nccl is the other scripts' default."""
 
 import re
 import subprocess
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from script_runs import torchrun
 ROW = re.compile(r"^(all_to_all_single|all_gather_into_tensor) +(\d+) +([0-9.]+) +([0-9.]+) +([0-9.]+) +([+-][0-9.]+)$")
 
 
 def probe(*flags: str, check: bool = True) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         str(ROOT / "scripts" / "probe_collective_after_compute.py"), "--sizes", "4", *flags],
-        capture_output=True, text=True, timeout=120, check=check,
-    )
+    return torchrun("probe_collective_after_compute.py", "--sizes", "4", *flags, world=2, timeout=120, check=check)
 
 
 def test_each_kind_is_timed_alone_and_after_compute():

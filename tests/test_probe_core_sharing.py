@@ -3,19 +3,12 @@ alone while rank 1 waits in a collective, and rank 1 waiting uses almost no CPU;
 same products uncut, cut by all_gathers and cut by prefetched all_gathers."""
 
 import re
-import subprocess
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from script_runs import torchrun
 
 
 def test_a_waiting_rank_is_reported_with_the_cpu_it_used():
-    out = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         str(ROOT / "scripts" / "probe_core_sharing.py"), "--seconds", "0.3", "--stretches", "4"],
-        capture_output=True, text=True, timeout=120, check=True,
-    ).stdout
+    out = torchrun("probe_core_sharing.py", "--seconds", "0.3", "--stretches", "4", world=2, timeout=120).stdout
     both, alone = (line for line in out.splitlines() if " ranks busy: " in line)
     assert both.startswith("2 of 2 ranks busy: rank 0: ") and "rank 1: waiting" not in both
     assert alone.startswith("1 of 2 ranks busy: rank 0: ")

@@ -2,11 +2,10 @@
 kernels Inductor generated, by name, every rank's measured split of the step, and the
 cost model's split of the same plan from a saved validation run."""
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from script_runs import torchrun
 
 ROOT = Path(__file__).resolve().parents[1]
 SAVED = ROOT / "docs" / "runs" / "2026-11-25-world2-realtime.json"
@@ -14,10 +13,9 @@ SAVED = ROOT / "docs" / "runs" / "2026-11-25-world2-realtime.json"
 
 @pytest.mark.slow
 def test_profile_step_lists_the_matmuls_the_generated_kernels_and_both_splits():
-    out = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(ROOT / "scripts" / "profile_step.py"),
-         "--workload", "small-14", "--steps", "2", "--rows", "40", "--predict-from", str(SAVED)],
-        capture_output=True, text=True, timeout=600, check=True,
+    out = torchrun(
+        "profile_step.py", "--workload", "small-14", "--steps", "2", "--rows", "40", "--predict-from", str(SAVED),
+        world=2, timeout=600,
     ).stdout
     assert "step: median" in out
     assert "aten::bmm" in out and "cpp_fused" in out, out

@@ -108,6 +108,11 @@ MATCHED_WHEN_RECORDED = {
     # the same at world 3: the ten-bucket small-14 pairs, a tie predicted 7.9% apart the
     # other way (1.0% without the cost per collective)
     "2026-11-26-world3-percollective": 6,
+    # the same at world 2 on the AMX VM, out of sample: the one-bucket small-14 pair with
+    # prefetch 0, a tie predicted 2.6% apart, measured 2.3% apart the other way, within the
+    # same plan's 6.1% (5 without the cost per collective, which ranked the ten-bucket
+    # small-14 pairs the other way too)
+    "2026-11-26-world2-amxpc": 7,
 }
 # runs whose steps were timed in turns: rankings that the rounds resolve (sign test at 5%)
 # against the prediction, when recorded (world3-concat: a ten-bucket small-14 pair of 15 rounds)
@@ -158,6 +163,7 @@ PAIRED_DIFFERS_WHEN_RECORDED = {
     # p 0.05); none with a fixed cost per collective (2026-11-26)
     "2026-11-26-world2-aspect": 0,
     "2026-11-26-world2-percollective": 0,
+    "2026-11-26-world2-amxpc": 0,
     # the ten-bucket small-14 pairs (all_to_all faster in 129 and 138 of 138 rounds)
     "2026-11-26-world3-percollective": 2,
 }
