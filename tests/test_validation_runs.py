@@ -113,6 +113,9 @@ MATCHED_WHEN_RECORDED = {
     # same plan's 6.1% (5 without the cost per collective, which ranked the ten-bucket
     # small-14 pairs the other way too)
     "2026-11-26-world2-amxpc": 7,
+    # the same at world 3: every ranking as measured, the ten-bucket small-14 pairs too,
+    # which every world-3 run on the EPYC since world3-realtime ranked the other way
+    "2026-11-26-world3-amxpc": 8,
 }
 # runs whose steps were timed in turns: rankings that the rounds resolve (sign test at 5%)
 # against the prediction, when recorded (world3-concat: a ten-bucket small-14 pair of 15 rounds)
@@ -164,6 +167,7 @@ PAIRED_DIFFERS_WHEN_RECORDED = {
     "2026-11-26-world2-aspect": 0,
     "2026-11-26-world2-percollective": 0,
     "2026-11-26-world2-amxpc": 0,
+    "2026-11-26-world3-amxpc": 0,
     # the ten-bucket small-14 pairs (all_to_all faster in 129 and 138 of 138 rounds)
     "2026-11-26-world3-percollective": 2,
 }
