@@ -9,6 +9,7 @@ import re
 import subprocess
 
 from script_runs import torchrun
+
 ROW = re.compile(r"^(all_to_all_single|all_gather_into_tensor) +(\d+) +([0-9.]+) +([0-9.]+) +([0-9.]+) +([+-][0-9.]+)$")
 
 
