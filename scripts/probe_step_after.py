@@ -39,9 +39,13 @@ from torch.distributed.device_mesh import init_device_mesh
 from bench_distributed import WORKLOADS, add_backend_argument, start_backend, timed
 from measure_matmul_rates import matmul_batch
 from measure_profiles import PROBE_SIZE, compiled_arm, probe
+from validate_step_cost import SPLIT_MB
 
 from muon_compile.config import Config
 
+WORKLOAD = "small-14"
+# the step timed, and its twin: an arm of bench_distributed, and its config
+STEP_ARM, STEP_CONFIG = "muon-a2a", {"bucket_mb": Config.bucket_mb, "prefetch": 0}
 FLUSH_BYTES = 64 * 2**20  # well past a core's L2 (2 MiB on the VMs of these runs)
 SLEEP_S = 0.005
 
@@ -51,13 +55,10 @@ def preludes(shapes: list, mesh) -> dict:
     batch = matmul_batch(PROBE_SIZE)
     a = torch.randn(batch, PROBE_SIZE, PROBE_SIZE, dtype=torch.bfloat16)
     flushed = torch.zeros(FLUSH_BYTES // 4)
-    with fresh_cache():
-        twin = compiled_arm("muon-a2a", shapes, mesh, {"bucket_mb": Config.bucket_mb, "prefetch": 0}, 2)
-        other = compiled_arm("muon-gather", shapes, mesh, {"bucket_mb": 0.02, "prefetch": 0}, 2)
     return {
         "nothing": lambda: None,
-        "twin": twin,
-        "other step": other,
+        "twin": compiled_arm(STEP_ARM, shapes, mesh, STEP_CONFIG, 2),
+        "other step": compiled_arm("muon-gather", shapes, mesh, {"bucket_mb": SPLIT_MB[WORKLOAD], "prefetch": 0}, 2),
         "bf16 product": lambda: torch.bmm(a, a),
         "matmul probe": probe()[0],
         "write 64 MiB": lambda: flushed.add_(1.0),
@@ -78,10 +79,10 @@ def main() -> None:
     if device != "cpu":
         parser.error("a question about the CPU host: run it with gloo")
     mesh = init_device_mesh(device, (dist.get_world_size(),))
-    shapes = WORKLOADS["small-14"]
-    with fresh_cache():
-        step = compiled_arm("muon-a2a", shapes, mesh, {"bucket_mb": Config.bucket_mb, "prefetch": 0}, 2)
-    calls = preludes(shapes, mesh)
+    shapes = WORKLOADS[WORKLOAD]
+    with fresh_cache():  # one cache for the three compiled steps, as measure_arms compiles its arms
+        step = compiled_arm(STEP_ARM, shapes, mesh, STEP_CONFIG, 2)
+        calls = preludes(shapes, mesh)
     times: dict[str, list[float]] = {name: [] for name in calls}
     blocks = [name for name in calls for _ in range(args.blocks)]
     random.Random(0).shuffle(blocks)
@@ -91,7 +92,7 @@ def main() -> None:
                 calls[name]()
                 times[name].append(timed(step))
     if dist.get_rank() == 0:
-        print(f"world {dist.get_world_size()}, small-14 one-bucket all_to_all step, prefetch 0, "
+        print(f"world {dist.get_world_size()}, {WORKLOAD} one-bucket all_to_all step, prefetch 0, "
               f"after each prelude ({args.blocks} blocks of {args.reps} steps, ms):")
         for name, series in times.items():
             q1, median, q3 = statistics.quantiles(series, n=4)
