@@ -122,7 +122,7 @@ def _modded_polar_express(G, dtype=torch.bfloat16):
 def modded_nanogpt(params, dtype):
     """Same-shape parameters stacked; momentum as a 0-D tensor; one loop per stack."""
     groups = [[p for p in params if p.shape == s] for s in dict.fromkeys(p.shape for p in params)]
-    bufs = [torch.zeros(len(g), *g[0].shape) for g in groups]
+    bufs = [torch.zeros(len(g), *g[0].shape, device=g[0].device) for g in groups]
     momentum = torch.tensor(MOMENTUM)
     lr = torch.tensor(LR)
 
@@ -430,7 +430,7 @@ def _nanochat_fused(grads, bufs, params, momentum, lr, wd, dtype):
 
 def nanochat(params, dtype):
     groups = [[p for p in params if p.shape == s] for s in dict.fromkeys(p.shape for p in params)]
-    bufs = [torch.zeros(len(g), *g[0].shape) for g in groups]
+    bufs = [torch.zeros(len(g), *g[0].shape, device=g[0].device) for g in groups]
     momentum, wd = torch.tensor(MOMENTUM), torch.tensor(WD)
     lrs = [torch.tensor(LR * max(1, g[0].size(-2) / g[0].size(-1)) ** 0.5) for g in groups]
 
