@@ -29,10 +29,12 @@ Tables:
 
 * ``cpu``: measured on the project's 2-core VM (torch 2.13.0+cpu, oneDNN/MKL) with
   ``python scripts/measure_matmul_rates.py`` (medians of 7 batched products per size).
-* ``cuda``: an H100 SXM estimate, not a measurement: NVIDIA's dense peaks (989 TFLOP/s
-  bf16/fp16 tensor core, 67 TFLOP/s fp32 without TF32, PyTorch's default for matmul, 34
-  TFLOP/s fp64) scaled by cuBLAS efficiencies typical for those sizes. Replace it with a measured table
-  when a GPU run has produced one (``scripts/measure_matmul_rates.py`` on that machine).
+* ``cuda``: measured on one NVIDIA H100 80GB HBM3 (SXM; torch 2.11.0+cu130, CUDA 13.0) on
+  2026-11-26 with the batches and CUDA-event timing of ``scripts/measure_matmul_rates.py``
+  (median of 5 timings), bf16 also in the non-square families. fp32 is without TF32,
+  PyTorch's default for matmul. Until then this table was an estimate from NVIDIA's dense
+  peaks, below the measured bf16 rates up to 256 rows (2 against 19 TFLOP/s at 64) and
+  above them from 1024.
 """
 
 from __future__ import annotations
@@ -134,10 +136,15 @@ _CPU_FP16: Table = ((32, 5.2), (64, 5.7), (128, 5.9), (256, 2.5), (512, 2.2), (1
 _CPU_FP32: Table = ((32, 83.9), (64, 123.2), (128, 169.9), (256, 179.7), (512, 190.3), (1024, 187.6), (2048, 195.0))
 _CPU_FP64: Table = ((32, 32.2), (64, 57.6), (128, 63.1), (256, 82.8), (512, 85.2), (1024, 92.0), (2048, 85.1))
 
-# H100 SXM estimate (see the module docstring); fp16 and bf16 share the tensor-core rate.
-_CUDA_HALF: Table = ((64, 2_000.0), (128, 15_000.0), (256, 90_000.0), (512, 300_000.0), (1024, 550_000.0), (2048, 650_000.0), (4096, 700_000.0))
-_CUDA_FP32: Table = ((64, 1_000.0), (128, 5_000.0), (256, 20_000.0), (512, 40_000.0), (1024, 48_000.0), (2048, 50_000.0), (4096, 50_000.0))
-_CUDA_FP64: Table = tuple((s, r / 2) for s, r in _CUDA_FP32)
+# measured on an H100 80GB HBM3, 2026-11-26 (see the module docstring)
+_CUDA_BF16: Table = ((32, 19450.0), (64, 62221.9), (128, 115134.2), (256, 214034.9), (512, 365549.9), (1024, 495268.4), (2048, 552525.8), (4096, 764093.1))
+_CUDA_FP16: Table = ((32, 19531.1), (64, 62628.3), (128, 115721.6), (256, 209961.2), (512, 364062.5), (1024, 487178.7), (2048, 534022.8), (4096, 736406.4))
+_CUDA_FP32: Table = ((32, 12565.6), (64, 23929.0), (128, 31827.8), (256, 42384.5), (512, 44546.2), (1024, 44184.5), (2048, 49864.2))
+_CUDA_FP64: Table = ((32, 7499.3), (64, 13816.0), (128, 22123.8), (256, 31536.1), (512, 36144.8), (1024, 43473.7))
+_CUDA_BF16_FAMILIES: dict[str, Table] = {
+    LONG_INNER: ((32, 64414.2), (64, 142167.2), (128, 250757.1), (256, 392736.6), (512, 502845.1), (1024, 553855.8), (2048, 731182.7)),
+    LONG_OUTER: ((32, 41399.7), (64, 80850.0), (128, 144268.4), (256, 268301.3), (512, 415534.8), (1024, 509204.1), (2048, 691918.3)),
+}
 
 PROFILES: dict[str, MatmulRates] = {
     "cpu": MatmulRates(
@@ -147,8 +154,9 @@ PROFILES: dict[str, MatmulRates] = {
     ),
     "cuda": MatmulRates(
         "cuda",
-        "H100 SXM estimate from NVIDIA's dense peaks and typical cuBLAS efficiency (not measured)",
-        {torch.bfloat16: _CUDA_HALF, torch.float16: _CUDA_HALF, torch.float32: _CUDA_FP32, torch.float64: _CUDA_FP64},
+        "measured on an H100 80GB HBM3, torch 2.11.0+cu130 (scripts/measure_matmul_rates.py's batches)",
+        {torch.bfloat16: _CUDA_BF16, torch.float16: _CUDA_FP16, torch.float32: _CUDA_FP32, torch.float64: _CUDA_FP64},
+        families={f: {torch.bfloat16: t} for f, t in _CUDA_BF16_FAMILIES.items()},
     ),
 }
 

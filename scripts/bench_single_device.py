@@ -632,12 +632,23 @@ def _select_arms(text: str | None) -> list[Arm]:
     return [a for a in ARMS if a.key in wanted or a.name in wanted]
 
 
+def _select_workloads(text: str) -> str | list[str]:
+    """``"all"``, or the workload names of the comma list ``text`` (an unknown one is an error)."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if names == ["all"]:
+        return "all"
+    unknown = [n for n in names if n not in WORKLOADS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"unknown workload(s) {unknown}; choose from {list(WORKLOADS)} or all")
+    return names
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", choices=["cpu", "cuda"], default=None,
                         help="where the steps run (default cuda when CUDA is available, else cpu)")
-    parser.add_argument("--workload", choices=[*WORKLOADS, "all"], default="all",
-                        help="default all, which runs the large workloads "
+    parser.add_argument("--workload", type=_select_workloads, default="all",
+                        help=f"comma list of {','.join(WORKLOADS)}, or all (default), which runs the large workloads "
                         f"({', '.join(w.name for w in WORKLOADS.values() if w.large)}) only off the CPU")
     parser.add_argument("--reps", type=_positive_int, default=7, help="timed steps after warm-up (default 7)")
     parser.add_argument("--warmup", type=_non_negative_int, default=2, help="untimed steps first (default 2)")
@@ -660,7 +671,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     device = args.device
-    workloads = list(WORKLOADS.values()) if args.workload == "all" else [WORKLOADS[args.workload]]
+    workloads = list(WORKLOADS.values()) if args.workload == "all" else [WORKLOADS[n] for n in args.workload]
     machine = machine_info(device)
     output = {"device": device.type, "machine": machine, "warmup": args.warmup, "reps": args.reps,
               "workloads": [], "skipped_workloads": []}

@@ -1,28 +1,34 @@
 #!/usr/bin/env bash
-# One command on a GPU machine:   bash scripts/gpu_check.sh REPORT_DIR
+# One command on a GPU machine:   bash scripts/gpu_check.sh REPORT_DIR [STEP ...]
 #
-# Needs a Python whose torch is a CUDA build (python3, or $PYTHON) with pytest and
-# pytest-timeout; no network. Steps, each logged to REPORT_DIR:
-#   1. environment: nvidia-smi, torch, CUDA, GPU count            -> environment.txt
-#   2. this package installed into that Python, no dependency resolution, no index
+# Needs a Python whose torch is a CUDA build (python3, or $PYTHON) with pytest,
+# pytest-timeout and pytest-xdist; no network. Steps, each logged to REPORT_DIR (STEP
+# names a subset, in this order; default all):
+#   environment  nvidia-smi, torch, CUDA, GPU count (always)     -> environment.txt
+#   install      this package into that Python, no dependency resolution, no index (always)
 #                                                                 -> install.log
-#   3. the CUDA instances of the device-parametrised tests (pytest -m cuda)
-#                                                                 -> tests.log, junit.xml
-#   4. scripts/bench_single_device.py on CUDA (CUDA-event times, every arm incl. the
-#      bmm roofline and the default backend)                      -> bench_single.txt/.json
-#   5. with 2 or more GPUs: scripts/bench_distributed.py under torchrun with NCCL
+#   validate     the cost model against one GPU: scripts/validate_step_cost.py under
+#                torchrun, one rank, NCCL, gpt-small (the GPU's measured profile, then each
+#                step predicted and measured)                    -> validate_world1.txt/.json
+#   bench        scripts/bench_single_device.py on CUDA (CUDA-event times): gpt-small and
+#                llama-1b, arms eager torch.optim.Muon, muon, bmm roofline
+#                                                                 -> bench_single.txt/.json
+#   tests        the CUDA instances of the device-parametrised tests (pytest -m cuda, 4
+#                workers)                                         -> tests.log, junit.xml
+#   memory       the step's peak memory against the planner's estimate:
+#                scripts/measure_step_memory.py, one rank, NCCL  -> memory_world1.txt
+#   distributed  with 2 or more GPUs: scripts/bench_distributed.py under torchrun, NCCL
 #                                                                 -> bench_distributed.txt
-#   6. the cost model against one GPU: scripts/validate_step_cost.py under torchrun, one
-#      rank, NCCL (the GPU's measured profile, then each step predicted and measured)
-#                                                                 -> validate_world1.txt/.json
-#   7. the step's peak memory against the planner's estimate: scripts/measure_step_memory.py,
-#      one rank, NCCL (max_memory_allocated)                      -> memory_world1.txt
-# and prints a short table last (also summary.txt). Extra benchmark arguments:
-# BENCH_SINGLE_ARGS (e.g. "--workload gpt-small --reps 5"), BENCH_DIST_ARGS.
+# and prints a short table last (also summary.txt). On one H100 (2026-11-26) validate took
+# 5.6 min, tests about 3, bench 2-4 per workload, most of it compiling: where one command
+# may run 10 minutes, split the steps over several (`... DIR validate`, `... DIR bench`).
+# GPU_CHECK_STEP_SECONDS bounds each step (default 0: unbounded); BENCH_SINGLE_ARGS
+# replaces the benchmark's workload and arms (e.g. "--workload all" for every workload
+# and arm), VALIDATE_ARGS the validation's, BENCH_DIST_ARGS adds to the distributed one's.
 # Exit status: non-zero when a step failed (the later steps still run).
 set -uo pipefail
-if [ $# -ne 1 ]; then
-  echo "usage: bash scripts/gpu_check.sh REPORT_DIR" >&2
+if [ $# -lt 1 ]; then
+  echo "usage: bash scripts/gpu_check.sh REPORT_DIR [validate|bench|tests|memory|distributed ...]" >&2
   exit 2
 fi
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -33,6 +39,16 @@ cd "$ROOT"
 export PYTHONUNBUFFERED=1
 status=0
 step() { echo "=== $* ===" >&2; }
+STEPS=("${@:2}")
+[ ${#STEPS[@]} -eq 0 ] && STEPS=(validate bench tests memory distributed)
+for name in "${STEPS[@]}"; do
+  case "$name" in
+    validate|bench|tests|memory|distributed) ;;
+    *) echo "gpu_check: unknown step '$name' (known: validate bench tests memory distributed)" >&2; exit 2 ;;
+  esac
+done
+wanted() { [[ " ${STEPS[*]} " == *" $1 "* ]]; }
+bounded() { if [ "${GPU_CHECK_STEP_SECONDS:-0}" -gt 0 ]; then timeout "$GPU_CHECK_STEP_SECONDS" "$@"; else "$@"; fi; }
 
 step "environment"
 if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'torch ' + torch.__version__ + ': torch.cuda.is_available() is False')"; then
@@ -54,32 +70,46 @@ if ! "$PY" -m pip install --no-deps --no-build-isolation --no-index -e "$ROOT" >
   exit 1
 fi
 
-step "CUDA tests (pytest -m cuda)"
-"$PY" -m pytest -m cuda -q -p no:cacheprovider --junitxml="$REPORT/junit.xml" tests > "$REPORT/tests.log" 2>&1 || status=1
-tail -3 "$REPORT/tests.log" >&2
-
-step "single-device benchmark on CUDA"
-# shellcheck disable=SC2086
-"$PY" scripts/bench_single_device.py --device cuda --json "$REPORT/bench_single.json" ${BENCH_SINGLE_ARGS:-} \
-  > "$REPORT/bench_single.txt" 2> "$REPORT/bench_single.log" || status=1
-
-if [ "$GPUS" -ge 2 ]; then
-  step "distributed benchmark, torchrun on $GPUS GPUs, NCCL"
+if wanted validate; then
+  step "cost model against one GPU, torchrun with one rank, NCCL"
   # shellcheck disable=SC2086
-  "$PY" -m torch.distributed.run --nproc-per-node "$GPUS" scripts/bench_distributed.py --backend nccl ${BENCH_DIST_ARGS:-} \
-    > "$REPORT/bench_distributed.txt" 2> "$REPORT/bench_distributed.log" || status=1
-else
-  echo "one GPU: the distributed benchmark needs 2 or more (skipped)" | tee "$REPORT/bench_distributed.txt" >&2
+  bounded "$PY" -m torch.distributed.run --nproc-per-node 1 scripts/validate_step_cost.py --backend nccl \
+    ${VALIDATE_ARGS:---workload gpt-small --instances 1 --reps 10 --profile-reps 5 --split-steps 0} \
+    --save "$REPORT/validate_world1.json" > "$REPORT/validate_world1.txt" 2> "$REPORT/validate_world1.log" || status=1
+  tail -4 "$REPORT/validate_world1.txt" >&2
 fi
 
-step "cost model against one GPU, torchrun with one rank, NCCL"
-"$PY" -m torch.distributed.run --nproc-per-node 1 scripts/validate_step_cost.py --backend nccl \
-  --save "$REPORT/validate_world1.json" > "$REPORT/validate_world1.txt" 2> "$REPORT/validate_world1.log" || status=1
-tail -4 "$REPORT/validate_world1.txt" >&2
+if wanted bench; then
+  step "single-device benchmark on CUDA"
+  # shellcheck disable=SC2086
+  bounded "$PY" scripts/bench_single_device.py --device cuda --json "$REPORT/bench_single.json" \
+    ${BENCH_SINGLE_ARGS:---workload gpt-small,llama-1b --arms eager-torch,muon,roofline --reps 5} \
+    > "$REPORT/bench_single.txt" 2> "$REPORT/bench_single.log" || status=1
+fi
 
-step "peak memory against the planner's estimate, torchrun with one rank, NCCL"
-"$PY" -m torch.distributed.run --nproc-per-node 1 scripts/measure_step_memory.py --backend nccl \
-  > "$REPORT/memory_world1.txt" 2> "$REPORT/memory_world1.log" || status=1
+if wanted tests; then
+  step "CUDA tests (pytest -m cuda)"
+  bounded "$PY" -m pytest -m cuda -q -p no:cacheprovider -n 4 --junitxml="$REPORT/junit.xml" tests \
+    > "$REPORT/tests.log" 2>&1 || status=1
+  tail -3 "$REPORT/tests.log" >&2
+fi
+
+if wanted memory; then
+  step "peak memory against the planner's estimate, torchrun with one rank, NCCL"
+  bounded "$PY" -m torch.distributed.run --nproc-per-node 1 scripts/measure_step_memory.py --backend nccl \
+    > "$REPORT/memory_world1.txt" 2> "$REPORT/memory_world1.log" || status=1
+fi
+
+if wanted distributed; then
+  if [ "$GPUS" -ge 2 ]; then
+    step "distributed benchmark, torchrun on $GPUS GPUs, NCCL"
+    # shellcheck disable=SC2086
+    bounded "$PY" -m torch.distributed.run --nproc-per-node "$GPUS" scripts/bench_distributed.py --backend nccl ${BENCH_DIST_ARGS:-} \
+      > "$REPORT/bench_distributed.txt" 2> "$REPORT/bench_distributed.log" || status=1
+  else
+    echo "one GPU: the distributed benchmark needs 2 or more (skipped)" | tee "$REPORT/bench_distributed.txt" >&2
+  fi
+fi
 
 "$PY" scripts/gpu_summary.py "$REPORT" | tee "$REPORT/summary.txt"
 exit $status

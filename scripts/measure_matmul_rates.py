@@ -2,10 +2,16 @@
 
     python scripts/measure_matmul_rates.py [--device cpu|cuda] [--reps 7]
 
-For each dtype (bf16, fp16, fp32, fp64) and size ``s`` of the table, a batch of ``s x s``
-products (as many as make about 2**27 multiply-adds, at most 64) runs ``--reps`` times
-after one warm-up; the median gives GFLOP/s. It prints one ``Table`` literal per dtype,
-in the form ``muon_compile/matmul_rates.py`` holds.
+For each dtype (bf16, fp16, fp32, fp64) and size ``s`` of the device's table, a batch of
+``s x s`` products (:func:`matmul_batch`: as many as make :data:`BATCH_MACS` multiply-adds,
+at most :data:`MAX_BATCH`) is timed ``--reps`` times after warm-up; the median gives GFLOP/s.
+The batches are sized per device type: on a GPU one product of 512 rows takes less time
+than Python takes to launch it (about 20 us), and a table of such calls measures the
+launch, not the GPU (the first H100 profile did: 19 TFLOP/s at 512 rows, against 366 with
+these batches). On CUDA a timing is a pair of CUDA events around three calls; on the CPU,
+the wall time of one. It prints one ``Table`` literal per dtype, in the form
+``muon_compile/matmul_rates.py`` holds, and for bf16 the tables of the non-square
+families (``muon_compile.matmul_rates.FAMILIES``).
 """
 
 import argparse
@@ -14,34 +20,75 @@ import time
 
 import torch
 
-SIZES = (32, 64, 128, 256, 512, 1024, 2048)
+from muon_compile.matmul_rates import FAMILIES, LONG_INNER, family_product
+
 DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
+_HALF, _FP32, _FP64 = (32, 64, 128, 256, 512, 1024, 2048, 4096), (32, 64, 128, 256, 512, 1024, 2048), (32, 64, 128, 256, 512, 1024)
+# per device type: the sizes of each dtype's table (on CUDA fp32 and fp64 stop earlier: a
+# 4096 fp32 product takes seconds there), the multiply-adds one timed batch holds, and its
+# most matrices. The CPU's: about 0.3 ms of bf16 products on the 2-core VM. CUDA's: about
+# 30 us of an H100's bf16 products at the largest sizes, far more below (fewer for fp32 and
+# fp64, whose products run 10-20x slower), so the launch does not count.
+SIZES = {"cpu": dict.fromkeys(DTYPES, _FP32), "cuda": {torch.bfloat16: _HALF, torch.float16: _HALF, torch.float32: _FP32, torch.float64: _FP64}}
+BATCH_MACS = {"cpu": dict.fromkeys(DTYPES, 2**27), "cuda": {torch.bfloat16: 2**33, torch.float16: 2**33, torch.float32: 2**31, torch.float64: 2**29}}
+MAX_BATCH = {"cpu": 64, "cuda": 65536}
 
 
 def seconds(fn, device: str, reps: int) -> float:
+    """Median seconds per call of ``fn`` (see the module docstring)."""
+    if device == "cuda":
+        return _cuda_seconds(fn, reps)
     fn()
     times = []
     for _ in range(reps):
-        if device == "cuda":
-            torch.cuda.synchronize()
         start = time.perf_counter()
         fn()
-        if device == "cuda":
-            torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
 
 
-def matmul_batch(size: int) -> int:
-    """How many ``size x size`` products one timed batch holds (about 2**27 multiply-adds, at most 64)."""
-    return max(1, min(64, 2**27 // size**3))
+def _cuda_seconds(fn, reps: int, calls: int = 3) -> float:
+    for _ in range(2):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(calls):
+            fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3 / calls)
+    return statistics.median(times)
+
+
+def matmul_batch(size: int, device_type: str = "cpu", dtype: torch.dtype = torch.bfloat16, macs_per_matrix: int | None = None) -> int:
+    """How many products of ``macs_per_matrix`` multiply-adds (default ``size**3``) one timed
+    batch holds on ``device_type``: :data:`BATCH_MACS` in all, at most :data:`MAX_BATCH`, at least one."""
+    kind = device_type if device_type in MAX_BATCH else "cuda"
+    return max(1, min(MAX_BATCH[kind], BATCH_MACS[kind][dtype] // (macs_per_matrix or size**3)))
 
 
 def rate(dtype: torch.dtype, size: int, device: str, reps: int) -> float:
-    batch = matmul_batch(size)
+    batch = matmul_batch(size, device, dtype)
     a = torch.randn(batch, size, size, device=device).to(dtype)
     b = torch.randn(batch, size, size, device=device).to(dtype)
     return 2 * batch * size**3 / seconds(lambda: torch.bmm(a, b), device, reps) / 1e9
+
+
+def family_rate(family: str, size: int, device: str, reps: int) -> float:
+    """bf16 GFLOP/s of ``family``'s products with short side ``size``, written as the
+    iteration writes them (``bmm(x, x.mT)`` for the long inner dimension)."""
+    m, k, n = family_product(family, size)
+    batch = matmul_batch(size, device, torch.bfloat16, m * k * n)
+    x = torch.randn(batch, m, k, device=device).to(torch.bfloat16)
+    if family == LONG_INNER:
+        fn = lambda: torch.bmm(x, x.mT)  # noqa: E731
+    else:
+        y = torch.randn(batch, k, n, device=device).to(torch.bfloat16)
+        fn = lambda: torch.bmm(x, y)  # noqa: E731
+    return 2 * batch * m * k * n / seconds(fn, device, reps) / 1e9
 
 
 def main() -> None:
@@ -50,9 +97,14 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=7)
     args = parser.parse_args()
     print(f"# torch {torch.__version__}, {args.device}, GFLOP/s of batched s x s products (median of {args.reps})")
+    kind = args.device if args.device in SIZES else "cuda"
     for dtype in DTYPES:
-        entries = ", ".join(f"({s}, {rate(dtype, s, args.device, args.reps):.1f})" for s in SIZES)
+        entries = ", ".join(f"({s}, {rate(dtype, s, args.device, args.reps):.1f})" for s in SIZES[kind][dtype])
         print(f"{str(dtype)[6:]}: ({entries})", flush=True)
+    for family in FAMILIES:
+        sizes = SIZES[kind][torch.bfloat16][:-1]
+        entries = ", ".join(f"({s}, {family_rate(family, s, args.device, args.reps):.1f})" for s in sizes)
+        print(f"bfloat16 {family}: ({entries})", flush=True)
 
 
 if __name__ == "__main__":

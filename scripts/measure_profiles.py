@@ -19,7 +19,8 @@ its rates are the ones that hold while they all run.
   collective back to back for :data:`SUSTAINED` seconds, as a step's buckets issue them:
   on gloo at world 2 a small all_gather measured 250-330 us alone after a barrier and
   510-590 us back to back.
-* Matmul: bf16 batched ``s x s`` products (scripts/measure_matmul_rates.py), the
+* Matmul: bf16 batched ``s x s`` products (scripts/measure_matmul_rates.py, whose
+  ``matmul_batch`` sizes the batches per device type: a GPU's must hide the launch), the
   iteration's dtype on this CPU, repeated for :data:`SUSTAINED` seconds per timing; the
   non-square products of :data:`muon_compile.matmul_rates.FAMILIES` at the same short
   sides, spelled as the Newton–Schulz iteration spells them (:func:`family_rates`); and
@@ -153,7 +154,7 @@ def probe() -> tuple[Callable[[], None], float]:
     """The matmul probe: :data:`PROBE_SIZE` bf16 products batched as in the profile's
     table, repeated for about :data:`SUSTAINED` seconds (:func:`sustained`), and the
     GFLOP it computes per call."""
-    batch = matmul_batch(PROBE_SIZE)
+    batch = matmul_batch(PROBE_SIZE, rank_device().type)
     a, b = (torch.randn(batch, PROBE_SIZE, PROBE_SIZE).to(rank_device(), torch.bfloat16) for _ in range(2))
     repeated, count = sustained(lambda: torch.bmm(a, b))
     return repeated, count * 2 * batch * PROBE_SIZE**3 / 1e9
@@ -415,8 +416,9 @@ def _products(shapes: list[tuple[int, int]], reps: int) -> list[float]:
 
 def square_rates(reps: int) -> list[tuple[int, float]]:
     """``(size, GFLOP/s)`` of bf16 batched square products at each of :data:`MATMUL_SIZES`."""
-    batched = _products([(matmul_batch(s), s) for s in MATMUL_SIZES], reps)
-    return [(s, round(2 * matmul_batch(s) * s**3 / t / 1e9, 1)) for s, t in zip(MATMUL_SIZES, batched)]
+    batches = [matmul_batch(s, rank_device().type) for s in MATMUL_SIZES]
+    batched = _products(list(zip(batches, MATMUL_SIZES)), reps)
+    return [(s, round(2 * n * s**3 / t / 1e9, 1)) for s, n, t in zip(MATMUL_SIZES, batches, batched)]
 
 
 def family_rates(family: str, reps: int) -> list[tuple[int, float]]:
@@ -427,7 +429,7 @@ def family_rates(family: str, reps: int) -> list[tuple[int, float]]:
     calls, flops = [], []
     for s in MATMUL_SIZES:
         m, k, n = family_product(family, s)
-        batch = max(1, matmul_batch(s) // ASPECT)
+        batch = matmul_batch(s, rank_device().type, torch.bfloat16, m * k * n)
         x = torch.randn(batch, m, k).to(rank_device(), torch.bfloat16)
         if family == LONG_INNER:
             calls.append(lambda x=x: torch.bmm(x, x.mT))
@@ -546,7 +548,7 @@ def device_profile(figures: dict, network: NetworkProfile, world: int, log=print
     among them where ``per_collective`` (see :func:`_fixed_costs`). On the CPU nothing
     overlaps (the collectives hold its cores); on a GPU, NCCL runs on a stream of its own,
     and the bf16 rates stand for fp16 too (Gram Newton–Schulz's dtype there; the tensor
-    cores run both at one rate, as in muon_compile.matmul_rates' H100 estimate)."""
+    cores run both at one rate: 2% apart on the H100 of muon_compile.matmul_rates)."""
     kind = figures.get("kind", "cpu")  # runs saved before 2026-11-24 measured the CPU only
     dtypes = (torch.bfloat16, torch.float16) if kind == "cuda" else (torch.bfloat16,)
     bandwidth = figures["memory_bandwidth"]
