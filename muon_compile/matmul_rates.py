@@ -31,7 +31,8 @@ Tables:
   ``python scripts/measure_matmul_rates.py`` (medians of 7 batched products per size).
 * ``cuda``: measured on one NVIDIA H100 80GB HBM3 (SXM; torch 2.11.0+cu130, CUDA 13.0) on
   2026-11-26 with the batches and CUDA-event timing of ``scripts/measure_matmul_rates.py``
-  (median of 5 timings), bf16 also in the non-square families. fp32 is without TF32,
+  (median of 5 timings), bf16 also in the non-square families (whose batches at 32 rows
+  held 4 times the script's, 65,536 products). fp32 is without TF32,
   PyTorch's default for matmul. Until then this table was an estimate from NVIDIA's dense
   peaks, below the measured bf16 rates up to 256 rows (2 against 19 TFLOP/s at 64) and
   above them from 1024.

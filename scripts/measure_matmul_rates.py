@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from muon_compile.matmul_rates import FAMILIES, LONG_INNER, family_product
+from muon_compile.matmul_rates import ASPECT, FAMILIES, LONG_INNER, family_product
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
 _HALF, _FP32, _FP64 = (32, 64, 128, 256, 512, 1024, 2048, 4096), (32, 64, 128, 256, 512, 1024, 2048), (32, 64, 128, 256, 512, 1024)
@@ -63,11 +63,17 @@ def _cuda_seconds(fn, reps: int, calls: int = 3) -> float:
     return statistics.median(times)
 
 
-def matmul_batch(size: int, device_type: str = "cpu", dtype: torch.dtype = torch.bfloat16, macs_per_matrix: int | None = None) -> int:
-    """How many products of ``macs_per_matrix`` multiply-adds (default ``size**3``) one timed
-    batch holds on ``device_type``: :data:`BATCH_MACS` in all, at most :data:`MAX_BATCH`, at least one."""
+def matmul_batch(size: int, device_type: str = "cpu", dtype: torch.dtype = torch.bfloat16) -> int:
+    """How many ``size x size`` products one timed batch holds on ``device_type``:
+    :data:`BATCH_MACS` multiply-adds in all, at most :data:`MAX_BATCH`, at least one."""
     kind = device_type if device_type in MAX_BATCH else "cuda"
-    return max(1, min(MAX_BATCH[kind], BATCH_MACS[kind][dtype] // (macs_per_matrix or size**3)))
+    return max(1, min(MAX_BATCH[kind], BATCH_MACS[kind][dtype] // size**3))
+
+
+def family_batch(size: int, device_type: str = "cpu") -> int:
+    """How many bf16 products of a family of ``FAMILIES`` with short side ``size`` one
+    timed batch holds: about as many multiply-adds as the square table's batch."""
+    return max(1, matmul_batch(size, device_type) // ASPECT)
 
 
 def rate(dtype: torch.dtype, size: int, device: str, reps: int) -> float:
@@ -81,7 +87,7 @@ def family_rate(family: str, size: int, device: str, reps: int) -> float:
     """bf16 GFLOP/s of ``family``'s products with short side ``size``, written as the
     iteration writes them (``bmm(x, x.mT)`` for the long inner dimension)."""
     m, k, n = family_product(family, size)
-    batch = matmul_batch(size, device, torch.bfloat16, m * k * n)
+    batch = family_batch(size, device)
     x = torch.randn(batch, m, k, device=device).to(torch.bfloat16)
     if family == LONG_INNER:
         fn = lambda: torch.bmm(x, x.mT)  # noqa: E731

@@ -77,7 +77,7 @@ from torch.distributed.device_mesh import init_device_mesh
 
 from bench_distributed import ARMS, add_backend_argument, failure, on_gpu, rank_device, sharded_params, start_backend
 from bench_distributed import timed as timed_once
-from measure_matmul_rates import matmul_batch
+from measure_matmul_rates import family_batch, matmul_batch
 from step_split import labelled, profiled_split, splits_by_label
 
 from muon_compile import config
@@ -429,7 +429,7 @@ def family_rates(family: str, reps: int) -> list[tuple[int, float]]:
     calls, flops = [], []
     for s in MATMUL_SIZES:
         m, k, n = family_product(family, s)
-        batch = matmul_batch(s, rank_device().type, torch.bfloat16, m * k * n)
+        batch = family_batch(s, rank_device().type)
         x = torch.randn(batch, m, k).to(rank_device(), torch.bfloat16)
         if family == LONG_INNER:
             calls.append(lambda x=x: torch.bmm(x, x.mT))
