@@ -27,8 +27,9 @@
 # and arm), VALIDATE_ARGS the validation's, BENCH_DIST_ARGS adds to the distributed one's.
 # Exit status: non-zero when a step failed (the later steps still run).
 set -uo pipefail
+KNOWN=(validate bench tests memory distributed)
 if [ $# -lt 1 ]; then
-  echo "usage: bash scripts/gpu_check.sh REPORT_DIR [validate|bench|tests|memory|distributed ...]" >&2
+  echo "usage: bash scripts/gpu_check.sh REPORT_DIR [${KNOWN[*]} ...]" >&2
   exit 2
 fi
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -40,12 +41,12 @@ export PYTHONUNBUFFERED=1
 status=0
 step() { echo "=== $* ===" >&2; }
 STEPS=("${@:2}")
-[ ${#STEPS[@]} -eq 0 ] && STEPS=(validate bench tests memory distributed)
+[ ${#STEPS[@]} -eq 0 ] && STEPS=("${KNOWN[@]}")
 for name in "${STEPS[@]}"; do
-  case "$name" in
-    validate|bench|tests|memory|distributed) ;;
-    *) echo "gpu_check: unknown step '$name' (known: validate bench tests memory distributed)" >&2; exit 2 ;;
-  esac
+  if [[ " ${KNOWN[*]} " != *" $name "* ]]; then
+    echo "gpu_check: unknown step '$name' (known: ${KNOWN[*]})" >&2
+    exit 2
+  fi
 done
 wanted() { [[ " ${STEPS[*]} " == *" $1 "* ]]; }
 bounded() { if [ "${GPU_CHECK_STEP_SECONDS:-0}" -gt 0 ]; then timeout "$GPU_CHECK_STEP_SECONDS" "$@"; else "$@"; fi; }

@@ -34,9 +34,9 @@ BATCH_MACS = {"cpu": dict.fromkeys(DTYPES, 2**27), "cuda": {torch.bfloat16: 2**3
 MAX_BATCH = {"cpu": 64, "cuda": 65536}
 
 
-def seconds(fn, device: str, reps: int) -> float:
+def seconds(fn, device: str | torch.device, reps: int) -> float:
     """Median seconds per call of ``fn`` (see the module docstring)."""
-    if device == "cuda":
+    if torch.device(device).type == "cuda":
         return _cuda_seconds(fn, reps)
     fn()
     times = []
@@ -63,17 +63,32 @@ def _cuda_seconds(fn, reps: int, calls: int = 3) -> float:
     return statistics.median(times)
 
 
-def matmul_batch(size: int, device_type: str = "cpu", dtype: torch.dtype = torch.bfloat16) -> int:
-    """How many ``size x size`` products one timed batch holds on ``device_type``:
+def device_kind(device: str | torch.device) -> str:
+    """The key of :data:`SIZES`, :data:`BATCH_MACS` and :data:`MAX_BATCH` for ``device``:
+    ``"cpu"``, else ``"cuda"`` (another accelerator is batched as a GPU)."""
+    kind = torch.device(device).type
+    return kind if kind in MAX_BATCH else "cuda"
+
+
+def matmul_batch(size: int, device: str | torch.device = "cpu", dtype: torch.dtype = torch.bfloat16) -> int:
+    """How many ``size x size`` products one timed batch holds on ``device``:
     :data:`BATCH_MACS` multiply-adds in all, at most :data:`MAX_BATCH`, at least one."""
-    kind = device_type if device_type in MAX_BATCH else "cuda"
+    kind = device_kind(device)
     return max(1, min(MAX_BATCH[kind], BATCH_MACS[kind][dtype] // size**3))
 
 
-def family_batch(size: int, device_type: str = "cpu") -> int:
-    """How many bf16 products of a family of ``FAMILIES`` with short side ``size`` one
-    timed batch holds: about as many multiply-adds as the square table's batch."""
-    return max(1, matmul_batch(size, device_type) // ASPECT)
+def family_call(family: str, size: int, device: str | torch.device) -> tuple:
+    """``(call, flops)``: one timed batch of bf16 products of ``family`` with short side
+    ``size`` (about as many multiply-adds as the square table's batch), written as the
+    Newton–Schulz iteration writes them: the long inner dimension as ``bmm(x, x.mT)`` (its
+    ``X X^T``), the long output as ``bmm(b, x)`` (its ``B X``)."""
+    m, k, n = family_product(family, size)
+    batch = max(1, matmul_batch(size, device) // ASPECT)
+    x = torch.randn(batch, m, k, device=device).to(torch.bfloat16)
+    if family == LONG_INNER:
+        return (lambda: torch.bmm(x, x.mT)), 2 * batch * m * k * n
+    y = torch.randn(batch, k, n, device=device).to(torch.bfloat16)
+    return (lambda: torch.bmm(x, y)), 2 * batch * m * k * n
 
 
 def rate(dtype: torch.dtype, size: int, device: str, reps: int) -> float:
@@ -84,17 +99,9 @@ def rate(dtype: torch.dtype, size: int, device: str, reps: int) -> float:
 
 
 def family_rate(family: str, size: int, device: str, reps: int) -> float:
-    """bf16 GFLOP/s of ``family``'s products with short side ``size``, written as the
-    iteration writes them (``bmm(x, x.mT)`` for the long inner dimension)."""
-    m, k, n = family_product(family, size)
-    batch = family_batch(size, device)
-    x = torch.randn(batch, m, k, device=device).to(torch.bfloat16)
-    if family == LONG_INNER:
-        fn = lambda: torch.bmm(x, x.mT)  # noqa: E731
-    else:
-        y = torch.randn(batch, k, n, device=device).to(torch.bfloat16)
-        fn = lambda: torch.bmm(x, y)  # noqa: E731
-    return 2 * batch * m * k * n / seconds(fn, device, reps) / 1e9
+    """bf16 GFLOP/s of ``family``'s products with short side ``size`` (:func:`family_call`)."""
+    call, flops = family_call(family, size, device)
+    return flops / seconds(call, device, reps) / 1e9
 
 
 def main() -> None:
@@ -103,7 +110,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=7)
     args = parser.parse_args()
     print(f"# torch {torch.__version__}, {args.device}, GFLOP/s of batched s x s products (median of {args.reps})")
-    kind = args.device if args.device in SIZES else "cuda"
+    kind = device_kind(args.device)
     for dtype in DTYPES:
         entries = ", ".join(f"({s}, {rate(dtype, s, args.device, args.reps):.1f})" for s in SIZES[kind][dtype])
         print(f"{str(dtype)[6:]}: ({entries})", flush=True)

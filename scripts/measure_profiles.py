@@ -77,12 +77,12 @@ from torch.distributed.device_mesh import init_device_mesh
 
 from bench_distributed import ARMS, add_backend_argument, failure, on_gpu, rank_device, sharded_params, start_backend
 from bench_distributed import timed as timed_once
-from measure_matmul_rates import family_batch, matmul_batch
+from measure_matmul_rates import family_call, matmul_batch
 from step_split import labelled, profiled_split, splits_by_label
 
 from muon_compile import config
 from muon_compile.config import Config, Strategy
-from muon_compile.matmul_rates import ASPECT, FAMILIES, LONG_INNER, MatmulRates, cube_size, family_product
+from muon_compile.matmul_rates import ASPECT, FAMILIES, MatmulRates, cube_size, family_product
 from muon_compile.network_profiles import COLLECTIVES, Link, NetworkProfile, alpha_beta
 from muon_compile.plan import plan_for
 from muon_compile.step_cost import FIXED_COSTS, DeviceProfile, overhead_counts, predict
@@ -154,7 +154,7 @@ def probe() -> tuple[Callable[[], None], float]:
     """The matmul probe: :data:`PROBE_SIZE` bf16 products batched as in the profile's
     table, repeated for about :data:`SUSTAINED` seconds (:func:`sustained`), and the
     GFLOP it computes per call."""
-    batch = matmul_batch(PROBE_SIZE, rank_device().type)
+    batch = matmul_batch(PROBE_SIZE, rank_device())
     a, b = (torch.randn(batch, PROBE_SIZE, PROBE_SIZE).to(rank_device(), torch.bfloat16) for _ in range(2))
     repeated, count = sustained(lambda: torch.bmm(a, b))
     return repeated, count * 2 * batch * PROBE_SIZE**3 / 1e9
@@ -416,28 +416,16 @@ def _products(shapes: list[tuple[int, int]], reps: int) -> list[float]:
 
 def square_rates(reps: int) -> list[tuple[int, float]]:
     """``(size, GFLOP/s)`` of bf16 batched square products at each of :data:`MATMUL_SIZES`."""
-    batches = [matmul_batch(s, rank_device().type) for s in MATMUL_SIZES]
+    batches = [matmul_batch(s, rank_device()) for s in MATMUL_SIZES]
     batched = _products(list(zip(batches, MATMUL_SIZES)), reps)
     return [(s, round(2 * n * s**3 / t / 1e9, 1)) for s, n, t in zip(MATMUL_SIZES, batches, batched)]
 
 
 def family_rates(family: str, reps: int) -> list[tuple[int, float]]:
     """``(short side, GFLOP/s)`` of bf16 batched products of ``family`` at each of
-    :data:`MATMUL_SIZES`, a batch holding about as many multiply-adds as the square
-    table's; written as the iteration writes them: the long inner dimension as
-    ``bmm(x, x.mT)`` (its ``X X^T``), the long output as ``bmm(b, x)`` (its ``B X``)."""
-    calls, flops = [], []
-    for s in MATMUL_SIZES:
-        m, k, n = family_product(family, s)
-        batch = family_batch(s, rank_device().type)
-        x = torch.randn(batch, m, k).to(rank_device(), torch.bfloat16)
-        if family == LONG_INNER:
-            calls.append(lambda x=x: torch.bmm(x, x.mT))
-        else:
-            y = torch.randn(batch, k, n).to(rank_device(), torch.bfloat16)
-            calls.append(lambda x=x, y=y: torch.bmm(x, y))
-        flops.append(2 * batch * m * k * n)
-    return [(s, round(f / t / 1e9, 1)) for s, f, t in zip(MATMUL_SIZES, flops, per_call(calls, reps))]
+    :data:`MATMUL_SIZES`, as measure_matmul_rates' :func:`family_call` batches and writes them."""
+    calls, flops = zip(*(family_call(family, s, rank_device()) for s in MATMUL_SIZES))
+    return [(s, round(f / t / 1e9, 1)) for s, f, t in zip(MATMUL_SIZES, flops, per_call(list(calls), reps))]
 
 
 def measure_device(reps: int, arm_seconds: float = ARM_SECONDS) -> dict:
