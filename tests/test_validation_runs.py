@@ -203,16 +203,21 @@ RESOLVED_DIFFERS = {
 }
 
 
+def _reported(run) -> tuple[str, list[str]]:
+    """What --load prints for the saved ``run`` (called in this process), and its ranking lines."""
+    lines = []
+    report(json.loads(run.read_text()), log=lines.append)
+    out = "\n".join(lines)
+    return out, [line for line in out.splitlines() if " ranking " in line]
+
+
 def test_runs_are_saved():
     assert RUNS, "docs/runs holds no saved validation run"
 
 
 @pytest.mark.parametrize("run", RUNS, ids=[r.stem for r in RUNS])
 def test_current_model_ranks_the_strategies_as_measured(run):
-    lines = []
-    report(json.loads(run.read_text()), log=lines.append)  # what --load prints, in this process
-    out = "\n".join(lines)
-    rankings = [line for line in out.splitlines() if " ranking " in line]
+    out, rankings = _reported(run)
     assert len(rankings) == 8  # 2 workloads x 2 bucket sizes x 2 prefetch depths
     matched = sum(line.endswith("matches") for line in rankings)
     assert matched >= MATCHED_WHEN_RECORDED[run.stem], "\n".join(rankings)
@@ -265,10 +270,7 @@ GPU_MATCHED_WHEN_RECORDED = {"2026-11-26-h100-world1-gpt-small": 4}
 
 @pytest.mark.parametrize("run", GPU_RUNS, ids=[r.stem for r in GPU_RUNS])
 def test_current_model_ranks_the_strategies_of_gpu_runs_as_measured(run):
-    lines = []
-    report(json.loads(run.read_text()), log=lines.append)
-    out = "\n".join(lines)
-    rankings = [line for line in out.splitlines() if " ranking " in line]
+    out, rankings = _reported(run)
     assert len(rankings) == 4  # gpt-small x 2 bucket sizes x 2 prefetch depths
     assert sum(line.endswith("matches") for line in rankings) >= GPU_MATCHED_WHEN_RECORDED[run.stem], "\n".join(rankings)
     assert "8 pairs: median |error|" in out
