@@ -10,7 +10,9 @@ import subprocess
 
 from script_runs import torchrun
 
-ROW = re.compile(r"^(all_to_all_single|all_gather_into_tensor) +(\d+) +([0-9.]+) +([0-9.]+) +([0-9.]+) +([+-][0-9.]+)$")
+# "after" is the difference of two timings (the products followed by the call, less the
+# products alone), so on a loaded host it can come out below zero, as "extra" can
+ROW = re.compile(r"^(all_to_all_single|all_gather_into_tensor) +(\d+) +([0-9.]+) +([0-9.]+) +(-?[0-9.]+) +([+-][0-9.]+)$")
 
 
 def probe(*flags: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -26,10 +28,21 @@ def test_each_kind_is_timed_alone_and_after_compute():
     assert seen == {(k, g) for k in ("all_to_all_single", "all_gather_into_tensor") for g in (False, True)}, out
     for m in rows:
         kib, gap, alone, after, extra = int(m.group(2)), *(float(m.group(i)) for i in range(3, 7))
-        assert kib == 4 and alone > 0 and after > 0, m.group(0)
+        assert kib == 4 and alone > 0 and gap >= 0, m.group(0)
         assert abs(extra - (after - alone)) <= 0.0015, m.group(0)  # printed to the microsecond
-        # the products' count is calibrated to the gap asked: within a factor of 3 of 0.5 ms
-        assert gap == 0 or 0.5 / 3 < gap < 0.5 * 3, m.group(0)
+
+
+def test_the_products_count_is_calibrated_to_the_gap(monkeypatch):
+    """``products`` runs as many products as the gap over one product's time, without timing
+    anything here (the timings themselves swing with the host's load, so a test of them
+    could fail on a busy machine without a fault in the script)."""
+    import probe_collective_after_compute as probe_module
+
+    monkeypatch.setattr(probe_module, "seconds_per_call", lambda fn, calls: 1e-4)
+    calls = []
+    monkeypatch.setattr(probe_module.torch, "bmm", lambda a, b: calls.append(a.shape))
+    probe_module.products(0.5e-3)()
+    assert calls == [(8, 96, 96)] * 5
 
 
 def test_realtime_gloo_raises_every_gloo_thread_or_names_the_right_it_lacks():
