@@ -44,10 +44,11 @@ def seconds_per_call(fn: Callable[[], object], calls: int) -> float:
 
 def products(seconds: float) -> Callable[[], None]:
     """bf16 products of a batch of eight 96 x 96 matrices (a small bucket's Newton–Schulz
-    size), as many as take about ``seconds`` on this rank (the same count on every rank)."""
+    size), as many as take about ``seconds`` on this rank, one at least (the same count on
+    every rank)."""
     a, b = torch.randn(8, 96, 96).bfloat16(), torch.randn(8, 96, 96).bfloat16()
     per = seconds_per_call(lambda: torch.bmm(a, b), 200)
-    count = round(seconds / per)
+    count = max(1, round(seconds / per))  # one at least, however slow the host
 
     def run() -> None:
         for _ in range(count):

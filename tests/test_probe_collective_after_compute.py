@@ -24,8 +24,9 @@ def test_each_kind_is_timed_alone_and_after_compute():
     assert out.startswith("# world 2, gloo, torch "), out
     rows = [ROW.match(line) for line in out.splitlines()[2:]]
     assert all(rows) and len(rows) == 4, out
-    seen = {(m.group(1), float(m.group(3)) > 0) for m in rows}
-    assert seen == {(k, g) for k in ("all_to_all_single", "all_gather_into_tensor") for g in (False, True)}, out
+    # per kind, the gap 0 row (no products: its compute column exactly 0) then the 0.5 one
+    assert [m.group(1) for m in rows] == ["all_to_all_single"] * 2 + ["all_gather_into_tensor"] * 2, out
+    assert [float(m.group(3)) == 0 for m in rows] == [True, False] * 2, out
     for m in rows:
         kib, gap, alone, after, extra = int(m.group(2)), *(float(m.group(i)) for i in range(3, 7))
         assert kib == 4 and alone > 0 and gap >= 0, m.group(0)
@@ -43,6 +44,9 @@ def test_the_products_count_is_calibrated_to_the_gap(monkeypatch):
     monkeypatch.setattr(probe_module.torch, "bmm", lambda a, b: calls.append(a.shape))
     probe_module.products(0.5e-3)()
     assert calls == [(8, 96, 96)] * 5
+    calls.clear()
+    probe_module.products(0.01e-3)()  # a gap shorter than one product: one
+    assert calls == [(8, 96, 96)]
 
 
 def test_realtime_gloo_raises_every_gloo_thread_or_names_the_right_it_lacks():

@@ -1,7 +1,7 @@
 """Rank agreement (muon_compile.rank_agreement, passes/fingerprint.py): the first
 difference between ranks as a sentence, parameter names, the fingerprint of a step graph,
 and on real gloo ranks: each way one rank's step can differ raises the same error on every
-rank within seconds; ranks that diverge after compiling end with an error naming the
+rank, by the exchange, not its timeout; ranks that diverge after compiling end with an error naming the
 package, not a hang."""
 
 import pytest
@@ -110,13 +110,15 @@ CASES = {
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", CASES)
-def test_divergent_rank_fails_on_every_rank_within_seconds(case):
+def test_divergent_rank_fails_on_every_rank_naming_the_difference(case):
+    # the exchange's own message, not the agreement timeout's ("did not ..."): the ranks
+    # compared their fingerprints instead of waiting MUON_COMPILE_AGREE_TIMEOUT (no bound
+    # on the wall time here, which a loaded host stretches; run_world's timeout ends a hang)
     results = run_world(divergent_step, 2, case, 1, timeout=300)
     texts = [text for text, _ in results]
     assert texts[0] == texts[1], texts
     assert texts[0].startswith("muon_compile: the ranks of process group"), texts[0]
-    assert CASES[case] in texts[0]
-    assert max(seconds for _, seconds in results) < 30
+    assert CASES[case] in texts[0] and "MUON_COMPILE_AGREE_TIMEOUT" not in texts[0]
 
 
 @pytest.mark.slow
@@ -135,7 +137,7 @@ def test_rank_skipping_a_compiled_step_ends_in_the_collective_timeout():
     text, seconds = step2
     assert text.startswith("muon_compile: the compiled optimizer step failed on rank 0"), text
     assert "Timed out" in text and "init_process_group(timeout=...)" in text
-    assert 4 < seconds < 60
+    assert seconds > 4  # not before the process group's timeout
 
 
 @pytest.mark.slow
@@ -144,7 +146,7 @@ def test_recompile_on_one_rank_is_reported_by_rank():
     rank 1's step, whose collectives have no partner, fails too; the job ends."""
     (text0, seconds0), (text1, _) = run_world(diverge_after_compile, 2, "recompile", timeout=300, pg_timeout=5)
     assert "rank(s) [1] did not" in text0 and "MUON_COMPILE_AGREE_TIMEOUT" in text0
-    assert 2 < seconds0 < 60
+    assert seconds0 > 2  # not before the agreement's timeout
     assert text1.startswith("muon_compile: the compiled optimizer step failed on rank 1"), text1
 
 
