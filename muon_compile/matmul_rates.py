@@ -66,6 +66,12 @@ def cube_size(m: int, k: int, n: int) -> float:
     return (m * k * n) ** (1 / 3)
 
 
+def family_table(family: str, points) -> Table:
+    """``family``'s table as :class:`MatmulRates` holds it, ``(cube size, GFLOP/s)``, from
+    ``(short side, GFLOP/s)`` points as profiles measure them (:func:`family_product`)."""
+    return tuple((cube_size(*family_product(family, int(s))), float(r)) for s, r in points)
+
+
 def _aspect(m: int, k: int, n: int) -> tuple[str, float]:
     """The family a product is priced in and how far it is from square: its inner dimension
     against the outer ones' geometric mean, or its longer outer dimension against the
@@ -142,6 +148,7 @@ _CUDA_BF16: Table = ((32, 19450.0), (64, 62221.9), (128, 115134.2), (256, 214034
 _CUDA_FP16: Table = ((32, 19531.1), (64, 62628.3), (128, 115721.6), (256, 209961.2), (512, 364062.5), (1024, 487178.7), (2048, 534022.8), (4096, 736406.4))
 _CUDA_FP32: Table = ((32, 12565.6), (64, 23929.0), (128, 31827.8), (256, 42384.5), (512, 44546.2), (1024, 44184.5), (2048, 49864.2))
 _CUDA_FP64: Table = ((32, 7499.3), (64, 13816.0), (128, 22123.8), (256, 31536.1), (512, 36144.8), (1024, 43473.7))
+# the families by short side, as measured (family_table keys them by cube size)
 _CUDA_BF16_FAMILIES: dict[str, Table] = {
     LONG_INNER: ((32, 64414.2), (64, 142167.2), (128, 250757.1), (256, 392736.6), (512, 502845.1), (1024, 553855.8), (2048, 731182.7)),
     LONG_OUTER: ((32, 41399.7), (64, 80850.0), (128, 144268.4), (256, 268301.3), (512, 415534.8), (1024, 509204.1), (2048, 691918.3)),
@@ -157,7 +164,7 @@ PROFILES: dict[str, MatmulRates] = {
         "cuda",
         "measured on an H100 80GB HBM3, torch 2.11.0+cu130 (scripts/measure_matmul_rates.py's batches)",
         {torch.bfloat16: _CUDA_BF16, torch.float16: _CUDA_FP16, torch.float32: _CUDA_FP32, torch.float64: _CUDA_FP64},
-        families={f: {torch.bfloat16: t} for f, t in _CUDA_BF16_FAMILIES.items()},
+        families={f: {torch.bfloat16: family_table(f, t)} for f, t in _CUDA_BF16_FAMILIES.items()},
     ),
 }
 

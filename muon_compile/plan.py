@@ -14,7 +14,8 @@ layouts are tried: Muon's collectives then run within shard groups of ``--shard`
 and the replica groups repeat the step without communicating in it (the gradient
 all-reduce across replicas belongs to the backward pass, not priced here). For each
 world size it prints, per layout, strategy and bucket size, at the best prefetch depth,
-the predicted optimizer step, its NS, pointwise and exposed-communication parts and its
+the predicted optimizer step, its NS, pointwise, exposed-communication and launch-bound
+(the device waiting for the host) parts and its
 bucket buffers (:func:`~muon_compile.step_cost.buffer_bytes`), and recommends the fastest
 configuration whose buffers fit in ``--memory-share`` of the device's memory (the rest
 holds the model, its gradients, optimizer state and activations) and whose ranks' share of
@@ -113,6 +114,12 @@ class Prediction:
     def exposed_share(self) -> float:
         """The slowest rank's exposed communication as a share of the step."""
         return self.cost.exposed[self.cost.slowest_rank] / self.cost.step if self.cost.step else 0.0
+
+    @property
+    def launch_share(self) -> float:
+        """The slowest rank's time waiting for its host's launches as a share of the step
+        (a launch-bound step: fewer, larger buckets help)."""
+        return self.cost.launch_bound[self.cost.slowest_rank] / self.cost.step if self.cost.step else 0.0
 
 
 def state_bytes(shapes: list[tuple[int, int]], shard: int) -> float:
@@ -214,7 +221,7 @@ def describe(predictions: list[Prediction], max_buffers: float = 0.0) -> str:
             shown[key] = p
     lines = [
         f"{'layout':<12} {'strategy':<10} {'bucket MiB':>10} {'buckets':>7} {'prefetch':>8} "
-        f"{'step ms':>9} {'NS ms':>8} {'pointwise ms':>12} {'exposed comm':>12} {'buffers GiB':>11}"
+        f"{'step ms':>9} {'NS ms':>8} {'pointwise ms':>12} {'exposed comm':>12} {'launch-bound':>12} {'buffers GiB':>11}"
     ]
     for p in shown.values():
         r = p.cost.slowest_rank
@@ -222,7 +229,7 @@ def describe(predictions: list[Prediction], max_buffers: float = 0.0) -> str:
         lines.append(
             f"{p.layout:<12} {p.strategy.value:<10} {p.bucket_mb:>10g} {p.buckets:>7} {p.prefetch:>8} "
             f"{p.cost.step * 1e3:>9.2f} {p.cost.ns[r] * 1e3:>8.2f} {p.cost.pointwise[r] * 1e3:>12.2f} "
-            f"{p.exposed_share:>12.1%} {p.buffers / 2**30:>11.2f}{mark}"
+            f"{p.exposed_share:>12.1%} {p.launch_share:>12.1%} {p.buffers / 2**30:>11.2f}{mark}"
         )
     return "\n".join(lines)
 

@@ -5,7 +5,8 @@ which needs shapes only, so any world size can be planned without a process), th
 prefetch depth, a :class:`DeviceProfile` and a
 :class:`~muon_compile.network_profiles.NetworkProfile`. Output: a :class:`StepCost` per
 rank: Newton–Schulz matmul seconds, pointwise (memory-bound) seconds, communication
-seconds, the part of it not hidden behind compute, and the total.
+seconds, the part of it not hidden behind compute, the device's wait for its host's
+launches, and the total.
 
 Work per bucket (docs/design.md, "Distributed layout"):
 
@@ -20,22 +21,35 @@ Work per bucket (docs/design.md, "Distributed layout"):
 * and per parameter, outside the buckets, the momentum and the update: read the
   gradient, read and write the momentum and the parameter;
 * the step's fixed costs (:data:`FIXED_COSTS`, counted by :func:`overhead_counts`): the
-  device's overhead per step, per parameter, per NS call and per bucket, counted as
-  pointwise time, and per collective, counted as the collective's time.
+  device's overhead per step, per parameter, per NS call and per bucket, host time
+  (counted as pointwise time where the host computes), and per collective, counted as
+  the collective's time.
 
-Timeline: the stages run in the order of the ``schedule`` pass
+Timeline: the update first (its host costs, the step's guards and the parameters'
+unwrapping, come before any kernel; the packing is fused into it), then the buckets'
+stages in the order of the ``schedule`` pass
 (:func:`~muon_compile.passes.schedule.stage_order`), each rank's compute on its own
 clock, the collectives on one shared communication clock: a collective starts when the
 last rank has issued it and the previous one is done, and a rank that waits for it
 stalls. On a device that cannot overlap communication with compute (the CPU: gloo runs
 on the compute cores) a collective holds every rank's compute clock instead. Exposed
-communication is a rank's total minus its own compute.
+communication is the time a rank's compute waits for collectives.
+
+Host and device: every stage's seconds are split into the host's (the fixed costs, the
+product calls' latency: dispatching and launching) and the device's (arithmetic, memory
+traffic). Where the host computes (the CPU) they add. Where it queues kernels for the
+device (a CUDA stream, :attr:`DeviceProfile.queues_kernels`), each rank also keeps a host
+clock, which runs ahead of its device: a stage ends on the device at the later of its
+device work done after the previous stage and its last launch, so host time is paid only
+where the device would otherwise idle (reported as ``launch_bound``); waits for
+collectives hold the device, not the host.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
+from typing import NamedTuple
 
 from .config import Strategy
 from .matmul_rates import PROFILES as MATMUL_PROFILES
@@ -78,7 +92,9 @@ def tied(a: float, b: float) -> bool:
 @dataclasses.dataclass(frozen=True)
 class DeviceProfile:
     """What a device computes at: matmul rates, memory bandwidth (bytes/s) for
-    pointwise work, whether collectives overlap compute on it, and the fixed costs of a
+    pointwise work, whether collectives overlap compute on it, whether its host queues the
+    kernels (``queues_kernels``: a CUDA stream; then host time overlaps the device's work,
+    see the module docstring; on the CPU the host computes), and the fixed costs of a
     compiled step on it: ``step_overhead`` seconds per call (guards, the runtime wrapper),
     ``param_overhead`` seconds per parameter (unwrapping it, its share of the update's
     kernels), ``call_overhead`` seconds per Newton–Schulz call (the launches of its
@@ -94,6 +110,7 @@ class DeviceProfile:
     matmul: MatmulRates
     memory_bandwidth: float
     overlaps_communication: bool
+    queues_kernels: bool = False
     step_overhead: float = 0.0
     param_overhead: float = 0.0
     call_overhead: float = 0.0
@@ -112,12 +129,13 @@ DEVICES: dict[str, DeviceProfile] = {
         "h100",
         "the matmul rates of muon_compile.matmul_rates 'cuda' (measured on one H100 80GB HBM3); "
         "HBM3 3.35 TB/s peak, 2.8 TB/s taken as achieved (2.79 measured), 80 GB; NCCL runs on its own stream; "
-        "fixed costs, estimates: 50 us per step (a compiled call without CUDA graphs), 10 us per "
-        "parameter, 100 us per NS call (about 20 kernel launches of ~5 us) and 50 us per bucket, the "
-        "launches of its collectives included (none per collective beyond them)",
+        "fixed costs, estimates, host time that the GPU's queued work hides: 50 us per step (a compiled call "
+        "without CUDA graphs), 10 us per parameter, 100 us per NS call (about 20 kernel launches of ~5 us) and "
+        "50 us per bucket, the launches of its collectives included (none per collective beyond them)",
         MATMUL_PROFILES["cuda"],
         memory_bandwidth=2.8e12,
         overlaps_communication=True,
+        queues_kernels=True,
         step_overhead=50e-6,
         param_overhead=10e-6,
         call_overhead=100e-6,
@@ -129,13 +147,20 @@ DEVICES: dict[str, DeviceProfile] = {
 
 @dataclasses.dataclass(frozen=True)
 class StepCost:
-    """Predicted seconds of one step, per rank (tuples indexed by rank in the group)."""
+    """Predicted seconds of one step, per rank (tuples indexed by rank in the group):
+    ``total`` is ``ns + pointwise + exposed + launch_bound``, where ``ns`` is the
+    Newton–Schulz products' time, ``pointwise`` the rest of the rank's own work (memory
+    traffic, and on a device that does not queue kernels the fixed costs), ``exposed`` the
+    communication it waits for and ``launch_bound`` the time its device waits for the host
+    to launch the next kernels (0 where the host computes); ``communication`` is the
+    collectives' time, overlapped or not."""
 
     ns: tuple[float, ...]
     pointwise: tuple[float, ...]
     communication: float
     exposed: tuple[float, ...]
     total: tuple[float, ...]
+    launch_bound: tuple[float, ...]
 
     @property
     def step(self) -> float:
@@ -148,9 +173,9 @@ class StepCost:
         return self.total.index(self.step)
 
     def describe(self) -> str:
-        rows = ["rank  total ms  NS ms  pointwise ms  exposed comm ms"]
-        for r, (t, n, p, e) in enumerate(zip(self.total, self.ns, self.pointwise, self.exposed)):
-            rows.append(f"{r:4d}  {t * 1e3:8.3f}  {n * 1e3:5.3f}  {p * 1e3:12.3f}  {e * 1e3:15.3f}")
+        rows = ["rank  total ms  NS ms  pointwise ms  exposed comm ms  launch-bound ms"]
+        for r, (t, n, p, e, h) in enumerate(zip(self.total, self.ns, self.pointwise, self.exposed, self.launch_bound)):
+            rows.append(f"{r:4d}  {t * 1e3:8.3f}  {n * 1e3:5.3f}  {p * 1e3:12.3f}  {e * 1e3:15.3f}  {h * 1e3:15.3f}")
         rows.append(f"communication {self.communication * 1e3:.3f} ms per rank")
         return "\n".join(rows)
 
@@ -243,33 +268,40 @@ def _per_rank(bucket: DistBucket, of_shape) -> list[float]:
     return total
 
 
+class Seconds(NamedTuple):
+    """One rank's seconds of a piece of the step: its host's (dispatching, launching: the
+    fixed costs, the product calls' latency) and its device's (arithmetic, memory traffic)."""
+
+    host: float
+    device: float
+
+
 def _ns_seconds(
     bucket: DistBucket, rates: MatmulRates, algorithms: dict[tuple[int, int], str], calls: list[dict[tuple[int, int], DistMember]]
-) -> tuple[float, ...]:
-    """Each rank's NS seconds in ``bucket``: the arithmetic of its matrices, each with its
-    ``algorithms`` entry (:func:`_algorithms`), and the latency of the products of its
-    ``calls`` (:func:`_calls`)."""
+) -> tuple[Seconds, ...]:
+    """Each rank's NS seconds in ``bucket``: on the device, the arithmetic of its
+    matrices, each with its ``algorithms`` entry (:func:`_algorithms`); on the host, the
+    latency of the products of its ``calls`` (:func:`_calls`)."""
     args = bucket.args
     total = _per_rank(bucket, lambda r, c: predicted_seconds(algorithms[r, c], r, c, args.steps, args.compute_dtype, rates))
-    if not rates.latency:
-        return tuple(total)
     latency: dict[tuple[int, int], float] = {}  # per canonical shape, priced once
     for rank_calls in calls:
         for shape, m in rank_calls.items():
-            if shape not in latency:
+            if rates.latency and shape not in latency:
                 algorithm = algorithms[m.rows, m.cols]
                 latency[shape] = call_latency(algorithm, m.rows, m.cols, args.steps, args.compute_dtype, rates)
-    return tuple(t + sum(latency[shape] for shape in rank_calls) for t, rank_calls in zip(total, calls))
+    return tuple(Seconds(sum(latency.get(shape, 0.0) for shape in rank_calls), t) for t, rank_calls in zip(total, calls))
 
 
 @dataclasses.dataclass(frozen=True)
 class _BucketWork:
-    """One bucket's seconds: pointwise per stage and rank, NS per rank, each collective."""
+    """One bucket's seconds per rank: its stages' (the compute stage's with its NS), its
+    NS alone; and each of its collectives'."""
 
-    launch: tuple[float, ...]
-    compute: tuple[float, ...]
-    finish: tuple[float, ...]
-    ns: tuple[float, ...]
+    launch: tuple[Seconds, ...]
+    compute: tuple[Seconds, ...]
+    finish: tuple[Seconds, ...]
+    ns: tuple[Seconds, ...]
     collectives: tuple[float, ...]
 
 
@@ -288,12 +320,14 @@ def _bucket_work(bucket: DistBucket, device: DeviceProfile, network: NetworkProf
     args = bucket.args
     ns_passes = _per_rank(bucket, lambda r, c: pointwise_bytes(algorithms[r, c], r, c, args.steps, args.compute_dtype))
     compute = tuple(
-        (cuts * 2 * e * itemsize + p) / bw + len(c) * device.call_overhead for e, p, c in zip(owned, ns_passes, calls)
+        Seconds(n.host + len(c) * device.call_overhead, n.device + (cuts * 2 * e * itemsize + p) / bw)
+        for n, e, p, c in zip(ns, owned, ns_passes, calls)
     )
     finish = pack if bucket.strategy is Strategy.ALL_TO_ALL else 0.0
     overhead = device.collective_overhead if world > 1 else 0.0  # a group of one exchanges nothing
     seconds = tuple(network.seconds(kind, shard_elems * itemsize, world) + overhead for kind, _, _ in bucket.collectives())
-    return _BucketWork((pack + device.bucket_overhead,) * world, compute, (finish,) * world, ns, seconds)
+    launch = Seconds(device.bucket_overhead, pack)
+    return _BucketWork((launch,) * world, compute, (Seconds(0.0, finish),) * world, ns, seconds)
 
 
 def stages(plan: DistPlan, prefetch: int) -> list[StageTag]:
@@ -317,18 +351,29 @@ def predict(
     if len(groups) > 1:
         raise ValueError(f"predict prices one process group's buckets; the plan has {sorted(groups)}")
     if not plan.buckets:
-        return StepCost((0.0,), (0.0,), 0.0, (0.0,), (0.0,))
+        return StepCost((0.0,), (0.0,), 0.0, (0.0,), (0.0,), (0.0,))
     world = plan.buckets[0].group_size
     work = [_bucket_work(b, device, network, param_itemsize) for b in plan.buckets]
-    clock = [0.0] * world  # each rank's compute clock
+    clock = [0.0] * world  # each rank's compute clock (its device's)
+    host = [0.0] * world  # each rank's host clock, where it queues kernels
     busy = [0.0] * world  # each rank's own compute
+    idle = [0.0] * world  # each rank's device waiting for its host
+    exposed = [0.0] * world  # each rank's waits for collectives
     comm_free = 0.0
     done: dict[tuple[int, int], float] = {}  # (bucket, collective) -> end time
 
-    def run(rank_seconds: tuple[float, ...]) -> None:
+    def run(rank_seconds: tuple[Seconds, ...]) -> None:
         for r, s in enumerate(rank_seconds):
-            clock[r] += s
-            busy[r] += s
+            if not device.queues_kernels:
+                clock[r] += s.host + s.device
+                busy[r] += s.host + s.device
+                continue
+            # the device is never ahead of the host's launches: clock >= host
+            host[r] += s.host
+            worked = clock[r] + s.device
+            clock[r] = max(worked, host[r])
+            busy[r] += s.device
+            idle[r] += clock[r] - worked
 
     def collective(b: int, i: int) -> None:
         nonlocal comm_free
@@ -337,11 +382,22 @@ def predict(
         comm_free = end
         done[(b, i)] = end
         if not device.overlaps_communication:
-            clock[:] = [end] * world
+            hold(end)
+
+    def hold(until: float) -> None:
+        for r, c in enumerate(clock):
+            if until > c:
+                exposed[r] += until - c
+                clock[r] = until
 
     def wait(b: int, i: int) -> None:
-        clock[:] = [max(c, done[(b, i)]) for c in clock]
+        hold(done[(b, i)])
 
+    members = [m for b in plan.buckets for m in b.members]
+    elems = sum(m.rows_per_shard * m.cols for m in members)  # the longest shards
+    update = UPDATE_ACCESSES * elems * param_itemsize / device.memory_bandwidth
+    run((Seconds(device.step_overhead, 0.0),) * world)  # guards and the wrapper, before any launch
+    run((Seconds(device.param_overhead * len(members), update),) * world)
     for tag in stages(plan, prefetch):
         w = work[tag.bucket]
         if tag.stage is Stage.LAUNCH:
@@ -349,17 +405,14 @@ def predict(
             collective(tag.bucket, 0)
         elif tag.stage is Stage.COMPUTE:
             wait(tag.bucket, 0)
-            run(tuple(n + c for n, c in zip(w.ns, w.compute)))
+            run(w.compute)
             if len(w.collectives) > 1:
                 collective(tag.bucket, 1)
         else:
             wait(tag.bucket, 1)
             run(w.finish)
-    members = [m for b in plan.buckets for m in b.members]
-    elems = sum(m.rows_per_shard * m.cols for m in members)  # the longest shards
-    update = UPDATE_ACCESSES * elems * param_itemsize / device.memory_bandwidth
-    run((update + device.step_overhead + device.param_overhead * len(members),) * world)
-    ns = tuple(sum(w.ns[r] for w in work) for r in range(world))
+    # NS: the products' arithmetic, and where the host computes, their calls' latency
+    ns = tuple(sum(w.ns[r].device + (0.0 if device.queues_kernels else w.ns[r].host) for w in work) for r in range(world))
     communication = sum(s for w in work for s in w.collectives)
-    exposed = tuple(c - b for c, b in zip(clock, busy))
-    return StepCost(ns, tuple(b - n for b, n in zip(busy, ns)), communication, exposed, tuple(clock))
+    pointwise = tuple(b - n for b, n in zip(busy, ns))
+    return StepCost(ns, pointwise, communication, tuple(exposed), tuple(clock), tuple(idle))

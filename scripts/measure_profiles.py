@@ -82,7 +82,7 @@ from step_split import labelled, profiled_split, splits_by_label
 
 from muon_compile import config
 from muon_compile.config import Config, Strategy
-from muon_compile.matmul_rates import ASPECT, FAMILIES, MatmulRates, cube_size, family_product
+from muon_compile.matmul_rates import ASPECT, FAMILIES, MatmulRates, family_table
 from muon_compile.network_profiles import COLLECTIVES, Link, NetworkProfile, alpha_beta
 from muon_compile.plan import plan_for
 from muon_compile.step_cost import FIXED_COSTS, DeviceProfile, overhead_counts, predict
@@ -492,7 +492,10 @@ def _fixed_costs(
     apart from the cost per bucket by the steps of both strategies (an ``all_to_all``
     bucket issues two collectives, an ``all_gather`` one); without ``per_collective``
     (:func:`collectives_wait_behind_compute`), or with one rank (no collective), it is not
-    fitted and is 0."""
+    fitted and is 0. On a device that queues its kernels the fixed costs are host time,
+    which the model adds to a step only where the device waits for it; the fit is then
+    exact for steps whose host time exceeds their device time, as the fixed-cost
+    workloads' matrices of 8 to 31 rows have on a GPU (docs/benchmarks.md, "GPU")."""
     counts, beyond, shown = [], [], []
     for name, (shapes, mb) in FIXED_COST_WORKLOADS.items():
         for strategy in STRATEGY_ARMS:
@@ -520,7 +523,7 @@ def rates_of(figures: dict, kind: str, dtypes: tuple[torch.dtype, ...], source: 
     if "matmul_families" in figures:  # runs saved before 2026-11-25 priced every product by its volume
         families = {}
         for family, points in figures["matmul_families"].items():
-            families[family] = dict.fromkeys(dtypes, tuple((cube_size(*family_product(family, int(s))), float(r)) for s, r in points))
+            families[family] = dict.fromkeys(dtypes, family_table(family, points))
             log(f"matmul bf16 GFLOP/s, {family} (x{ASPECT}), by short side: {tuple((int(s), float(r)) for s, r in points)}")
         rates = dataclasses.replace(rates, families=families)
     if "matmul_call" in figures:  # runs saved before 2026-11-24 did not measure it
@@ -534,8 +537,9 @@ def device_profile(figures: dict, network: NetworkProfile, world: int, log=print
     """The device profile of :func:`measure_device`'s ``figures``, its fixed costs fitted
     with ``network`` pricing the collectives of the fixed-cost steps, a cost per collective
     among them where ``per_collective`` (see :func:`_fixed_costs`). On the CPU nothing
-    overlaps (the collectives hold its cores); on a GPU, NCCL runs on a stream of its own,
-    and the bf16 rates stand for fp16 too (Gram Newton–Schulz's dtype there; the tensor
+    overlaps (the collectives hold its cores, the host computes); on a GPU, NCCL runs on a
+    stream of its own, the host queues the kernels ahead of the device (its fixed costs
+    and product-call latency overlap the device's work), and the bf16 rates stand for fp16 too (Gram Newton–Schulz's dtype there; the tensor
     cores run both at one rate: 2% apart on the H100 of muon_compile.matmul_rates)."""
     kind = figures.get("kind", "cpu")  # runs saved before 2026-11-24 measured the CPU only
     dtypes = (torch.bfloat16, torch.float16) if kind == "cuda" else (torch.bfloat16,)
@@ -549,6 +553,7 @@ def device_profile(figures: dict, network: NetworkProfile, world: int, log=print
         rates,
         memory_bandwidth=bandwidth,
         overlaps_communication=kind != "cpu",
+        queues_kernels=kind != "cpu",
     )
     fitted = _fixed_costs(figures["fixed"], arithmetic, network, world, per_collective, log)
     log(f"fixed costs: {', '.join(f'{s * 1e6:.1f} us per {FIXED_COSTS[name]}' for name, s in fitted.items())}")

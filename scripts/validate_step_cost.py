@@ -177,7 +177,7 @@ def report(record: dict, log=print, collectives_during: bool = False) -> None:
     steps = {(s["workload"], s["bucket_mb"], s["prefetch"], s["strategy"]): s for s in record["steps"]}
     spread = {name: same_plan_spread(steps, name, world, interleaved, log) for name in names}
     log(f"\n{'workload':<10} {'bucket MiB':>10} {'buckets':>7} {'strategy':<10} {'prefetch':>8} "
-        f"{'predicted ms':>12} {'(NS':>7} {'pointwise':>9} {'exposed)':>9} {'measured ms':>11} {'error':>7}")
+        f"{'predicted ms':>12} {'(NS':>7} {'pointwise':>9} {'exposed':>9} {'launch)':>8} {'measured ms':>11} {'error':>7}")
     errors, uncorrected, paired_verdicts, resolved_verdicts, rankings = [], [], [], [], []
     for name, mb, prefetch in cases(names):
         pair = {}
@@ -200,7 +200,7 @@ def report(record: dict, log=print, collectives_during: bool = False) -> None:
             r = cost.slowest_rank
             log(f"{name:<10} {mb:>10g} {len(plan.buckets):>7} {strategy.value:<10} {prefetch:>8} "
                 f"{cost.step * 1e3:>12.2f} {cost.ns[r] * 1e3:>7.2f} {cost.pointwise[r] * 1e3:>9.2f} "
-                f"{cost.exposed[r] * 1e3:>9.2f} {measured * 1e3:>11.2f} {error:>+7.1%}")
+                f"{cost.exposed[r] * 1e3:>9.2f} {cost.launch_bound[r] * 1e3:>8.2f} {measured * 1e3:>11.2f} {error:>+7.1%}")
             if "split" in entry or "split_alone" in entry:
                 log(split_line(entry, r, predicted_split(plan, prefetch, devices[name], networks[name])[r]))
         if len(pair) == 2:

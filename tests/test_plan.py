@@ -71,6 +71,18 @@ def test_owner_compute_beats_every_rank_computing_everything_within_a_node():
     assert max(by[Strategy.ALL_TO_ALL].ns) < 0.2 * by[Strategy.ALL_GATHER].ns[0]
 
 
+def test_the_launch_bound_share_is_the_devices_wait_for_its_host():
+    shapes, network = list(MODELS["llama-1b"].matrices), profile("nvlink-ib")
+    slow_host = dataclasses.replace(DEVICES["h100"], call_overhead=5e-3)  # 5 ms of launches an NS call
+    for device in (slow_host, dataclasses.replace(slow_host, queues_kernels=False)):
+        (row,) = planner.sweep(shapes, 8, device, network, [64], [1], strategies=(Strategy.ALL_TO_ALL,))
+        cost = row.cost
+        assert row.launch_share == pytest.approx(cost.launch_bound[cost.slowest_rank] / cost.step)
+        # a host that queues kernels runs ahead: the step waits for it, in part
+        assert (row.launch_share > 0.1) is device.queues_kernels
+    assert "launch-bound" in planner.describe([row]).splitlines()[0]
+
+
 def test_command_line_prints_a_recommendation(capsys):
     planner.main(["--model", "llama-1b", "--world", "8,16", "--bucket-mb", "256", "--prefetch", "1"])
     out = capsys.readouterr().out

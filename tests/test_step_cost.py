@@ -1,5 +1,6 @@
 """The cost model (muon_compile/step_cost.py): a plan's predicted step, by hand on one
-bucket, the overlap that prefetch buys, the all_gather strategy's compute, the fixed costs."""
+bucket, the overlap that prefetch buys, the all_gather strategy's compute, the fixed costs,
+host time on a device that queues its kernels."""
 
 import dataclasses
 
@@ -8,7 +9,7 @@ import torch
 
 from muon_compile import coefficients
 from muon_compile.config import Strategy
-from muon_compile.matmul_rates import ASPECT, LONG_INNER, LONG_OUTER, PROFILES, MatmulRates
+from muon_compile.matmul_rates import _CUDA_BF16_FAMILIES, ASPECT, FAMILIES, LONG_INNER, LONG_OUTER, PROFILES, MatmulRates, family_product
 from muon_compile.network_profiles import Link, NetworkProfile
 from muon_compile.ns_cost import predicted_seconds
 from muon_compile.passes.plan_distributed import EVERY_RANK, DistBucket, DistMember, DistPlan
@@ -19,8 +20,8 @@ NET = NetworkProfile("test", "made up", intra=Link(1e-5, 1e9), inter=Link(1e-5, 
 BW = 10e9
 
 
-def _device(overlap):
-    return DeviceProfile("test", "made up", PROFILES["cpu"], BW, overlap)
+def _device(overlap, queues=False):
+    return DeviceProfile("test", "made up", PROFILES["cpu"], BW, overlap, queues)
 
 
 def _bucket(strategy=Strategy.ALL_TO_ALL, owners=(0, 1), rows=8, cols=16):
@@ -157,3 +158,77 @@ def test_a_non_square_product_is_priced_between_the_square_rate_and_its_familys_
 def test_two_step_times_within_the_models_resolution_are_tied_either_way_round():
     assert tied(1.0, 1.0 + 0.9 * TIE) and tied(1.0 + 0.9 * TIE, 1.0)
     assert not tied(1.0, 1.0 + 1.1 * TIE) and not tied(1.0 + 1.1 * TIE, 1.0)
+
+
+def test_measured_family_products_are_priced_at_their_measured_rates():
+    # the cuda table's families are measured by short side and held by cube size
+    bf16 = torch.bfloat16
+    for family in FAMILIES:
+        for side, rate in _CUDA_BF16_FAMILIES[family]:
+            assert PROFILES["cuda"].rate(bf16, *family_product(family, side)) == pytest.approx(rate), (family, side)
+
+
+def _by_hand():
+    """The one-bucket all_to_all step of _bucket(), each rank owning one 8x16 matrix: the
+    device's seconds up to the end of the compute stage, and those after it."""
+    shard = 2 * 4 * 16
+    pack = shard * (4 + 2) / BW
+    collective = NET.seconds("all_to_all_single", shard * 2, 2)
+    ns = predicted_seconds("textbook", 8, 16, 5, torch.bfloat16, PROFILES["cpu"])
+    compute = (2 * 2 * (8 * 16) * 2 + 3 * 8 * 16 * 2 + 5 * 3 * 8 * 8 * 2) / BW
+    update = UPDATE_ACCESSES * shard * 4 / BW
+    return update + pack + collective + ns + compute, collective + pack
+
+
+def test_a_device_that_queues_kernels_pays_host_time_only_where_it_would_wait():
+    plan = DistPlan((_bucket(),), (), {})
+    queued = _device(True, queues=True)
+    base = predict(plan, 1, queued, NET)
+    # no host time: the same step as a device whose host computes, nothing launch-bound
+    assert base == predict(plan, 1, _device(True), NET)
+    assert base.launch_bound == (0.0, 0.0)
+    before, after = _by_hand()
+    assert base.total == pytest.approx((before + after,) * 2)
+    # each rank's one NS call launched while its device works through the stages before it:
+    # hidden up to the device's time to the end of the compute stage, paid beyond it
+    hidden = predict(plan, 1, dataclasses.replace(queued, call_overhead=0.99 * before), NET)
+    assert hidden.total == pytest.approx(base.total) and hidden.launch_bound == (0.0, 0.0)
+    paid = predict(plan, 1, dataclasses.replace(queued, call_overhead=2 * before), NET)
+    assert paid.total == pytest.approx((2 * before + after,) * 2)
+    assert paid.launch_bound == pytest.approx((before, before))
+    assert paid.ns == base.ns and paid.pointwise == pytest.approx(base.pointwise)  # host time is neither
+    # where the host computes, the same cost adds in full, as pointwise time
+    cpu = predict(plan, 1, dataclasses.replace(_device(True), call_overhead=2 * before), NET)
+    assert cpu.total == pytest.approx((3 * before + after,) * 2) and cpu.launch_bound == (0.0, 0.0)
+    # the step's own overhead comes before any launch: the device waits for it in full
+    guarded = predict(plan, 1, dataclasses.replace(queued, step_overhead=1e-3), NET)
+    assert guarded.total == pytest.approx((1e-3 + before + after,) * 2)
+    assert guarded.launch_bound == pytest.approx((1e-3, 1e-3))
+
+
+def test_the_call_latency_is_host_time_on_a_device_that_queues_kernels():
+    plan = DistPlan((_bucket(),), (), {})
+    slow = dataclasses.replace(PROFILES["cpu"], latency={torch.bfloat16: ((8, 1.0),)})  # a second a product call
+    queued = _device(True, queues=True)
+    cost = predict(plan, 1, dataclasses.replace(queued, matmul=slow), NET)
+    base = predict(plan, 1, queued, NET)
+    assert cost.ns == base.ns  # the arithmetic alone
+    products = 3 * ARGS.steps  # one call of the textbook iteration on each rank
+    assert cost.launch_bound[0] == pytest.approx(products - _by_hand()[0])
+
+
+@pytest.mark.parametrize("queues", [False, True])
+@pytest.mark.parametrize("overlap", [False, True])
+@pytest.mark.parametrize("strategy", list(Strategy))
+def test_a_steps_parts_add_up_to_its_total(strategy, overlap, queues):
+    owners = (0, 0, 1) if strategy is Strategy.ALL_TO_ALL else (EVERY_RANK,) * 3
+    members = tuple(DistMember(i, 8, cols, 4, 4, owner, 5) for i, (owner, cols) in enumerate(zip(owners, (16, 16, 32))))
+    plan = DistPlan(tuple(DistBucket("0", 2, i, strategy, ARGS, members) for i in range(3)), (), {})
+    costs = dict(zip(FIXED_COSTS, (3e-4, 2e-5, 4e-5, 1e-5, 1e-6)))
+    device = dataclasses.replace(_device(overlap, queues), **costs)
+    for prefetch in (0, 1, 2):
+        cost = predict(plan, prefetch, device, NET)
+        parts = [n + p + e + h for n, p, e, h in zip(cost.ns, cost.pointwise, cost.exposed, cost.launch_bound)]
+        assert cost.total == pytest.approx(parts)
+        assert min(cost.exposed) >= 0 and min(cost.launch_bound) >= 0 and min(cost.pointwise) > 0
+        assert queues or cost.launch_bound == (0.0, 0.0)
