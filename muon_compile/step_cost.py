@@ -153,7 +153,9 @@ class StepCost:
     traffic, and on a device that does not queue kernels the fixed costs), ``exposed`` the
     communication it waits for and ``launch_bound`` the time its device waits for the host
     to launch the next kernels (0 where the host computes); ``communication`` is the
-    collectives' time, overlapped or not."""
+    collectives' time, overlapped or not; ``host`` each rank's host seconds (its fixed
+    costs and product-call latency: within ``pointwise`` and ``ns`` where the host
+    computes, the time to issue the step where it queues kernels)."""
 
     ns: tuple[float, ...]
     pointwise: tuple[float, ...]
@@ -161,6 +163,7 @@ class StepCost:
     exposed: tuple[float, ...]
     total: tuple[float, ...]
     launch_bound: tuple[float, ...]
+    host: tuple[float, ...]
 
     @property
     def step(self) -> float:
@@ -351,11 +354,11 @@ def predict(
     if len(groups) > 1:
         raise ValueError(f"predict prices one process group's buckets; the plan has {sorted(groups)}")
     if not plan.buckets:
-        return StepCost((0.0,), (0.0,), 0.0, (0.0,), (0.0,), (0.0,))
+        return StepCost((0.0,), (0.0,), 0.0, (0.0,), (0.0,), (0.0,), (0.0,))
     world = plan.buckets[0].group_size
     work = [_bucket_work(b, device, network, param_itemsize) for b in plan.buckets]
     clock = [0.0] * world  # each rank's compute clock (its device's)
-    host = [0.0] * world  # each rank's host clock, where it queues kernels
+    host = [0.0] * world  # each rank's host seconds (its clock, where it queues kernels)
     busy = [0.0] * world  # each rank's own compute
     idle = [0.0] * world  # each rank's device waiting for its host
     exposed = [0.0] * world  # each rank's waits for collectives
@@ -364,12 +367,12 @@ def predict(
 
     def run(rank_seconds: tuple[Seconds, ...]) -> None:
         for r, s in enumerate(rank_seconds):
+            host[r] += s.host
             if not device.queues_kernels:
                 clock[r] += s.host + s.device
                 busy[r] += s.host + s.device
                 continue
             # the device is never ahead of the host's launches: clock >= host
-            host[r] += s.host
             worked = clock[r] + s.device
             clock[r] = max(worked, host[r])
             busy[r] += s.device
@@ -415,4 +418,4 @@ def predict(
     ns = tuple(sum(w.ns[r].device + (0.0 if device.queues_kernels else w.ns[r].host) for w in work) for r in range(world))
     communication = sum(s for w in work for s in w.collectives)
     pointwise = tuple(b - n for b, n in zip(busy, ns))
-    return StepCost(ns, pointwise, communication, tuple(exposed), tuple(clock), tuple(idle))
+    return StepCost(ns, pointwise, communication, tuple(exposed), tuple(clock), tuple(idle), tuple(host))

@@ -215,6 +215,19 @@ def timed(step) -> float:
     return slowest(time.perf_counter() - start)
 
 
+def timed_host(step) -> float:
+    """Seconds the slowest rank's host takes to issue one ``step``, after a barrier, its
+    device idle at the call: on a GPU, from the call to its return, the kernels it queued
+    possibly still running (waited for before the next timing); on the CPU, the step."""
+    sync()
+    dist.barrier()
+    start = time.perf_counter()
+    step()
+    issued = time.perf_counter() - start
+    sync()
+    return slowest(issued)
+
+
 def timed_steps(step, warmup: int, reps: int) -> list[float]:
     for _ in range(warmup):
         step()

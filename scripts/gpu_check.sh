@@ -9,7 +9,8 @@
 #                                                                 -> install.log
 #   validate     the cost model against one GPU: scripts/validate_step_cost.py under
 #                torchrun, one rank, NCCL, gpt-small (the GPU's measured profile, then each
-#                step predicted and measured)                    -> validate_world1.txt/.json
+#                step predicted and measured, and the host's time to issue it)
+#                                                                 -> validate_world1.txt/.json
 #   bench        scripts/bench_single_device.py on CUDA (CUDA-event times): gpt-small and
 #                llama-1b, arms eager torch.optim.Muon, muon, bmm roofline
 #                                                                 -> bench_single.txt/.json

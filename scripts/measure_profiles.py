@@ -77,6 +77,7 @@ from torch.distributed.device_mesh import init_device_mesh
 
 from bench_distributed import ARMS, add_backend_argument, failure, on_gpu, rank_device, sharded_params, start_backend
 from bench_distributed import timed as timed_once
+from bench_distributed import timed_host
 from measure_matmul_rates import family_call, matmul_batch
 from step_split import labelled, profiled_split, splits_by_label
 
@@ -98,6 +99,8 @@ ARM_SECONDS = 2.0  # seconds of timed steps, at least, of the slowest arm that m
 # rounds, at most, of the fixed-cost steps, timed in turns with the probes (about 1.5 s of
 # probes a round at world 2; uncapped, 2 s of these 2-3 ms steps would be 700 rounds)
 FIXED_COST_ROUNDS = 40
+# calls of each arm whose host time measure_arms records on a GPU, at most
+HOST_ROUNDS = 50
 MATMUL_SIZES = (32, 64, 128, 256, 512, 1024)
 # the matmul rate that measure_arms can time in turns with the steps, to follow the VM's
 # drift between the profile and the steps: batched bf16 products of this size
@@ -119,9 +122,9 @@ FIXED_COST_WORKLOADS = {
 STRATEGY_ARMS = {Strategy.ALL_TO_ALL: "muon-a2a", Strategy.ALL_GATHER: "muon-gather"}
 
 
-def turns(fns: list, rounds: int) -> list[list[float]]:
+def turns(fns: list, rounds: int, timer: Callable[[Callable], float] | None = None) -> list[list[float]]:
     """Per function, the slowest rank's seconds of each of ``rounds`` calls after a barrier
-    (bench_distributed's ``timed``); the functions take turns, one call each per round, so
+    (bench_distributed's ``timed``, or ``timer``); the functions take turns, one call each per round, so
     a slow spell of the machine spreads over all of them instead of spoiling one, in an
     order shuffled each round (the same on every rank: the calls' collectives must
     match), so that none always follows the same one. In a fixed order the step timed
@@ -133,7 +136,7 @@ def turns(fns: list, rounds: int) -> list[list[float]]:
     for _ in range(rounds):
         shuffle(order)
         for index in order:
-            times[index].append(timed_once(fns[index]))
+            times[index].append((timer or timed_once)(fns[index]))
     return times
 
 
@@ -212,6 +215,11 @@ def measure_arms(
     (three of the one-bucket ``small-14`` step at world 2: 2.59, 2.37 and 2.29 ms), so
     one instance measures its own speed as much as the step's.
 
+    On a GPU, each arm's first instance is then called :data:`HOST_ROUNDS` times more (or
+    as many as the rounds, if fewer), in turns, and the time its host took to issue each
+    call is kept under ``"host_times"`` (bench_distributed's ``timed_host``): what the
+    cost model's host clock prices where the host queues kernels.
+
     ``split_steps``: after the timing, that many more rounds are profiled, each arm's
     calls under a label of its own, and every rank's split of its steps there
     (scripts/step_split.py's ``splits_by_label``) is kept under ``"split"``, a list by
@@ -236,6 +244,10 @@ def measure_arms(
                 result["times"] = round_medians(own)
                 if instances > 1:
                     result["instance_times"] = own
+            if on_gpu():
+                issued = turns([copies[0] for copies, _ in steps], min(rounds, HOST_ROUNDS), timed_host)
+                for (_, result), series in zip(steps, issued):
+                    result["host_times"] = series
             if split_steps and not on_gpu():
                 _profile_splits(steps, [repeated for repeated, _ in probes.values()], split_steps)
     torch._dynamo.reset()
@@ -438,7 +450,9 @@ def measure_device(reps: int, arm_seconds: float = ARM_SECONDS) -> dict:
     product call on a single matrix; ``memory_bandwidth`` in bytes/s (a copy);
     ``fixed``, the compiled step's median seconds on each of
     :data:`FIXED_COST_WORKLOADS` with each strategy (``{workload: {strategy: seconds}}``),
-    timed in turns with the probes (``fixed_timing`` says how);
+    timed in turns with the probes (``fixed_timing`` says how), and on a GPU
+    ``fixed_host``, the median seconds its host took to issue each (:func:`measure_arms`'
+    ``host_times``);
     ``kind``, the device type the ranks computed on (``cuda`` under NCCL, one GPU per
     rank, else ``cpu``). ``arm_seconds``: the fixed-cost steps' timing, as
     :func:`measure_arms` takes it."""
@@ -449,11 +463,14 @@ def measure_device(reps: int, arm_seconds: float = ARM_SECONDS) -> dict:
     cases = [(name, strategy, arm) for name in FIXED_COST_WORKLOADS for strategy, arm in STRATEGY_ARMS.items()]
     arms = [(arm, FIXED_COST_WORKLOADS[name][0], {"bucket_mb": FIXED_COST_WORKLOADS[name][1]}) for name, _, arm in cases]
     fixed: dict[str, dict[str, float]] = {}
+    fixed_host: dict[str, dict[str, float]] = {}
     timed = measure_arms(arms, mesh, 2, reps, with_probe=True, arm_seconds=arm_seconds, max_rounds=FIXED_COST_ROUNDS)[0]
     for (name, strategy, arm), result in zip(cases, timed):
         if "error" in result:
             raise RuntimeError(f"measuring the fixed costs: {arm} on {name} failed: {result['error']}")
         fixed.setdefault(name, {})[strategy.value] = statistics.median(result["times"])
+        if "host_times" in result:
+            fixed_host.setdefault(name, {})[strategy.value] = statistics.median(result["host_times"])
     return {
         "matmul": table,
         "matmul_families": {family: family_rates(family, reps) for family in FAMILIES},
@@ -462,6 +479,7 @@ def measure_device(reps: int, arm_seconds: float = ARM_SECONDS) -> dict:
         "sustained_s": SUSTAINED,
         "fixed": fixed,
         "fixed_timing": f"in turns with the probes, {FIXED_COST_ROUNDS} rounds at most",
+        **({"fixed_host": fixed_host} if fixed_host else {}),
         "threads": torch.get_num_threads(),
         "kind": rank_device().type,
     }
@@ -478,7 +496,13 @@ def collectives_wait_behind_compute(backend: str, realtime_gloo: bool) -> bool:
 
 
 def _fixed_costs(
-    fixed: dict[str, dict[str, float]], arithmetic: DeviceProfile, network: NetworkProfile, world: int, per_collective: bool, log
+    fixed: dict[str, dict[str, float]],
+    arithmetic: DeviceProfile,
+    network: NetworkProfile,
+    world: int,
+    per_collective: bool,
+    log,
+    host: bool = False,
 ) -> dict[str, float]:
     """The seconds of each of the cost model's
     :data:`~muon_compile.step_cost.FIXED_COSTS` (per step, parameter, NS call, bucket and
@@ -493,18 +517,22 @@ def _fixed_costs(
     bucket issues two collectives, an ``all_gather`` one); without ``per_collective``
     (:func:`collectives_wait_behind_compute`), or with one rank (no collective), it is not
     fitted and is 0. On a device that queues its kernels the fixed costs are host time,
-    which the model adds to a step only where the device waits for it; the fit is then
-    exact for steps whose host time exceeds their device time, as the fixed-cost
-    workloads' matrices of 8 to 31 rows have on a GPU (docs/benchmarks.md, "GPU")."""
+    which the model adds to a step only where the device waits for it; fitted to the
+    steps' times, the fit is exact for steps whose host time exceeds their device time,
+    as the fixed-cost workloads' matrices of 8 to 31 rows have on a GPU
+    (docs/benchmarks.md, "GPU"). With ``host``, ``fixed`` holds the steps' host times
+    (``fixed_host``) and the fit is to the model's host seconds, whatever the device's share."""
     counts, beyond, shown = [], [], []
     for name, (shapes, mb) in FIXED_COST_WORKLOADS.items():
         for strategy in STRATEGY_ARMS:
             plan = plan_for(shapes, world, strategy, mb)
-            extra = fixed[name][strategy.value] - predict(plan, Config.prefetch, arithmetic, network).step
+            cost = predict(plan, Config.prefetch, arithmetic, network)
+            extra = fixed[name][strategy.value] - (max(cost.host) if host else cost.step)
             counts.append(dict(zip(FIXED_COSTS, overhead_counts(plan))))
             beyond.append(extra)
             shown.append(f"{name} {strategy.value} {extra * 1e3:.3f} ms")
-    log(f"compiled Muon step beyond its arithmetic: {', '.join(shown)}")
+    what = "compiled Muon step's host time" if host else "compiled Muon step"
+    log(f"{what} beyond its arithmetic: {', '.join(shown)}")
     fit_collectives = per_collective and any(c["collective_overhead"] for c in counts)
     terms = [name for name in FIXED_COSTS if fit_collectives or name != "collective_overhead"]
     rows = torch.tensor([[float(c[term]) for term in terms] for c in counts], dtype=torch.float64)
@@ -555,7 +583,8 @@ def device_profile(figures: dict, network: NetworkProfile, world: int, log=print
         overlaps_communication=kind != "cpu",
         queues_kernels=kind != "cpu",
     )
-    fitted = _fixed_costs(figures["fixed"], arithmetic, network, world, per_collective, log)
+    host = arithmetic.queues_kernels and "fixed_host" in figures  # runs saved before 2026-11-27 lack it
+    fitted = _fixed_costs(figures["fixed_host" if host else "fixed"], arithmetic, network, world, per_collective, log, host)
     log(f"fixed costs: {', '.join(f'{s * 1e6:.1f} us per {FIXED_COSTS[name]}' for name, s in fitted.items())}")
     return dataclasses.replace(arithmetic, **fitted)
 

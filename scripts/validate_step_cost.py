@@ -72,7 +72,7 @@ from step_split import predicted_split
 from muon_compile.config import Config
 from muon_compile.network_profiles import NetworkProfile
 from muon_compile.plan import plan_for
-from muon_compile.step_cost import TIE, DeviceProfile, predict, stages, tied
+from muon_compile.step_cost import TIE, DeviceProfile, StepCost, predict, stages, tied
 
 # a bucket size per workload that splits it into several buckets
 SPLIT_MB = {"gpt-small": 4.0, "small-14": 0.02}
@@ -178,7 +178,7 @@ def report(record: dict, log=print, collectives_during: bool = False) -> None:
     spread = {name: same_plan_spread(steps, name, world, interleaved, log) for name in names}
     log(f"\n{'workload':<10} {'bucket MiB':>10} {'buckets':>7} {'strategy':<10} {'prefetch':>8} "
         f"{'predicted ms':>12} {'(NS':>7} {'pointwise':>9} {'exposed':>9} {'launch)':>8} {'measured ms':>11} {'error':>7}")
-    errors, uncorrected, paired_verdicts, resolved_verdicts, rankings = [], [], [], [], []
+    errors, uncorrected, paired_verdicts, resolved_verdicts, rankings, host_errors = [], [], [], [], [], []
     for name, mb, prefetch in cases(names):
         pair = {}
         for strategy in STRATEGY_ARMS:
@@ -203,6 +203,10 @@ def report(record: dict, log=print, collectives_during: bool = False) -> None:
                 f"{cost.exposed[r] * 1e3:>9.2f} {cost.launch_bound[r] * 1e3:>8.2f} {measured * 1e3:>11.2f} {error:>+7.1%}")
             if "split" in entry or "split_alone" in entry:
                 log(split_line(entry, r, predicted_split(plan, prefetch, devices[name], networks[name])[r]))
+            if "host_times" in entry:  # a GPU run since 2026-11-27
+                line, host_error = host_line(entry, cost)
+                host_errors.append(abs(host_error))
+                log(line)
         if len(pair) == 2:
             order = [sorted(pair, key=lambda s: pair[s][i]) for i in (0, 1)]
             verdict = "matches" if order[0] == order[1] else "DIFFERS"
@@ -232,6 +236,8 @@ def report(record: dict, log=print, collectives_during: bool = False) -> None:
         log(f"\n{len(errors)} pairs: {summary(errors)}")
         if uncorrected != errors:
             log(f"    with the profiles as timed before the steps, nothing followed during them: {summary(uncorrected)}")
+    if host_errors:
+        log(f"host time, {len(host_errors)} pairs: {summary(host_errors)}")
     if rankings:
         apart = [v for ranked, v in rankings if ranked]
         log(f"rankings predicted more than {TIE:.0%} apart: {len(apart)} of {len(rankings)}, "
@@ -244,6 +250,17 @@ def report(record: dict, log=print, collectives_during: bool = False) -> None:
         resolved = [v for v in paired_verdicts if v != "unresolved"]
         log(f"paired rankings: {len(resolved)} of {len(paired_verdicts)} resolved by the rounds, "
             f"{resolved.count('matches')} of them as predicted")
+
+
+def host_line(entry: dict, cost: StepCost) -> tuple[str, float]:
+    """One pair's host time (measure_arms' ``host_times``, the slowest rank's host issuing
+    the step) beside the cost model's host seconds of its busiest host and that rank's
+    launch-bound time, ms; and the relative error of the host seconds."""
+    issued = statistics.median(entry["host_times"])
+    r = cost.host.index(max(cost.host))
+    error = cost.host[r] / issued - 1
+    return (f"{'':<10} host issued the step in {issued * 1e3:.2f} ms (median of {len(entry['host_times'])}), "
+            f"predicted {cost.host[r] * 1e3:.2f} ({error:+.1%}), launch-bound {cost.launch_bound[r] * 1e3:.2f}"), error
 
 
 def split_line(entry: dict, rank: int, predicted: dict[str, float]) -> str:

@@ -1,5 +1,6 @@
 """scripts/measure_profiles.py's pure parts (the collective fit, the shuffled turns, the
-instances' round medians, the device profile of saved figures), its timed collectives on
+instances' round medians, the device profile of saved figures, a GPU's fixed costs fitted
+to its host times and their report), its timed collectives on
 two gloo ranks, and, in the slow tier, scripts/validate_step_cost.py end to end with one
 rank, as scripts/gpu_check.sh runs it on one GPU (there with NCCL, here with gloo)."""
 
@@ -25,6 +26,7 @@ from muon_compile.plan import plan_for  # noqa: E402
 from muon_compile.step_cost import FIXED_COSTS, overhead_counts, predict  # noqa: E402
 
 SAVED = ROOT / "docs" / "runs" / "2026-11-24-world2-shuffled.json"
+SAVED_GPU = ROOT / "docs" / "runs" / "gpu" / "2026-11-26-h100-world1-gpt-small.json"
 
 
 def timed_collectives(rank, world):
@@ -160,6 +162,8 @@ def test_turns_time_each_function_once_a_round_in_an_order_shuffled_alike_on_eve
     assert all(sorted(order) == list(range(5)) for order in orders)
     assert len({tuple(order) for order in orders}) > 1  # shuffled, not one fixed order
     assert run(6)[1] == calls  # the same order in another process: every rank's collectives match
+    # another timer (measure_arms' host times on a GPU) in the same turns
+    assert measure_profiles.turns([lambda: 1, lambda: 2], 3, timer=lambda fn: 10.0 * fn()) == [[10.0] * 3, [20.0] * 3]
 
 
 def test_timed_rounds_follow_the_longest_step_up_to_the_cap():
@@ -244,6 +248,81 @@ def test_fixed_cost_fit_recovers_a_cost_per_collective_only_where_one_is_constan
     # one rank issues no collective: nothing to fit per collective
     alone = measure_profiles.device_profile(_fixed_figures_of(figures, network, 1, costs), network, 1, log=lambda *_: None)
     assert alone.collective_overhead == 0
+
+
+def arms_timed_as_on_a_gpu(rank, world):
+    """measure_arms on gloo ranks with its GPU branch taken and each arm a plain function
+    (no compile): its results, and how many calls each arm had."""
+    calls = {}
+
+    def arm(key, shapes, mesh, overrides, warmup):
+        calls[key] = 0
+
+        def step():
+            calls[key] += 1
+        return step
+
+    measure_profiles.on_gpu = lambda: True
+    measure_profiles.compiled_arm = arm
+    arms = [("muon-a2a", [], {}), ("muon-gather", [], {})]
+    results, _ = measure_profiles.measure_arms(arms, None, 0, 3, arm_seconds=0.0)
+    return results, calls
+
+
+def test_arms_timed_on_a_gpu_keep_the_time_their_host_took_to_issue_each_call():
+    for results, calls in run_world(arms_timed_as_on_a_gpu, 2, timeout=120):
+        # 3 rounds timed, then as many host timings (fewer than HOST_ROUNDS), after one call
+        # that finds the longest step
+        assert calls == {"muon-a2a": 1 + 3 + 3, "muon-gather": 1 + 3 + 3}
+        for result in results:
+            assert len(result["times"]) == len(result["host_times"]) == 3
+            assert all(t > 0 for t in result["host_times"])
+
+
+def test_a_gpus_fixed_costs_are_fitted_to_its_host_times_where_the_run_has_them():
+    """Fixed-cost steps whose host times are the model's host seconds plus made-up costs,
+    and whose step times are something else (a busy device): the fit to the host times
+    recovers the costs; without them, the fit to the step times cannot."""
+    figures = dict(json.loads(SAVED_GPU.read_text())["device"])
+    network = NetworkProfile("flat", "test", intra=Link(1e-4, 1e9), inter=Link(1e-4, 1e9), ranks_per_node=1)
+    costs = dict(zip(FIXED_COSTS, (300e-6, 40e-6, 70e-6, 20e-6, 0.0)))  # one rank: no collective
+    bare = measure_profiles.device_profile(figures, network, 1, log=lambda *_: None).without_fixed_costs()
+    assert bare.queues_kernels
+    host, busy = {}, {}
+    for name, (shapes, mb) in measure_profiles.FIXED_COST_WORKLOADS.items():
+        for strategy in measure_profiles.STRATEGY_ARMS:
+            plan = plan_for(shapes, 1, strategy, mb)
+            counts = dict(zip(FIXED_COSTS, overhead_counts(plan)))
+            issued = max(predict(plan, Config.prefetch, bare, network).host)
+            host.setdefault(name, {})[strategy.value] = issued + sum(costs[t] * counts[t] for t in FIXED_COSTS)
+            busy.setdefault(name, {})[strategy.value] = 0.05  # 50 ms whatever the step: not its host
+    lines = []
+    fitted = measure_profiles.device_profile(dict(figures, fixed=busy, fixed_host=host), network, 1, log=lines.append)
+    assert {term: getattr(fitted, term) for term in FIXED_COSTS} == pytest.approx(costs, abs=1e-9)
+    assert any(line.startswith("compiled Muon step's host time beyond its arithmetic: ") for line in lines)
+    by_steps = measure_profiles.device_profile(dict(figures, fixed=busy), network, 1, log=lambda *_: None)
+    assert by_steps.step_overhead > 0.01  # the 50 ms steps, priced as fixed costs
+    # the CPU's host computes: its host times, were they recorded, are not fitted apart
+    on_cpu = dict(figures, fixed=busy, kind="cpu")
+    cpu = [measure_profiles.device_profile(f, network, 1, log=lambda *_: None) for f in (on_cpu, dict(on_cpu, fixed_host=host))]
+    assert cpu[0] == cpu[1]
+
+
+def test_report_prints_each_pairs_host_time_beside_the_models_where_the_run_has_them():
+    record = json.loads(SAVED_GPU.read_text())
+    plain = []
+    validate_step_cost.report(record, plain.append)
+    assert not any(" host issued the step " in line for line in plain)
+    for entry in record["steps"]:
+        entry["host_times"] = [0.004, 0.005, 0.006]  # a median of 5 ms
+    lines = []
+    validate_step_cost.report(record, lines.append)
+    host = [line for line in lines if " host issued the step " in line]
+    assert len(host) == 8 and all("in 5.00 ms (median of 3), predicted " in line for line in host)
+    errors = [float(line.split("predicted ")[1].split("(")[1].split("%")[0]) for line in host]
+    summary = next(line for line in lines if line.startswith("host time, 8 pairs: median |error| "))
+    assert f"worst {max(abs(e) for e in errors):.1f}%" in summary
+    assert [line for line in lines if " host issued the step " not in line and not line.startswith("host time")] == plain
 
 
 @pytest.mark.slow

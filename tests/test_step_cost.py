@@ -197,9 +197,11 @@ def test_a_device_that_queues_kernels_pays_host_time_only_where_it_would_wait():
     assert paid.total == pytest.approx((2 * before + after,) * 2)
     assert paid.launch_bound == pytest.approx((before, before))
     assert paid.ns == base.ns and paid.pointwise == pytest.approx(base.pointwise)  # host time is neither
+    assert paid.host == pytest.approx((2 * before,) * 2) and base.host == (0.0, 0.0)
     # where the host computes, the same cost adds in full, as pointwise time
     cpu = predict(plan, 1, dataclasses.replace(_device(True), call_overhead=2 * before), NET)
     assert cpu.total == pytest.approx((3 * before + after,) * 2) and cpu.launch_bound == (0.0, 0.0)
+    assert cpu.host == paid.host  # the same host seconds, within the total here
     # the step's own overhead comes before any launch: the device waits for it in full
     guarded = predict(plan, 1, dataclasses.replace(queued, step_overhead=1e-3), NET)
     assert guarded.total == pytest.approx((1e-3 + before + after,) * 2)
