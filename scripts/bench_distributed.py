@@ -205,27 +205,28 @@ def slowest(value: float) -> float:
     return t.item()
 
 
-def timed(step) -> float:
-    """Seconds of one ``step`` on the slowest rank, GPU work included, after a barrier."""
-    sync()
-    dist.barrier()
-    start = time.perf_counter()
-    step()
-    sync()
-    return slowest(time.perf_counter() - start)
-
-
-def timed_host(step) -> float:
-    """Seconds the slowest rank's host takes to issue one ``step``, after a barrier, its
-    device idle at the call: on a GPU, from the call to its return, the kernels it queued
-    possibly still running (waited for before the next timing); on the CPU, the step."""
+def _issued_and_done(step) -> tuple[float, float]:
+    """This rank's seconds from a call of ``step``, after a barrier with its device idle,
+    to the call's return and to the end of the GPU work it queued (the same on the CPU)."""
     sync()
     dist.barrier()
     start = time.perf_counter()
     step()
     issued = time.perf_counter() - start
     sync()
-    return slowest(issued)
+    return issued, time.perf_counter() - start
+
+
+def timed(step) -> float:
+    """Seconds of one ``step`` on the slowest rank, GPU work included, after a barrier."""
+    return slowest(_issued_and_done(step)[1])
+
+
+def timed_host(step) -> float:
+    """Seconds the slowest rank's host takes to issue one ``step``, after a barrier, its
+    device idle at the call: on a GPU, from the call to its return, the kernels it queued
+    possibly still running (waited for before the next timing); on the CPU, the step."""
+    return slowest(_issued_and_done(step)[0])
 
 
 def timed_steps(step, warmup: int, reps: int) -> list[float]:

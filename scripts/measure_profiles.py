@@ -124,8 +124,8 @@ STRATEGY_ARMS = {Strategy.ALL_TO_ALL: "muon-a2a", Strategy.ALL_GATHER: "muon-gat
 
 def turns(fns: list, rounds: int, timer: Callable[[Callable], float] | None = None) -> list[list[float]]:
     """Per function, the slowest rank's seconds of each of ``rounds`` calls after a barrier
-    (bench_distributed's ``timed``, or ``timer``); the functions take turns, one call each per round, so
-    a slow spell of the machine spreads over all of them instead of spoiling one, in an
+    (bench_distributed's ``timed``, or ``timer``); the functions take turns, one call each
+    per round, so a slow spell of the machine spreads over all of them instead of spoiling one, in an
     order shuffled each round (the same on every rank: the calls' collectives must
     match), so that none always follows the same one. In a fixed order the step timed
     first after the matmul probe measured 2.80 ms, two more instances of it 2.24 and
@@ -567,8 +567,9 @@ def device_profile(figures: dict, network: NetworkProfile, world: int, log=print
     among them where ``per_collective`` (see :func:`_fixed_costs`). On the CPU nothing
     overlaps (the collectives hold its cores, the host computes); on a GPU, NCCL runs on a
     stream of its own, the host queues the kernels ahead of the device (its fixed costs
-    and product-call latency overlap the device's work), and the bf16 rates stand for fp16 too (Gram Newton–Schulz's dtype there; the tensor
-    cores run both at one rate: 2% apart on the H100 of muon_compile.matmul_rates)."""
+    and product-call latency overlap the device's work), and the bf16 rates stand for
+    fp16 too (Gram Newton–Schulz's dtype there; the tensor cores run both at one rate: 2%
+    apart on the H100 of muon_compile.matmul_rates)."""
     kind = figures.get("kind", "cpu")  # runs saved before 2026-11-24 measured the CPU only
     dtypes = (torch.bfloat16, torch.float16) if kind == "cuda" else (torch.bfloat16,)
     bandwidth = figures["memory_bandwidth"]
