@@ -551,17 +551,18 @@ def diverge_after_compile(rank, world, mode, step2_timeout):
     """Compile and run one agreed step, then diverge: ``"skip"``, rank 1 skips step 2
     (waiting until rank 0 is done); ``"recompile"``, rank 0 alone recompiles (a guarded
     setting changed). Every rank returns how its step 2 ended and how long it took. Step 1
-    runs under the process group's timeout (a rank may finish compiling its kernels well
-    before the other on a loaded host, and wait for it in step 1's collectives); step 2
-    under ``step2_timeout`` seconds."""
+    runs under the process group's timeout and the default agreement timeout (on a loaded
+    host one rank may reach the agreement, or finish compiling its kernels and wait in a
+    collective, well before the other); step 2 under ``step2_timeout`` seconds and an
+    agreement timeout of 3 s."""
     params, opt = _named_fsdp_muon(world)
     store = dist.distributed_c10d._get_default_store()
+    step = torch.compile(opt.step, backend="muon")
+    step()
+    dist.barrier()
+    for group in {dist.group.WORLD, params[0].device_mesh.get_group()}:
+        dist.distributed_c10d._set_pg_timeout(datetime.timedelta(seconds=step2_timeout), group)
     with config.override(agree_timeout=3):
-        step = torch.compile(opt.step, backend="muon")
-        step()
-        dist.barrier()
-        for group in {dist.group.WORLD, params[0].device_mesh.get_group()}:
-            dist.distributed_c10d._set_pg_timeout(datetime.timedelta(seconds=step2_timeout), group)
         if mode == "skip" and rank == 1:
             store.wait(["test/rank0_done"], datetime.timedelta(seconds=120))
             return "skipped", 0.0
