@@ -29,17 +29,33 @@ def _bucket(strategy=Strategy.ALL_TO_ALL, owners=(0, 1), rows=8, cols=16):
     return DistBucket("0", 2, 0, strategy, ARGS, members)
 
 
-def test_one_bucket_without_overlap_by_hand():
-    cost = predict(DistPlan((_bucket(),), (), {}), 1, _device(False), NET)
+def _one_bucket_by_hand() -> dict[str, float]:
+    """The seconds of the one-bucket all_to_all step of ``_bucket()`` (each rank owning one
+    8x16 matrix), priced by hand, part by part."""
     shard = 2 * 4 * 16  # two members, 4 rows of 16 each
-    pack = shard * (4 + 2) / BW
-    collective = NET.seconds("all_to_all_single", shard * 2, 2)
-    ns = predicted_seconds("textbook", 8, 16, 5, torch.bfloat16, PROFILES["cpu"])
     compute = 2 * 2 * (8 * 16) * 2 / BW  # reassemble and cut one owned 8x16 matrix, bf16
     # NS passes: the norm, X / norm (read twice, write once), per iteration B from A A and A
     compute += (3 * 8 * 16 * 2 + 5 * 3 * 8 * 8 * 2) / BW
-    update = UPDATE_ACCESSES * shard * 4 / BW
-    expected = pack + collective + ns + compute + collective + pack + update
+    return {
+        "pack": shard * (4 + 2) / BW,
+        "collective": NET.seconds("all_to_all_single", shard * 2, 2),
+        "ns": predicted_seconds("textbook", 8, 16, 5, torch.bfloat16, PROFILES["cpu"]),
+        "compute": compute,
+        "update": UPDATE_ACCESSES * shard * 4 / BW,
+    }
+
+
+def _before_and_after_compute() -> tuple[float, float]:
+    """The device's seconds of that step up to the end of its compute stage, and after it."""
+    t = _one_bucket_by_hand()
+    return t["update"] + t["pack"] + t["collective"] + t["ns"] + t["compute"], t["collective"] + t["pack"]
+
+
+def test_one_bucket_without_overlap_by_hand():
+    cost = predict(DistPlan((_bucket(),), (), {}), 1, _device(False), NET)
+    t = _one_bucket_by_hand()
+    pack, collective, ns = t["pack"], t["collective"], t["ns"]
+    expected = pack + collective + ns + t["compute"] + collective + pack + t["update"]
     assert cost.total == pytest.approx((expected, expected))
     assert cost.exposed == pytest.approx((2 * collective, 2 * collective))
     assert cost.communication == pytest.approx(2 * collective)
@@ -168,18 +184,6 @@ def test_measured_family_products_are_priced_at_their_measured_rates():
             assert PROFILES["cuda"].rate(bf16, *family_product(family, side)) == pytest.approx(rate), (family, side)
 
 
-def _by_hand():
-    """The one-bucket all_to_all step of _bucket(), each rank owning one 8x16 matrix: the
-    device's seconds up to the end of the compute stage, and those after it."""
-    shard = 2 * 4 * 16
-    pack = shard * (4 + 2) / BW
-    collective = NET.seconds("all_to_all_single", shard * 2, 2)
-    ns = predicted_seconds("textbook", 8, 16, 5, torch.bfloat16, PROFILES["cpu"])
-    compute = (2 * 2 * (8 * 16) * 2 + 3 * 8 * 16 * 2 + 5 * 3 * 8 * 8 * 2) / BW
-    update = UPDATE_ACCESSES * shard * 4 / BW
-    return update + pack + collective + ns + compute, collective + pack
-
-
 def test_a_device_that_queues_kernels_pays_host_time_only_where_it_would_wait():
     plan = DistPlan((_bucket(),), (), {})
     queued = _device(True, queues=True)
@@ -187,7 +191,7 @@ def test_a_device_that_queues_kernels_pays_host_time_only_where_it_would_wait():
     # no host time: the same step as a device whose host computes, nothing launch-bound
     assert base == predict(plan, 1, _device(True), NET)
     assert base.launch_bound == (0.0, 0.0)
-    before, after = _by_hand()
+    before, after = _before_and_after_compute()
     assert base.total == pytest.approx((before + after,) * 2)
     # each rank's one NS call launched while its device works through the stages before it:
     # hidden up to the device's time to the end of the compute stage, paid beyond it
@@ -216,7 +220,7 @@ def test_the_call_latency_is_host_time_on_a_device_that_queues_kernels():
     base = predict(plan, 1, queued, NET)
     assert cost.ns == base.ns  # the arithmetic alone
     products = 3 * ARGS.steps  # one call of the textbook iteration on each rank
-    assert cost.launch_bound[0] == pytest.approx(products - _by_hand()[0])
+    assert cost.launch_bound[0] == pytest.approx(products - _before_and_after_compute()[0])
 
 
 @pytest.mark.parametrize("queues", [False, True])
