@@ -287,12 +287,14 @@ def _ns_seconds(
     latency of the products of its ``calls`` (:func:`_calls`)."""
     args = bucket.args
     total = _per_rank(bucket, lambda r, c: predicted_seconds(algorithms[r, c], r, c, args.steps, args.compute_dtype, rates))
-    latency: dict[tuple[int, int], float] = {}  # per canonical shape, priced once
-    for rank_calls in calls:
+    first: dict[tuple[int, int], DistMember] = {}  # per canonical shape, the member its calls are priced by
+    for rank_calls in (calls if rates.latency else ()):
         for shape, m in rank_calls.items():
-            if rates.latency and shape not in latency:
-                algorithm = algorithms[m.rows, m.cols]
-                latency[shape] = call_latency(algorithm, m.rows, m.cols, args.steps, args.compute_dtype, rates)
+            first.setdefault(shape, m)
+    latency = {
+        shape: call_latency(algorithms[m.rows, m.cols], m.rows, m.cols, args.steps, args.compute_dtype, rates)
+        for shape, m in first.items()
+    }
     return tuple(Seconds(sum(latency.get(shape, 0.0) for shape in rank_calls), t) for t, rank_calls in zip(total, calls))
 
 

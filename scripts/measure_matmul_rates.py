@@ -85,9 +85,7 @@ def family_call(family: str, size: int, device: str | torch.device) -> tuple:
     m, k, n = family_product(family, size)
     batch = max(1, matmul_batch(size, device) // ASPECT)
     x = torch.randn(batch, m, k, device=device).to(torch.bfloat16)
-    if family == LONG_INNER:
-        return (lambda: torch.bmm(x, x.mT)), 2 * batch * m * k * n
-    y = torch.randn(batch, k, n, device=device).to(torch.bfloat16)
+    y = x.mT if family == LONG_INNER else torch.randn(batch, k, n, device=device).to(torch.bfloat16)
     return (lambda: torch.bmm(x, y)), 2 * batch * m * k * n
 
 
