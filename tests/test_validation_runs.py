@@ -116,6 +116,9 @@ MATCHED_WHEN_RECORDED = {
     # the same at world 3: every ranking as measured, the ten-bucket small-14 pairs too,
     # which every world-3 run on the EPYC since world3-realtime ranked the other way
     "2026-11-26-world3-amxpc": 8,
+    # the AMD EPYC again, out of sample (the CPU model unchanged since percollective; bf16
+    # products of size 512 at 212 GFLOP/s per rank): every ranking as measured
+    "2026-11-27-world2": 8,
 }
 # runs whose steps were timed in turns: rankings that the rounds resolve (sign test at 5%)
 # against the prediction, when recorded (world3-concat: a ten-bucket small-14 pair of 15 rounds)
@@ -168,6 +171,7 @@ PAIRED_DIFFERS_WHEN_RECORDED = {
     "2026-11-26-world2-percollective": 0,
     "2026-11-26-world2-amxpc": 0,
     "2026-11-26-world3-amxpc": 0,
+    "2026-11-27-world2": 0,
     # the ten-bucket small-14 pairs (all_to_all faster in 129 and 138 of 138 rounds)
     "2026-11-26-world3-percollective": 2,
 }
