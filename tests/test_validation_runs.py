@@ -119,6 +119,10 @@ MATCHED_WHEN_RECORDED = {
     # the AMD EPYC again, out of sample (the CPU model unchanged since percollective; bf16
     # products of size 512 at 212 GFLOP/s per rank): every ranking as measured
     "2026-11-27-world2": 8,
+    # the same at world 3 (97 GFLOP/s at size 512): the ten-bucket small-14 pairs, a tie
+    # predicted 9.9% apart the other way, as in every world-3 run on the EPYC since
+    # world3-realtime
+    "2026-11-27-world3": 6,
 }
 # runs whose steps were timed in turns: rankings that the rounds resolve (sign test at 5%)
 # against the prediction, when recorded (world3-concat: a ten-bucket small-14 pair of 15 rounds)
@@ -172,8 +176,12 @@ PAIRED_DIFFERS_WHEN_RECORDED = {
     "2026-11-26-world2-amxpc": 0,
     "2026-11-26-world3-amxpc": 0,
     "2026-11-27-world2": 0,
+    # the ten-bucket small-14 pairs (all_to_all faster in 52 and 60 of 62 rounds)
+    "2026-11-27-world3": 2,
     # the ten-bucket small-14 pairs (all_to_all faster in 129 and 138 of 138 rounds)
     "2026-11-26-world3-percollective": 2,
+    # the ten-bucket small-14 pairs, 13.7% and 22.9% apart against 4.5%
+    "2026-11-27-world3": 2,
 }
 # rankings whose medians lie further apart than two arms of one plan measured (the
 # report's "the same plan's" spread) against the prediction, when the spread was first
@@ -204,6 +212,8 @@ RESOLVED_DIFFERS = {
     # against 0.4%; none with a fixed cost per collective (2026-11-26)
     # the ten-bucket small-14 pairs, 11.6% and 25.3% apart against 4.0%
     "2026-11-26-world3-percollective": 2,
+    # the ten-bucket small-14 pairs, 13.7% and 22.9% apart against 4.5%
+    "2026-11-27-world3": 2,
 }
 
 
