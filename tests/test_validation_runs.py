@@ -180,8 +180,6 @@ PAIRED_DIFFERS_WHEN_RECORDED = {
     "2026-11-27-world3": 2,
     # the ten-bucket small-14 pairs (all_to_all faster in 129 and 138 of 138 rounds)
     "2026-11-26-world3-percollective": 2,
-    # the ten-bucket small-14 pairs, 13.7% and 22.9% apart against 4.5%
-    "2026-11-27-world3": 2,
 }
 # rankings whose medians lie further apart than two arms of one plan measured (the
 # report's "the same plan's" spread) against the prediction, when the spread was first
