@@ -123,6 +123,9 @@ MATCHED_WHEN_RECORDED = {
     # predicted 9.9% apart the other way, as in every world-3 run on the EPYC since
     # world3-realtime
     "2026-11-27-world3": 6,
+    # world 2 again that morning (195 GFLOP/s at size 512), out of sample: the one-bucket
+    # small-14 pairs, a tie predicted 0.9% apart, measured all_to_all ahead
+    "2026-11-27-world2-later": 6,
 }
 # runs whose steps were timed in turns: rankings that the rounds resolve (sign test at 5%)
 # against the prediction, when recorded (world3-concat: a ten-bucket small-14 pair of 15 rounds)
@@ -178,6 +181,8 @@ PAIRED_DIFFERS_WHEN_RECORDED = {
     "2026-11-27-world2": 0,
     # the ten-bucket small-14 pairs (all_to_all faster in 52 and 60 of 62 rounds)
     "2026-11-27-world3": 2,
+    # a one-bucket small-14 pair with prefetch 0 (all_to_all faster in 102 of 172 rounds, p 0.018)
+    "2026-11-27-world2-later": 1,
     # the ten-bucket small-14 pairs (all_to_all faster in 129 and 138 of 138 rounds)
     "2026-11-26-world3-percollective": 2,
 }
