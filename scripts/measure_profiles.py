@@ -120,6 +120,12 @@ FIXED_COST_WORKLOADS = {
 }
 # scripts/bench_distributed.py's arm of muon_compile.Muon with each strategy
 STRATEGY_ARMS = {Strategy.ALL_TO_ALL: "muon-a2a", Strategy.ALL_GATHER: "muon-gather"}
+# the fixed-cost steps as measure_arms takes them, in FIXED_COST_CASES' order
+FIXED_COST_CASES = [(name, strategy) for name in FIXED_COST_WORKLOADS for strategy in STRATEGY_ARMS]
+FIXED_COST_ARMS = [
+    (STRATEGY_ARMS[strategy], FIXED_COST_WORKLOADS[name][0], {"bucket_mb": FIXED_COST_WORKLOADS[name][1]})
+    for name, strategy in FIXED_COST_CASES
+]
 
 
 def turns(fns: list, rounds: int, timer: Callable[[Callable], float] | None = None) -> list[list[float]]:
@@ -460,17 +466,9 @@ def measure_device(reps: int, arm_seconds: float = ARM_SECONDS) -> dict:
     calls = _products([(1, s) for s in CALL_SIZES], reps)
     world = dist.get_world_size()
     mesh = init_device_mesh(rank_device().type, (world,))
-    cases = [(name, strategy, arm) for name in FIXED_COST_WORKLOADS for strategy, arm in STRATEGY_ARMS.items()]
-    arms = [(arm, FIXED_COST_WORKLOADS[name][0], {"bucket_mb": FIXED_COST_WORKLOADS[name][1]}) for name, _, arm in cases]
-    fixed: dict[str, dict[str, float]] = {}
-    fixed_host: dict[str, dict[str, float]] = {}
-    timed = measure_arms(arms, mesh, 2, reps, with_probe=True, arm_seconds=arm_seconds, max_rounds=FIXED_COST_ROUNDS)[0]
-    for (name, strategy, arm), result in zip(cases, timed):
-        if "error" in result:
-            raise RuntimeError(f"measuring the fixed costs: {arm} on {name} failed: {result['error']}")
-        fixed.setdefault(name, {})[strategy.value] = statistics.median(result["times"])
-        if "host_times" in result:
-            fixed_host.setdefault(name, {})[strategy.value] = statistics.median(result["host_times"])
+    timed = measure_arms(FIXED_COST_ARMS, mesh, 2, reps, with_probe=True, arm_seconds=arm_seconds, max_rounds=FIXED_COST_ROUNDS)[0]
+    fixed = fixed_step_medians(timed)
+    fixed_host = fixed_step_medians(timed, "host_times")
     return {
         "matmul": table,
         "matmul_families": {family: family_rates(family, reps) for family in FAMILIES},
@@ -483,6 +481,21 @@ def measure_device(reps: int, arm_seconds: float = ARM_SECONDS) -> dict:
         "threads": torch.get_num_threads(),
         "kind": rank_device().type,
     }
+
+
+def fixed_step_medians(results: list[dict], key: str = "times") -> dict[str, dict[str, float]]:
+    """``{workload: {strategy: seconds}}``, the median of each fixed-cost step's ``key``
+    (``times``, or on a GPU ``host_times``) in :func:`measure_arms`' ``results`` for
+    :data:`FIXED_COST_ARMS`, as :func:`device_profile` takes them under ``fixed`` (and
+    ``fixed_host``); empty where no result has ``key``. A step that failed raises: the
+    fixed costs cannot be fitted without it."""
+    medians: dict[str, dict[str, float]] = {}
+    for (name, strategy), result in zip(FIXED_COST_CASES, results):
+        if "error" in result:
+            raise RuntimeError(f"measuring the fixed costs: {STRATEGY_ARMS[strategy]} on {name} failed: {result['error']}")
+        if key in result:
+            medians.setdefault(name, {})[strategy.value] = statistics.median(result[key])
+    return medians
 
 
 def collectives_wait_behind_compute(backend: str, realtime_gloo: bool) -> bool:

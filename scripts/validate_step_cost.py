@@ -2,8 +2,9 @@
 
     torchrun --nproc-per-node W scripts/validate_step_cost.py [--workload all] [--reps 15]
         [--profile-reps 15] [--instances 3] [--arm-seconds 2] [--split-steps 10]
-        [--backend gloo|nccl] [--realtime-gloo] [--save run.json]
+        [--backend gloo|nccl] [--realtime-gloo] [--fixed-costs-during-steps] [--save run.json]
     python scripts/validate_step_cost.py --load run.json [--collectives-during-steps]
+        [--fixed-costs-during-steps]
 
 First the raw figures of the profiles (scripts/measure_profiles.py: gloo or NCCL collectives,
 matmul rates, memory bandwidth and the compiled step on small matrices, all ranks at
@@ -19,8 +20,10 @@ profile's sweep of collectives), in an order shuffled each round. Each arm is
 ``--instances`` compiled instances of its step, and its time in a round is their median
 (instances of one step measured medians up to 13% apart). Then, on the CPU, each arm's
 split (scripts/step_split.py: matmuls, collectives, the rest) in ``--split-steps`` more
-rounds profiled in the same turns, and its first instance's alone. ``--save`` writes all
-of it as JSON.
+rounds profiled in the same turns, and its first instance's alone. With
+``--fixed-costs-during-steps``, measure_profiles' fixed-cost steps are compiled again
+for each workload and timed in the same rounds as its steps. ``--save`` writes all of
+it as JSON.
 
 The report fits the profiles to the figures and prints, beside each measured step, the
 cost model's prediction from the plan of the same shapes
@@ -28,7 +31,9 @@ cost model's prediction from the plan of the same shapes
 matmul rates scaled per workload by the probe's rate during its steps over the profile's
 (:func:`drift_corrected`), the collectives priced by the network profile timed before
 the steps (``--collectives-during-steps``: per workload by the one fitted to the sweep
-timed in turns with its steps, :func:`network_during`), and its error (under it,
+timed in turns with its steps, :func:`network_during`), the fixed costs fitted to the
+fixed-cost steps timed before the steps (``--fixed-costs-during-steps``: per workload to
+those timed in turns with its steps, :func:`during_device`), and its error (under it,
 where the run has it, the measured split of the predicted slowest rank beside the
 model's, :func:`split_line`), and per workload, bucket size and depth whether the predicted ranking of the strategies
 is the measured one, and whether the predictions lie further apart than
@@ -56,12 +61,15 @@ from torch.distributed.device_mesh import init_device_mesh
 from bench_distributed import WORKLOADS, add_backend_argument, machine, rank_device, start_backend
 from measure_profiles import (
     ARM_SECONDS,
+    FIXED_COST_ARMS,
+    FIXED_COST_CASES,
     PROBE_SIZE,
     STRATEGY_ARMS,
     TOLERANCE,
     by_kind,
     collectives_wait_behind_compute,
     device_profile,
+    fixed_step_medians,
     measure_arms,
     measure_device,
     measure_network,
@@ -87,8 +95,15 @@ def cases(names: list[str]):
 
 
 def measure_interleaved(
-    name: str, mesh, warmup: int, reps: int, instances: int, arm_seconds: float, split_steps: int = 0
-) -> tuple[list[dict], list[float]]:
+    name: str,
+    mesh,
+    warmup: int,
+    reps: int,
+    instances: int,
+    arm_seconds: float,
+    split_steps: int = 0,
+    fixed_costs: bool = False,
+) -> tuple[list[dict], list[float], list[dict]]:
     """One entry per case of workload ``name`` and strategy, with its step times (or the
     error it failed with), the eight arms timed in turns (measure_profiles'
     :func:`measure_arms`: at least ``reps`` rounds, more for short steps up to
@@ -98,16 +113,22 @@ def measure_interleaved(
     probe's GFLOP/s, the network sweep's seconds per call under ``(kind, bytes)``), and,
     with ``split_steps``, every rank's measured split (scripts/step_split.py) of that
     many more rounds, profiled in the same turns, under ``"split"``, and of that many
-    steps of its first instance alone under ``"split_alone"``."""
+    steps of its first instance alone under ``"split_alone"``. With ``fixed_costs``, the
+    fixed-cost steps (measure_profiles' ``FIXED_COST_ARMS``) are timed in the same rounds
+    too, and their results returned third, in ``FIXED_COST_CASES``' order, each entry
+    naming its workload and strategy (else an empty list)."""
     entries, arms = [], []
     for _, mb, prefetch in cases([name]):
         for strategy, arm in STRATEGY_ARMS.items():
             entries.append({"workload": name, "bucket_mb": mb, "prefetch": prefetch, "strategy": strategy.value})
             arms.append((arm, WORKLOADS[name], {"bucket_mb": mb, "prefetch": prefetch}))
-    results, probes = measure_arms(arms, mesh, warmup, reps, True, instances, arm_seconds, split_steps)
+    results, probes = measure_arms(
+        arms + (FIXED_COST_ARMS if fixed_costs else []), mesh, warmup, reps, True, instances, arm_seconds, split_steps
+    )
     for entry, result in zip(entries, results):
         entry.update(result)
-    return entries, probes
+    fixed = [{"workload": n, "strategy": s.value, **r} for (n, s), r in zip(FIXED_COST_CASES, results[len(entries) :])]
+    return entries, probes, fixed
 
 
 def measure_run(
@@ -120,10 +141,13 @@ def measure_run(
     save: str | None,
     realtime_gloo: bool = False,
     split_steps: int = 0,
+    fixed_costs_during: bool = False,
 ) -> dict:
     """Every figure of a validation run, as plain data: the header, the profiles' raw
     figures, and ``steps``, one entry per case and strategy with its step times (or the
-    error it failed with). Rank 0 writes it to ``save`` after each workload's steps, so a
+    error it failed with); with ``fixed_costs_during``, ``fixed_during``, per workload the
+    fixed-cost steps timed in turns with its steps (their times, and splits as the
+    steps'). Rank 0 writes it to ``save`` after each workload's steps, so a
     run stopped early keeps the workloads it measured."""
     world = dist.get_world_size()
     record = {
@@ -143,7 +167,11 @@ def measure_run(
     }
     mesh = init_device_mesh(rank_device().type, (world,))
     for name in names:
-        steps, probes = measure_interleaved(name, mesh, warmup, reps, instances, arm_seconds, split_steps)
+        steps, probes, fixed = measure_interleaved(
+            name, mesh, warmup, reps, instances, arm_seconds, split_steps, fixed_costs_during
+        )
+        if fixed:
+            record.setdefault("fixed_during", {})[name] = fixed
         record["probe"][name] = probes.pop("matmul")
         record["network_during"][name] = by_kind(probes)
         record["steps"] += steps
@@ -153,12 +181,15 @@ def measure_run(
     return record
 
 
-def report(record: dict, log=print, collectives_during: bool = False) -> None:
+def report(record: dict, log=print, collectives_during: bool = False, fixed_costs_during: bool = False) -> None:
     """Fit the profiles to ``record``'s figures and print every prediction beside its
     measurement, the collectives priced by the network profile timed before the steps.
     ``collectives_during``: each workload's by the one timed in turns with its steps
     (:func:`network_during`), where the run has it. Not the default: on the two runs
-    that have it, it changed no ranking and raised the median error (docs/benchmarks.md)."""
+    that have it, it changed no ranking and raised the median error (docs/benchmarks.md).
+    ``fixed_costs_during``: each workload's device with its fixed costs fitted to the
+    fixed-cost steps timed in turns with its steps (:func:`during_device`), where
+    the run has them."""
     world = record["world"]
     # runs saved before 2026-11-24 timed each collective alone after a barrier, and each
     # arm's steps one after another
@@ -171,7 +202,10 @@ def report(record: dict, log=print, collectives_during: bool = False) -> None:
     network = network_profile(record["network"], world, record["backend"], log)
     device = recorded_device(record, network, log)
     names = list(dict.fromkeys(s["workload"] for s in record["steps"]))
-    devices = {name: drift_corrected(device, record, name, log) for name in names}
+    devices = {
+        name: drift_corrected((fixed_costs_during and during_device(record, network, name, log)) or device, record, name, log)
+        for name in names
+    }
     networks = {name: (network_during(record, name, log) if collectives_during else None) or network for name in names}
     interleaved = record.get("step_timing", "").startswith("interleaved")
     steps = {(s["workload"], s["bucket_mb"], s["prefetch"], s["strategy"]): s for s in record["steps"]}
@@ -352,6 +386,20 @@ def recorded_device(record: dict, network: NetworkProfile, log) -> DeviceProfile
     return device_profile(record["device"], network, record["world"], log, per_collective)
 
 
+def during_device(record: dict, network: NetworkProfile, name: str, log) -> DeviceProfile | None:
+    """The device profile of :func:`recorded_device` with its fixed costs fitted to the
+    fixed-cost steps timed in turns with workload ``name``'s steps (``fixed_during``, from
+    ``--fixed-costs-during-steps``), logged under the workload's name: the step's fixed
+    costs while its steps ran, as the matmul probe gives the matmul rates'. None for runs
+    saved without them."""
+    steps = record.get("fixed_during", {}).get(name)
+    if not steps:
+        return None
+    log(f"{name}: the fixed-cost steps timed in turns with its steps:")
+    figures = {**record["device"], "fixed": fixed_step_medians(steps)}
+    return recorded_device({**record, "device": figures}, network, lambda line: log(f"  {line}"))
+
+
 def network_during(record: dict, name: str, log) -> NetworkProfile | None:
     """The network profile fitted (measure_profiles' ``network_profile``) to the
     collectives timed in turns with workload ``name``'s steps (each kind at each size of
@@ -395,19 +443,24 @@ def main() -> None:
     parser.add_argument("--collectives-during-steps", action="store_true",
                         help="price each workload's collectives by the profile timed in turns with its steps, "
                         "not the one timed before them")
+    parser.add_argument("--fixed-costs-during-steps", action="store_true",
+                        help="time the fixed-cost steps in turns with each workload's steps too (more compiles), "
+                        "and fit each workload's fixed costs to those")
     args = parser.parse_args()
     if args.load:
         with open(args.load) as f:
-            report(json.load(f), collectives_during=args.collectives_during_steps)
+            report(json.load(f), collectives_during=args.collectives_during_steps,
+                   fixed_costs_during=args.fixed_costs_during_steps)
         return
     start_backend(parser, args)
     names = list(WORKLOADS) if args.workload == "all" else [args.workload]
     record = measure_run(
         names, args.reps, args.warmup, args.profile_reps, args.instances, args.arm_seconds, args.save,
-        args.realtime_gloo, args.split_steps,
+        args.realtime_gloo, args.split_steps, args.fixed_costs_during_steps,
     )
     if dist.get_rank() == 0:
-        report(record, collectives_during=args.collectives_during_steps)
+        report(record, collectives_during=args.collectives_during_steps,
+               fixed_costs_during=args.fixed_costs_during_steps)
     dist.destroy_process_group()
 
 

@@ -149,6 +149,43 @@ def test_report_prices_each_workload_by_the_collectives_timed_during_its_steps()
             assert predicted > before[case]
 
 
+def test_report_fits_each_workloads_fixed_costs_to_the_fixed_cost_steps_timed_during_its_steps():
+    """A saved run given fixed-cost steps timed in turns with small-14's steps, each twice
+    as slow as the ones timed before: with fixed_costs_during, small-14's predictions rise
+    and gpt-small's (none timed with its steps) stay; by default the run reports as saved.
+    The steps are saved as measured (in measure_profiles' FIXED_COST_CASES order, each
+    naming its workload and strategy), and a failed one is named."""
+    record = json.loads(SAVED.read_text())
+    fixed = record["device"]["fixed"]
+    record["fixed_during"] = {
+        "small-14": [
+            {"workload": name, "strategy": strategy.value, "times": [2 * fixed[name][strategy.value]] * 3}
+            for name, strategy in measure_profiles.FIXED_COST_CASES
+        ]
+    }
+
+    def predictions(**kwargs):
+        lines = []
+        validate_step_cost.report(record, lines.append, **kwargs)
+        rows = [line.split() for line in lines if line.startswith(("gpt-small ", "small-14 ")) and line.endswith("%")]
+        assert len(rows) == 16
+        return {tuple(row[:5]): float(row[5]) for row in rows}, lines
+
+    during, lines = predictions(fixed_costs_during=True)
+    before, default_lines = predictions()
+    assert "small-14: the fixed-cost steps timed in turns with its steps:" in lines
+    assert not any("fixed-cost steps timed in turns" in line for line in default_lines)
+    for case, predicted in during.items():
+        if case[0] == "gpt-small":
+            assert predicted == before[case]
+        else:
+            assert predicted > before[case]
+    failed = [dict(step) for step in record["fixed_during"]["small-14"]]
+    failed[3] = {"workload": failed[3]["workload"], "strategy": failed[3]["strategy"], "error": "RuntimeError: boom"}
+    with pytest.raises(RuntimeError, match="muon-gather on 32 x 8x8 failed: RuntimeError: boom"):
+        measure_profiles.fixed_step_medians(failed)
+
+
 def test_turns_time_each_function_once_a_round_in_an_order_shuffled_alike_on_every_rank(monkeypatch):
     def run(rounds):
         calls = []
