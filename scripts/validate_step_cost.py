@@ -390,13 +390,14 @@ def during_device(record: dict, network: NetworkProfile, name: str, log) -> Devi
     """The device profile of :func:`recorded_device` with its fixed costs fitted to the
     fixed-cost steps timed in turns with workload ``name``'s steps (``fixed_during``, from
     ``--fixed-costs-during-steps``), logged under the workload's name: the step's fixed
-    costs while its steps ran, as the matmul probe gives the matmul rates'. None for runs
-    saved without them."""
+    costs while its steps ran, as the matmul probe gives the matmul rates' (on a GPU their
+    host times too, which the fit takes there). None for runs saved without them."""
     steps = record.get("fixed_during", {}).get(name)
     if not steps:
         return None
     log(f"{name}: the fixed-cost steps timed in turns with its steps:")
     figures = {**record["device"], "fixed": fixed_step_medians(steps)}
+
     return recorded_device({**record, "device": figures}, network, lambda line: log(f"  {line}"))
 
 

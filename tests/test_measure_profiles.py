@@ -345,6 +345,34 @@ def test_a_gpus_fixed_costs_are_fitted_to_its_host_times_where_the_run_has_them(
     assert cpu[0] == cpu[1]
 
 
+def test_a_gpus_fixed_costs_timed_during_the_steps_are_fitted_to_their_host_times():
+    """On a GPU the fixed costs are fitted to host times: the fixed-cost steps timed in
+    turns with a workload's steps bring theirs, which replace the ones timed before."""
+    record = json.loads(SAVED_GPU.read_text())
+    before = record["device"]["fixed"]
+    record["device"]["fixed_host"] = {n: {s: t / 2 for s, t in by.items()} for n, by in before.items()}
+    record["fixed_during"] = {
+        "gpt-small": [
+            {"workload": name, "strategy": strategy.value, "times": [before[name][strategy.value]],
+             "host_times": [0.8 * before[name][strategy.value]]}
+            for name, strategy in measure_profiles.FIXED_COST_CASES
+        ]
+    }
+    network = validate_step_cost.network_profile(record["network"], 1, record["backend"], lambda *_: None)
+    quiet = lambda *_: None  # noqa: E731
+    during = validate_step_cost.during_device(record, network, "gpt-small", quiet)
+    host = {n: {s: 0.8 * t for s, t in by.items()} for n, by in before.items()}
+    expected = measure_profiles.device_profile(dict(record["device"], fixed_host=host), network, 1, quiet)
+    as_before = validate_step_cost.recorded_device(record, network, quiet)
+
+    def costs(device):
+        return {term: getattr(device, term) for term in FIXED_COSTS}
+
+    assert costs(during) == pytest.approx(costs(expected), rel=1e-12)
+    assert costs(during) != pytest.approx(costs(as_before), rel=1e-3)
+    assert validate_step_cost.during_device(record, network, "small-14", quiet) is None  # none timed with it
+
+
 def test_report_prints_each_pairs_host_time_beside_the_models_where_the_run_has_them():
     record = json.loads(SAVED_GPU.read_text())
     plain = []
