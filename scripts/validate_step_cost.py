@@ -397,7 +397,8 @@ def during_device(record: dict, network: NetworkProfile, name: str, log) -> Devi
         return None
     log(f"{name}: the fixed-cost steps timed in turns with its steps:")
     figures = {**record["device"], "fixed": fixed_step_medians(steps)}
-
+    if host := fixed_step_medians(steps, "host_times"):
+        figures["fixed_host"] = host
     return recorded_device({**record, "device": figures}, network, lambda line: log(f"  {line}"))
 
 

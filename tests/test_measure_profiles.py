@@ -97,6 +97,16 @@ def test_fit_link_splits_sizes_only_where_one_line_misses_a_point_by_more_than_t
     assert link.large.bandwidth == pytest.approx(large.bandwidth)
 
 
+def pair_predictions(record: dict, **kwargs) -> tuple[dict, list[str]]:
+    """validate_step_cost's report of ``record`` (``kwargs`` its options): each of its 16
+    pairs' predicted ms by (workload, bucket MiB, buckets, strategy, prefetch), and its lines."""
+    lines = []
+    validate_step_cost.report(record, lines.append, **kwargs)
+    rows = [line.split() for line in lines if line.startswith(("gpt-small ", "small-14 ")) and line.endswith("%")]
+    assert len(rows) == 16
+    return {tuple(row[:5]): float(row[5]) for row in rows}, lines
+
+
 def test_collectives_timed_during_the_steps_price_that_workloads_steps():
     """validate_step_cost fits a network profile to the sweep timed in turns with a
     workload's steps (each size's median over the rounds) and prices that workload's
@@ -128,19 +138,12 @@ def test_report_prices_each_workload_by_the_collectives_timed_during_its_steps()
     slow = {kind: [(b, [3 * t]) for b, t in points] for kind, points in record["network"].items()}
     record["network_during"] = {"small-14": slow}
 
-    def predictions(**kwargs):
-        lines = []
-        validate_step_cost.report(record, lines.append, **kwargs)
-        rows = [line.split() for line in lines if line.startswith(("gpt-small ", "small-14 ")) and line.endswith("%")]
-        assert len(rows) == 16
-        return {tuple(row[:5]): float(row[5]) for row in rows}, lines
-
-    during, lines = predictions(collectives_during=True)
-    before, default_lines = predictions()
+    during, lines = pair_predictions(record, collectives_during=True)
+    before, default_lines = pair_predictions(record)
     assert "small-14: the collectives timed in turns with its steps:" in lines
     assert not any("timed in turns with its steps" in line for line in default_lines)
     del record["network_during"]
-    assert predictions()[0] == before
+    assert pair_predictions(record)[0] == before
     assert any(line.startswith("    with the profiles as timed before the steps") for line in lines)
     for case, predicted in during.items():
         if case[0] == "gpt-small":
@@ -164,15 +167,8 @@ def test_report_fits_each_workloads_fixed_costs_to_the_fixed_cost_steps_timed_du
         ]
     }
 
-    def predictions(**kwargs):
-        lines = []
-        validate_step_cost.report(record, lines.append, **kwargs)
-        rows = [line.split() for line in lines if line.startswith(("gpt-small ", "small-14 ")) and line.endswith("%")]
-        assert len(rows) == 16
-        return {tuple(row[:5]): float(row[5]) for row in rows}, lines
-
-    during, lines = predictions(fixed_costs_during=True)
-    before, default_lines = predictions()
+    during, lines = pair_predictions(record, fixed_costs_during=True)
+    before, default_lines = pair_predictions(record)
     assert "small-14: the fixed-cost steps timed in turns with its steps:" in lines
     assert not any("fixed-cost steps timed in turns" in line for line in default_lines)
     for case, predicted in during.items():
@@ -358,8 +354,11 @@ def test_a_gpus_fixed_costs_timed_during_the_steps_are_fitted_to_their_host_time
             for name, strategy in measure_profiles.FIXED_COST_CASES
         ]
     }
-    network = validate_step_cost.network_profile(record["network"], 1, record["backend"], lambda *_: None)
-    quiet = lambda *_: None  # noqa: E731
+
+    def quiet(*_):
+        pass
+
+    network = validate_step_cost.network_profile(record["network"], 1, record["backend"], quiet)
     during = validate_step_cost.during_device(record, network, "gpt-small", quiet)
     host = {n: {s: 0.8 * t for s, t in by.items()} for n, by in before.items()}
     expected = measure_profiles.device_profile(dict(record["device"], fixed_host=host), network, 1, quiet)
