@@ -103,7 +103,7 @@ def measure_interleaved(
     arm_seconds: float,
     split_steps: int = 0,
     fixed_costs: bool = False,
-) -> tuple[list[dict], list[float], list[dict]]:
+) -> tuple[list[dict], dict, list[dict]]:
     """One entry per case of workload ``name`` and strategy, with its step times (or the
     error it failed with), the eight arms timed in turns (measure_profiles'
     :func:`measure_arms`: at least ``reps`` rounds, more for short steps up to
