@@ -198,7 +198,7 @@ def measure_arms(
     warmup: int,
     reps: int,
     with_probe: bool = False,
-    instances: int = 1,
+    instances: int | list[int] = 1,
     arm_seconds: float = ARM_SECONDS,
     split_steps: int = 0,
     max_rounds: int = 0,
@@ -214,9 +214,10 @@ def measure_arms(
     :func:`probe_calls`, which come second: ``{"matmul": GFLOP/s per round, (kind,
     bytes per rank): seconds per call per round}`` (else an empty dict).
 
-    ``instances``: each arm is built and compiled that many times, each instance on
-    parameters of its own, and a round times every instance once; the arm's time in a
-    round is the median of its instances' (their raw times under ``"instance_times"``).
+    ``instances``: each arm is built and compiled that many times (or, given a list, as
+    many as the list says for that arm), each instance on parameters of its own, and a
+    round times every instance once; the arm's time in a round is the median of its
+    instances' (their raw times under ``"instance_times"``, where it has more than one).
     Instances of one step, timed in shuffled turns, still measure medians up to 13% apart
     (three of the one-bucket ``small-14`` step at world 2: 2.59, 2.37 and 2.29 ms), so
     one instance measures its own speed as much as the step's.
@@ -232,11 +233,14 @@ def measure_arms(
     rank; then its first instance is profiled for that many steps alone, one after the
     other, under ``"split_alone"`` (``profiled_split``). Not under NCCL."""
     results: list[dict] = [{} for _ in arms]
+    counts = instances if isinstance(instances, list) else [instances] * len(arms)
+    if len(counts) != len(arms):
+        raise ValueError(f"measure_arms: {len(counts)} instance counts for {len(arms)} arms")
     steps: list[tuple[list, dict]] = []
-    with fresh_cache(), torch._dynamo.config.patch(recompile_limit=64 * instances):
-        for (key, shapes, overrides), result in zip(arms, results):
+    with fresh_cache(), torch._dynamo.config.patch(recompile_limit=64 * max(counts, default=1)):
+        for (key, shapes, overrides), count, result in zip(arms, counts, results):
             try:
-                steps.append(([compiled_arm(key, shapes, mesh, overrides, warmup) for _ in range(instances)], result))
+                steps.append(([compiled_arm(key, shapes, mesh, overrides, warmup) for _ in range(count)], result))
             except Exception as exc:  # report and go on: the caller shows the failure
                 result["error"] = failure(exc)
         with torch._dynamo.config.patch(error_on_recompile=True):
@@ -245,10 +249,11 @@ def measure_arms(
             rounds = timed_rounds(longest, reps, arm_seconds, max_rounds)
             probes = probe_calls() if with_probe else {}
             times = turns(fns + [repeated for repeated, _ in probes.values()], rounds)
-            for index, (copies, result) in enumerate(steps):
-                own = times[index * instances : (index + 1) * instances]
+            start = 0
+            for copies, result in steps:
+                own, start = times[start : start + len(copies)], start + len(copies)
                 result["times"] = round_medians(own)
-                if instances > 1:
+                if len(copies) > 1:
                     result["instance_times"] = own
             if on_gpu():
                 issued = turns([copies[0] for copies, _ in steps], min(rounds, HOST_ROUNDS), timed_host)

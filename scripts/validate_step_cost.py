@@ -114,16 +114,19 @@ def measure_interleaved(
     with ``split_steps``, every rank's measured split (scripts/step_split.py) of that
     many more rounds, profiled in the same turns, under ``"split"``, and of that many
     steps of its first instance alone under ``"split_alone"``. With ``fixed_costs``, the
-    fixed-cost steps (measure_profiles' ``FIXED_COST_ARMS``) are timed in the same rounds
-    too, and their results returned third, in ``FIXED_COST_CASES``' order, each entry
-    naming its workload and strategy (else an empty list)."""
+    fixed-cost steps (measure_profiles' ``FIXED_COST_ARMS``, one compiled instance each,
+    as measure_device times them before the steps) are timed in the same rounds too, and
+    their results returned third, in ``FIXED_COST_CASES``' order, each entry naming its
+    workload and strategy (else an empty list)."""
     entries, arms = [], []
     for _, mb, prefetch in cases([name]):
         for strategy, arm in STRATEGY_ARMS.items():
             entries.append({"workload": name, "bucket_mb": mb, "prefetch": prefetch, "strategy": strategy.value})
             arms.append((arm, WORKLOADS[name], {"bucket_mb": mb, "prefetch": prefetch}))
-    results, probes = measure_arms(
-        arms + (FIXED_COST_ARMS if fixed_costs else []), mesh, warmup, reps, True, instances, arm_seconds, split_steps
+    fixed_arms = FIXED_COST_ARMS if fixed_costs else []
+    results, probes = measure_arms(  # the fixed-cost steps as measure_device times them: one instance
+        arms + fixed_arms, mesh, warmup, reps, True, [instances] * len(arms) + [1] * len(fixed_arms),
+        arm_seconds, split_steps,
     )
     for entry, result in zip(entries, results):
         entry.update(result)
@@ -159,7 +162,8 @@ def measure_run(
         "network": measure_network(profile_reps),
         "network_timing": "back to back",
         "step_timing": f"interleaved in shuffled order, {reps} rounds or {arm_seconds:g} s of the slowest arm"
-        + (f", {instances} compiled instances per arm" if instances > 1 else ""),
+        + (f", {instances} compiled instances per arm" if instances > 1 else "")
+        + (", the fixed-cost steps in turns with them, one instance each" if fixed_costs_during else ""),
         "device": measure_device(profile_reps, arm_seconds),
         "steps": [],
         "probe": {},

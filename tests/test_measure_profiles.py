@@ -312,6 +312,33 @@ def test_arms_timed_on_a_gpu_keep_the_time_their_host_took_to_issue_each_call():
             assert all(t > 0 for t in result["host_times"])
 
 
+def arms_with_their_own_instance_counts(rank, world):
+    """measure_arms on gloo ranks with each arm a plain function (no compile), the first
+    built twice and the second once: its results, and how many instances each arm built."""
+    built = {}
+
+    def arm(key, shapes, mesh, overrides, warmup):
+        built[key] = built.get(key, 0) + 1
+        return lambda: None
+
+    measure_profiles.compiled_arm = arm
+    arms = [("muon-a2a", [], {}), ("muon-gather", [], {})]
+    results, _ = measure_profiles.measure_arms(arms, None, 0, 3, instances=[2, 1], arm_seconds=0.0)
+    try:
+        measure_profiles.measure_arms(arms, None, 0, 3, instances=[2], arm_seconds=0.0)
+    except ValueError as exc:
+        return results, built, str(exc)
+
+
+def test_each_arm_may_have_its_own_count_of_compiled_instances():
+    for results, built, error in run_world(arms_with_their_own_instance_counts, 2, timeout=120):
+        assert built == {"muon-a2a": 2, "muon-gather": 1}
+        assert len(results[0]["times"]) == 3 and len(results[0]["instance_times"]) == 2
+        assert results[0]["times"] == pytest.approx([(a + b) / 2 for a, b in zip(*results[0]["instance_times"])])
+        assert len(results[1]["times"]) == 3 and "instance_times" not in results[1]
+        assert error == "measure_arms: 1 instance counts for 2 arms"
+
+
 def test_a_gpus_fixed_costs_are_fitted_to_its_host_times_where_the_run_has_them():
     """Fixed-cost steps whose host times are the model's host seconds plus made-up costs,
     and whose step times are something else (a busy device): the fit to the host times
