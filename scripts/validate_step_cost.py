@@ -2,9 +2,9 @@
 
     torchrun --nproc-per-node W scripts/validate_step_cost.py [--workload all] [--reps 15]
         [--profile-reps 15] [--instances 3] [--arm-seconds 2] [--split-steps 10]
-        [--backend gloo|nccl] [--realtime-gloo] [--fixed-costs-during-steps] [--save run.json]
+        [--backend gloo|nccl] [--realtime-gloo] [--no-fixed-costs-during-steps] [--save run.json]
     python scripts/validate_step_cost.py --load run.json [--collectives-during-steps]
-        [--fixed-costs-during-steps]
+        [--no-fixed-costs-during-steps]
 
 First the raw figures of the profiles (scripts/measure_profiles.py: gloo or NCCL collectives,
 matmul rates, memory bandwidth and the compiled step on small matrices, all ranks at
@@ -20,10 +20,10 @@ profile's sweep of collectives), in an order shuffled each round. Each arm is
 ``--instances`` compiled instances of its step, and its time in a round is their median
 (instances of one step measured medians up to 13% apart). Then, on the CPU, each arm's
 split (scripts/step_split.py: matmuls, collectives, the rest) in ``--split-steps`` more
-rounds profiled in the same turns, and its first instance's alone. With
-``--fixed-costs-during-steps``, measure_profiles' fixed-cost steps are compiled again
-for each workload and timed in the same rounds as its steps. ``--save`` writes all of
-it as JSON.
+rounds profiled in the same turns, and its first instance's alone. Unless
+``--no-fixed-costs-during-steps``, measure_profiles' fixed-cost steps are compiled again
+for each workload (one instance each, ten more compiles) and timed in the same rounds as
+its steps. ``--save`` writes all of it as JSON.
 
 The report fits the profiles to the figures and prints, beside each measured step, the
 cost model's prediction from the plan of the same shapes
@@ -31,9 +31,10 @@ cost model's prediction from the plan of the same shapes
 matmul rates scaled per workload by the probe's rate during its steps over the profile's
 (:func:`drift_corrected`), the collectives priced by the network profile timed before
 the steps (``--collectives-during-steps``: per workload by the one fitted to the sweep
-timed in turns with its steps, :func:`network_during`), the fixed costs fitted to the
-fixed-cost steps timed before the steps (``--fixed-costs-during-steps``: per workload to
-those timed in turns with its steps, :func:`during_device`), and its error (under it,
+timed in turns with its steps, :func:`network_during`), the fixed costs fitted per
+workload to the fixed-cost steps timed in turns with its steps (:func:`during_device`;
+to those timed before the steps with ``--no-fixed-costs-during-steps``, or where the run
+has none, as runs saved before 2026-11-27), and its error (under it,
 where the run has it, the measured split of the predicted slowest rank beside the
 model's, :func:`split_line`), and per workload, bucket size and depth whether the predicted ranking of the strategies
 is the measured one, and whether the predictions lie further apart than
@@ -144,7 +145,7 @@ def measure_run(
     save: str | None,
     realtime_gloo: bool = False,
     split_steps: int = 0,
-    fixed_costs_during: bool = False,
+    fixed_costs_during: bool = True,
 ) -> dict:
     """Every figure of a validation run, as plain data: the header, the profiles' raw
     figures, and ``steps``, one entry per case and strategy with its step times (or the
@@ -185,15 +186,17 @@ def measure_run(
     return record
 
 
-def report(record: dict, log=print, collectives_during: bool = False, fixed_costs_during: bool = False) -> None:
+def report(record: dict, log=print, collectives_during: bool = False, fixed_costs_during: bool = True) -> None:
     """Fit the profiles to ``record``'s figures and print every prediction beside its
     measurement, the collectives priced by the network profile timed before the steps.
     ``collectives_during``: each workload's by the one timed in turns with its steps
     (:func:`network_during`), where the run has it. Not the default: on the two runs
     that have it, it changed no ranking and raised the median error (docs/benchmarks.md).
-    ``fixed_costs_during``: each workload's device with its fixed costs fitted to the
-    fixed-cost steps timed in turns with its steps (:func:`during_device`), where
-    the run has them."""
+    ``fixed_costs_during`` (the default): each workload's device with its fixed costs
+    fitted to the fixed-cost steps timed in turns with its steps (:func:`during_device`),
+    where the run has them; else to those timed before the steps. It is the default since
+    2026-11-27: on six runs it left no run with fewer pairs within 20% and raised them
+    from 45 to 53 of 64 (docs/benchmarks.md)."""
     world = record["world"]
     # runs saved before 2026-11-24 timed each collective alone after a barrier, and each
     # arm's steps one after another
@@ -392,8 +395,8 @@ def recorded_device(record: dict, network: NetworkProfile, log) -> DeviceProfile
 
 def during_device(record: dict, network: NetworkProfile, name: str, log) -> DeviceProfile | None:
     """The device profile of :func:`recorded_device` with its fixed costs fitted to the
-    fixed-cost steps timed in turns with workload ``name``'s steps (``fixed_during``, from
-    ``--fixed-costs-during-steps``), logged under the workload's name: the step's fixed
+    fixed-cost steps timed in turns with workload ``name``'s steps (``fixed_during``, saved
+    unless ``--no-fixed-costs-during-steps``), logged under the workload's name: the step's fixed
     costs while its steps ran, as the matmul probe gives the matmul rates' (on a GPU their
     host times too, which the fit takes there). None for runs saved without them."""
     steps = record.get("fixed_during", {}).get(name)
@@ -449,9 +452,10 @@ def main() -> None:
     parser.add_argument("--collectives-during-steps", action="store_true",
                         help="price each workload's collectives by the profile timed in turns with its steps, "
                         "not the one timed before them")
-    parser.add_argument("--fixed-costs-during-steps", action="store_true",
-                        help="time the fixed-cost steps in turns with each workload's steps too (more compiles), "
-                        "and fit each workload's fixed costs to those")
+    parser.add_argument("--fixed-costs-during-steps", action=argparse.BooleanOptionalAction, default=True,
+                        help="time the fixed-cost steps in turns with each workload's steps too (ten more compiles "
+                        "per workload), and fit each workload's fixed costs to those (default); with --no-..., "
+                        "to the fixed-cost steps timed before the steps only")
     args = parser.parse_args()
     if args.load:
         with open(args.load) as f:

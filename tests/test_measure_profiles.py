@@ -4,6 +4,7 @@ to its host times and their report), its timed collectives on
 two gloo ranks, and, in the slow tier, scripts/validate_step_cost.py end to end with one
 rank, as scripts/gpu_check.sh runs it on one GPU (there with NCCL, here with gloo)."""
 
+import dataclasses
 import json
 import math
 import subprocess
@@ -154,8 +155,9 @@ def test_report_prices_each_workload_by_the_collectives_timed_during_its_steps()
 
 def test_report_fits_each_workloads_fixed_costs_to_the_fixed_cost_steps_timed_during_its_steps():
     """A saved run given fixed-cost steps timed in turns with small-14's steps, each twice
-    as slow as the ones timed before: with fixed_costs_during, small-14's predictions rise
-    and gpt-small's (none timed with its steps) stay; by default the run reports as saved.
+    as slow as the ones timed before: by default (fixed_costs_during), small-14's
+    predictions rise and gpt-small's (none timed with its steps) stay; without it the run
+    reports as the fixed-cost steps timed before the steps price it.
     The steps are saved as measured (in measure_profiles' FIXED_COST_CASES order, each
     naming its workload and strategy), and a failed one is named."""
     record = json.loads(SAVED.read_text())
@@ -167,10 +169,10 @@ def test_report_fits_each_workloads_fixed_costs_to_the_fixed_cost_steps_timed_du
         ]
     }
 
-    during, lines = pair_predictions(record, fixed_costs_during=True)
-    before, default_lines = pair_predictions(record)
+    during, lines = pair_predictions(record)
+    before, before_lines = pair_predictions(record, fixed_costs_during=False)
     assert "small-14: the fixed-cost steps timed in turns with its steps:" in lines
-    assert not any("fixed-cost steps timed in turns" in line for line in default_lines)
+    assert not any("fixed-cost steps timed in turns" in line for line in before_lines)
     for case, predicted in during.items():
         if case[0] == "gpt-small":
             assert predicted == before[case]
@@ -365,7 +367,12 @@ def test_a_gpus_fixed_costs_are_fitted_to_its_host_times_where_the_run_has_them(
     # the CPU's host computes: its host times, were they recorded, are not fitted apart
     on_cpu = dict(figures, fixed=busy, kind="cpu")
     cpu = [measure_profiles.device_profile(f, network, 1, log=lambda *_: None) for f in (on_cpu, dict(on_cpu, fixed_host=host))]
-    assert cpu[0] == cpu[1]
+    # the same fit twice: equal but for LAPACK's last bits, which the worker's thread count
+    # (set by the tests run before in it) can change (3.881335630247516e-06 against ...17e-06)
+    assert {term: getattr(cpu[1], term) for term in FIXED_COSTS} == pytest.approx(
+        {term: getattr(cpu[0], term) for term in FIXED_COSTS}, rel=1e-12
+    )
+    assert cpu[1] == dataclasses.replace(cpu[0], **{term: getattr(cpu[1], term) for term in FIXED_COSTS})
 
 
 def test_a_gpus_fixed_costs_timed_during_the_steps_are_fitted_to_their_host_times():
@@ -421,7 +428,7 @@ def test_validate_step_cost_runs_end_to_end_on_one_rank(tmp_path):
     saved = tmp_path / "world1.json"
     out = torchrun(
         "validate_step_cost.py", "--backend", "gloo", "--workload", "small-14", "--reps", "3", "--profile-reps", "3",
-        "--instances", "2", "--arm-seconds", "0", "--split-steps", "2", "--save", str(saved), world=1, timeout=600,
+        "--instances", "1", "--arm-seconds", "0", "--split-steps", "2", "--save", str(saved), world=1, timeout=600,
     ).stdout
     record = json.loads(saved.read_text())
     assert record["world"] == 1 and record["device"]["kind"] == "cpu"
@@ -430,9 +437,15 @@ def test_validate_step_cost_runs_end_to_end_on_one_rank(tmp_path):
     steps = record["steps"]
     assert len(steps) == 8 and all("error" not in s for s in steps), steps
     assert all(len(s["times"]) == 3 for s in steps)  # --arm-seconds 0: --reps rounds, no more
-    for s in steps:  # the arm's time in a round is its two instances' median (their mean)
-        assert len(s["instance_times"]) == 2
-        assert s["times"] == pytest.approx([(a + b) / 2 for a, b in zip(*s["instance_times"])])
+    assert all("instance_times" not in s for s in steps)  # one instance each (several: measure_arms' test)
+    # by default the fixed-cost steps are timed in the same rounds, one instance each, and
+    # the workload's fixed costs fitted to them
+    fixed = record["fixed_during"]["small-14"]
+    assert [(f["workload"], f["strategy"]) for f in fixed] == [
+        (name, strategy.value) for name, strategy in measure_profiles.FIXED_COST_CASES
+    ]
+    assert all(len(f["times"]) == 3 and "instance_times" not in f for f in fixed)
+    assert "small-14: the fixed-cost steps timed in turns with its steps:" in out
     assert "8 pairs: median |error|" in out
     # the one-rank network: nothing priced, nothing fitted
     assert "all_to_all_single: latency 0.0 us, bandwidth unbounded" in out

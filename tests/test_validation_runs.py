@@ -126,6 +126,12 @@ MATCHED_WHEN_RECORDED = {
     # world 2 again that morning (195 GFLOP/s at size 512), out of sample: the one-bucket
     # small-14 pairs, a tie predicted 0.9% apart, measured all_to_all ahead
     "2026-11-27-world2-later": 6,
+    # the first complete runs with the fixed-cost steps timed in turns with the steps (the
+    # report's default since): world 2, the one-bucket small-14 pair with prefetch 0, a tie
+    # predicted 2.2% apart, measured 4.6% apart the other way, within the same plan's 5.6%;
+    # world 3, the ten-bucket small-14 pairs, predicted 10.4% apart the other way
+    "2026-11-27-world2-fixed-during": 7,
+    "2026-11-27-world3-fixed-during": 6,
 }
 # runs whose steps were timed in turns: rankings that the rounds resolve (sign test at 5%)
 # against the prediction, when recorded (world3-concat: a ten-bucket small-14 pair of 15 rounds)
@@ -185,6 +191,9 @@ PAIRED_DIFFERS_WHEN_RECORDED = {
     "2026-11-27-world2-later": 1,
     # the ten-bucket small-14 pairs (all_to_all faster in 129 and 138 of 138 rounds)
     "2026-11-26-world3-percollective": 2,
+    "2026-11-27-world2-fixed-during": 0,
+    # the ten-bucket small-14 pairs (all_to_all faster in 69 and 85 of 88 rounds)
+    "2026-11-27-world3-fixed-during": 2,
 }
 # rankings whose medians lie further apart than two arms of one plan measured (the
 # report's "the same plan's" spread) against the prediction, when the spread was first
@@ -217,6 +226,8 @@ RESOLVED_DIFFERS = {
     "2026-11-26-world3-percollective": 2,
     # the ten-bucket small-14 pairs, 13.7% and 22.9% apart against 4.5%
     "2026-11-27-world3": 2,
+    # the ten-bucket small-14 pairs, 14.4% and 26.1% apart against 6.9%
+    "2026-11-27-world3-fixed-during": 2,
 }
 
 
