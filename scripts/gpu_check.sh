@@ -23,8 +23,9 @@
 # and prints a short table last (also summary.txt). On one H100 (2026-11-26) validate took
 # 5.6 min (before the ten fixed-cost steps were compiled again to be timed with the steps,
 # the default since 2026-11-27: an estimated 8 min now; VALIDATE_ARGS with
-# --no-fixed-costs-during-steps skips them), tests about 3, bench 2-4 per workload, most of it compiling: where one command
-# may run 10 minutes, split the steps over several (`... DIR validate`, `... DIR bench`).
+# --no-fixed-costs-during-steps skips them), tests about 3, bench 2-4 per workload, most
+# of it compiling: where one command may run 10 minutes, split the steps over several
+# (`... DIR validate`, `... DIR bench`).
 # GPU_CHECK_STEP_SECONDS bounds each step (default 0: unbounded); BENCH_SINGLE_ARGS
 # replaces the benchmark's workload and arms (e.g. "--workload all" for every workload
 # and arm), VALIDATE_ARGS the validation's, BENCH_DIST_ARGS adds to the distributed one's.

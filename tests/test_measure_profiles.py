@@ -367,8 +367,8 @@ def test_a_gpus_fixed_costs_are_fitted_to_its_host_times_where_the_run_has_them(
     # the CPU's host computes: its host times, were they recorded, are not fitted apart
     on_cpu = dict(figures, fixed=busy, kind="cpu")
     cpu = [measure_profiles.device_profile(f, network, 1, log=lambda *_: None) for f in (on_cpu, dict(on_cpu, fixed_host=host))]
-    # the same fit twice: equal but for LAPACK's last bits, which the worker's thread count
-    # (set by the tests run before in it) can change (3.881335630247516e-06 against ...17e-06)
+    # the same fit twice: equal but for lstsq's last bits, which differed when the test ran
+    # after others in its xdist worker (3.881335630247516e-06 against ...17e-06 per parameter)
     assert {term: getattr(cpu[1], term) for term in FIXED_COSTS} == pytest.approx(
         {term: getattr(cpu[0], term) for term in FIXED_COSTS}, rel=1e-12
     )
