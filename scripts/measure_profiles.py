@@ -99,6 +99,9 @@ ARM_SECONDS = 2.0  # seconds of timed steps, at least, of the slowest arm that m
 # rounds, at most, of the fixed-cost steps, timed in turns with the probes (about 1.5 s of
 # probes a round at world 2; uncapped, 2 s of these 2-3 ms steps would be 700 rounds)
 FIXED_COST_ROUNDS = 40
+# compiled instances of each fixed-cost step, before the steps (measure_device) and in
+# turns with them (validate_step_cost)
+FIXED_COST_INSTANCES = 1
 # calls of each arm whose host time measure_arms records on a GPU, at most
 HOST_ROUNDS = 50
 MATMUL_SIZES = (32, 64, 128, 256, 512, 1024)
@@ -471,7 +474,10 @@ def measure_device(reps: int, arm_seconds: float = ARM_SECONDS) -> dict:
     calls = _products([(1, s) for s in CALL_SIZES], reps)
     world = dist.get_world_size()
     mesh = init_device_mesh(rank_device().type, (world,))
-    timed = measure_arms(FIXED_COST_ARMS, mesh, 2, reps, with_probe=True, arm_seconds=arm_seconds, max_rounds=FIXED_COST_ROUNDS)[0]
+    timed = measure_arms(
+        FIXED_COST_ARMS, mesh, 2, reps, with_probe=True, instances=FIXED_COST_INSTANCES, arm_seconds=arm_seconds,
+        max_rounds=FIXED_COST_ROUNDS,
+    )[0]
     fixed = fixed_step_medians(timed)
     fixed_host = fixed_step_medians(timed, "host_times")
     return {

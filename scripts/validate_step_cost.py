@@ -64,6 +64,7 @@ from measure_profiles import (
     ARM_SECONDS,
     FIXED_COST_ARMS,
     FIXED_COST_CASES,
+    FIXED_COST_INSTANCES,
     PROBE_SIZE,
     STRATEGY_ARMS,
     TOLERANCE,
@@ -115,19 +116,19 @@ def measure_interleaved(
     with ``split_steps``, every rank's measured split (scripts/step_split.py) of that
     many more rounds, profiled in the same turns, under ``"split"``, and of that many
     steps of its first instance alone under ``"split_alone"``. With ``fixed_costs``, the
-    fixed-cost steps (measure_profiles' ``FIXED_COST_ARMS``, one compiled instance each,
-    as measure_device times them before the steps) are timed in the same rounds too, and
-    their results returned third, in ``FIXED_COST_CASES``' order, each entry naming its
-    workload and strategy (else an empty list)."""
+    fixed-cost steps (measure_profiles' ``FIXED_COST_ARMS``, ``FIXED_COST_INSTANCES``
+    compiled instances each, as measure_device times them before the steps) are timed in
+    the same rounds too, and their results returned third, in ``FIXED_COST_CASES``'
+    order, each entry naming its workload and strategy (else an empty list)."""
     entries, arms = [], []
     for _, mb, prefetch in cases([name]):
         for strategy, arm in STRATEGY_ARMS.items():
             entries.append({"workload": name, "bucket_mb": mb, "prefetch": prefetch, "strategy": strategy.value})
             arms.append((arm, WORKLOADS[name], {"bucket_mb": mb, "prefetch": prefetch}))
     fixed_arms = FIXED_COST_ARMS if fixed_costs else []
-    results, probes = measure_arms(  # the fixed-cost steps as measure_device times them: one instance
-        arms + fixed_arms, mesh, warmup, reps, True, [instances] * len(arms) + [1] * len(fixed_arms),
-        arm_seconds, split_steps,
+    results, probes = measure_arms(  # the fixed-cost steps as measure_device times them
+        arms + fixed_arms, mesh, warmup, reps, True,
+        [instances] * len(arms) + [FIXED_COST_INSTANCES] * len(fixed_arms), arm_seconds, split_steps,
     )
     for entry, result in zip(entries, results):
         entry.update(result)
