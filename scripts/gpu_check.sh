@@ -4,13 +4,18 @@
 # Needs a Python whose torch is a CUDA build (python3, or $PYTHON) with pytest,
 # pytest-timeout and pytest-xdist; no network. Steps, each logged to REPORT_DIR (STEP
 # names a subset, in this order; default all):
-#   environment  nvidia-smi, torch, CUDA, GPU count (always)     -> environment.txt
+#   environment  the host's CPU model, nvidia-smi, torch, CUDA, GPU count (always)
+#                                                                 -> environment.txt
 #   install      this package into that Python, no dependency resolution, no index (always)
 #                                                                 -> install.log
 #   validate     the cost model against one GPU: scripts/validate_step_cost.py under
 #                torchrun, one rank, NCCL, gpt-small (the GPU's measured profile, then each
 #                step predicted and measured, and the host's time to issue it)
 #                                                                 -> validate_world1.txt/.json
+#   host         scripts/profile_step.py --host, one rank, NCCL: the host's side of
+#                gpt-small's step at 64 and 4 MiB buckets and of the "24 shapes"
+#                fixed-cost step (self time per op, kernel launches per step), each in a
+#                process of its own                              -> host.txt
 #   bench        scripts/bench_single_device.py on CUDA (CUDA-event times): gpt-small and
 #                llama-1b, arms eager torch.optim.Muon, muon, bmm roofline
 #                                                                 -> bench_single.txt/.json
@@ -31,7 +36,7 @@
 # and arm), VALIDATE_ARGS the validation's, BENCH_DIST_ARGS adds to the distributed one's.
 # Exit status: non-zero when a step failed (the later steps still run).
 set -uo pipefail
-KNOWN=(validate bench tests memory distributed)
+KNOWN=(validate host bench tests memory distributed)
 if [ $# -lt 1 ]; then
   echo "usage: bash scripts/gpu_check.sh REPORT_DIR [${KNOWN[*]} ...]" >&2
   exit 2
@@ -62,6 +67,8 @@ if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else '
 fi
 {
   date -u +"date: %Y-%m-%d %H:%M UTC"
+  # two leases of one kind issued the same step 1.7x apart: the host's CPU may differ
+  echo "host: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), $(nproc) cpus"
   "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'gpus', torch.cuda.device_count(), torch.cuda.get_device_name())"
   nvidia-smi 2>&1 || true
 } > "$REPORT/environment.txt"
@@ -82,6 +89,17 @@ if wanted validate; then
     ${VALIDATE_ARGS:---workload gpt-small --instances 1 --reps 10 --profile-reps 5 --split-steps 0} \
     --save "$REPORT/validate_world1.json" > "$REPORT/validate_world1.txt" 2> "$REPORT/validate_world1.log" || status=1
   tail -4 "$REPORT/validate_world1.txt" >&2
+fi
+
+if wanted host; then
+  step "the host's side of three steps, torchrun with one rank, NCCL"
+  : > "$REPORT/host.txt"
+  for config in "gpt-small|64" "gpt-small|4" "24 shapes|64"; do
+    IFS='|' read -r workload mb <<< "$config"
+    bounded "$PY" -m torch.distributed.run --nproc-per-node 1 scripts/profile_step.py --backend nccl \
+      --workload "$workload" --bucket-mb "$mb" --host --rows 40 >> "$REPORT/host.txt" 2>> "$REPORT/host.log" || status=1
+  done
+  grep "^host: " "$REPORT/host.txt" >&2
 fi
 
 if wanted bench; then

@@ -14,6 +14,13 @@ The cost model's prediction for the same plan (scripts/validate_step_cost.py) sp
 step into NS, pointwise and exposed communication; this table is what to hold it
 against. The profiler's own cost makes the profiled steps slower than the timed median.
 
+``--host`` prints the host's side instead, under NCCL too: the CPU's self time per op and
+the kernel launches per step (the CUDA runtime's and driver's launch calls, and the
+kernels the GPU ran), what the cost model's fixed costs stand for on a GPU, where the host
+issues the step ahead of the device. ``--trace FILE`` writes the profile as a Chrome
+trace. ``--workload`` also takes the fixed-cost steps of scripts/measure_profiles.py
+(``"24 shapes"``; its bucket size comes from ``--bucket-mb``).
+
 Under gloo it also prints every rank's split of the profiled steps
 (scripts/step_split.py: the wall time per step, the self time of its matmuls, of
 Inductor's generated kernels and of its collectives, and the rest, what the cost model
@@ -36,7 +43,8 @@ from torch._inductor import config as inductor_config
 from torch._inductor.utils import fresh_cache
 from torch.distributed.device_mesh import init_device_mesh
 
-from bench_distributed import WORKLOADS, add_backend_argument, our_muon, sharded_params, start_backend, timed_steps
+from bench_distributed import WORKLOADS, add_backend_argument, our_muon, sharded_params, start_backend, timed_host, timed_steps
+from measure_profiles import FIXED_COST_WORKLOADS
 from step_split import PARTS, PREDICTED, predicted_split, split
 from validate_step_cost import workload_profiles
 
@@ -46,15 +54,34 @@ from muon_compile.config import Strategy
 from muon_compile.plan import plan_for
 
 
+# the host's calls that launch a kernel on a GPU: the runtime's (cudaLaunchKernel,
+# cudaLaunchKernelExC) and the driver's (cuLaunchKernel, cuLaunchKernelEx: Triton's)
+LAUNCH_CALL = "LaunchKernel"
+
+
+def workload_shapes(name: str) -> list[tuple[int, int]]:
+    """The matrices of a workload of scripts/bench_distributed.py or of a fixed-cost step."""
+    return WORKLOADS[name] if name in WORKLOADS else FIXED_COST_WORKLOADS[name][0]
+
+
+def launches(events, steps: int) -> tuple[int, int]:
+    """Per step: the host's kernel launch calls, and the kernels the device ran."""
+    calls = sum(e.count for e in events if LAUNCH_CALL in e.key)
+    kernels = sum(e.count for e in events if e.device_type == torch.autograd.DeviceType.CUDA)
+    return calls // steps, kernels // steps
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workload", choices=list(WORKLOADS), default="gpt-small")
+    parser.add_argument("--workload", choices=[*WORKLOADS, *FIXED_COST_WORKLOADS], default="gpt-small")
     parser.add_argument("--strategy", choices=[s.value for s in Strategy], default=Strategy.ALL_TO_ALL.value)
     parser.add_argument("--bucket-mb", type=float, default=config.Config.bucket_mb)
     parser.add_argument("--prefetch", type=int, default=config.Config.prefetch)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--rows", type=int, default=30, help="rows of the printed table")
     parser.add_argument("--rank", type=int, default=0, help="the rank whose profile is printed")
+    parser.add_argument("--host", action="store_true", help="print the host's self time per op and the kernel launches per step")
+    parser.add_argument("--trace", metavar="JSON", help="write rank --rank's profile as a Chrome trace")
     parser.add_argument("--predict-from", metavar="JSON",
                         help="a run saved by scripts/validate_step_cost.py: print the cost model's split beside the measured one")
     add_backend_argument(parser)
@@ -68,8 +95,9 @@ def main() -> None:
     inductor_config.cpp.enable_kernel_profile = True
     settings = config.override(strategy=args.strategy, bucket_mb=args.bucket_mb, prefetch=args.prefetch)
     with fresh_cache(), settings:
-        step = torch.compile(our_muon(sharded_params(WORKLOADS[args.workload], mesh)), backend="muon")
+        step = torch.compile(our_muon(sharded_params(workload_shapes(args.workload), mesh)), backend="muon")
         median = statistics.median(timed_steps(step, 3, 7))
+        issued = statistics.median(timed_host(step) for _ in range(7))
         activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if gpu else [])
         with torch.profiler.profile(activities=activities) as prof:
             start = time.perf_counter()
@@ -81,6 +109,8 @@ def main() -> None:
         dist.all_gather_object(splits, split(prof.events(), args.steps, wall))
     if dist.get_rank() == 0 and not gpu:
         print_splits(splits, args, world)
+    if dist.get_rank() == args.rank and args.trace:
+        prof.export_chrome_trace(args.trace)
     if dist.get_rank() == args.rank:
         print(
             f"# {args.workload}, {args.strategy}, bucket {args.bucket_mb:g} MiB, prefetch {args.prefetch}, "
@@ -88,10 +118,16 @@ def main() -> None:
         )
         print(f"step: median {median * 1e3:.2f} ms (slowest rank); rank {args.rank}'s profile of {args.steps} steps, ms per step:")
 
-        def self_us(e) -> float:  # the GPU's time under NCCL, the CPU's under gloo
-            return e.self_device_time_total if gpu else e.self_cpu_time_total
+        events = prof.key_averages()
+        if args.host:
+            calls, kernels = launches(events, args.steps)
+            print(f"host: issued a step in {issued * 1e3:.2f} ms (median of 7, slowest rank), {wall * 1e3 / args.steps:.2f} ms per "
+                  f"profiled step; {calls} kernel launch calls, {kernels} device kernels per step")
 
-        for e in sorted(prof.key_averages(), key=self_us, reverse=True)[: args.rows]:
+        def self_us(e) -> float:  # the GPU's time under NCCL, the CPU's under gloo or --host
+            return e.self_device_time_total if gpu and not args.host else e.self_cpu_time_total
+
+        for e in sorted(events, key=self_us, reverse=True)[: args.rows]:
             print(f"{self_us(e) / 1e3 / args.steps:9.3f}  {e.count // args.steps:5d} calls  {e.key[:90]}")
     dist.destroy_process_group()
 
@@ -111,7 +147,7 @@ def print_splits(splits: list[dict[str, float]], args, world: int) -> None:
     if record["world"] != world:
         raise SystemExit(f"--predict-from {args.predict_from}: a run at world {record['world']}, this one is at {world}")
     device, network = workload_profiles(record, args.workload)
-    plan = plan_for(WORKLOADS[args.workload], world, Strategy(args.strategy), args.bucket_mb)
+    plan = plan_for(workload_shapes(args.workload), world, Strategy(args.strategy), args.bucket_mb)
     print(f"# the cost model, profiles of {args.predict_from}, ms per step")
     print("rank  " + "  ".join(f"{k:>11}" for k in PREDICTED))
     for r, parts in enumerate(predicted_split(plan, args.prefetch, device, network)):

@@ -37,10 +37,16 @@ def test_offloaded_state_gives_identical_steps(device, compiled):
     assert all(v.device.type == "cpu" for v in got_state)
     if device == "cuda":  # pinned: the copies to and from the GPU run asynchronously
         assert all(v.is_pinned() for v in got_state)
-    for a, b in zip(got_state, ref_state):
-        assert torch.equal(a, b.cpu())
-    for a, b in zip(got, ref):
-        assert torch.equal(a, b)
+    for i, (a, b) in enumerate(zip(got_state, ref_state)):
+        assert torch.equal(a, b.cpu()), _differs(f"state tensor {i}", a, b.cpu())
+    for i, (a, b) in enumerate(zip(got, ref)):
+        assert torch.equal(a, b), _differs(f"parameter {i}", a, b)
+
+
+def _differs(what: str, got: torch.Tensor, want: torch.Tensor) -> str:
+    """Which tensor differs and how, for a failure seen only on a GPU machine's log."""
+    diff = (got.double() - want.double()).abs()
+    return f"{what} {tuple(got.shape)}: {int((diff > 0).sum())} elements differ, the largest by {diff.max().item():.3e}"
 
 
 @pytest.mark.slow

@@ -1,10 +1,15 @@
 """scripts/profile_step.py: a world-2 gloo run prints the compiled step's matmuls and the
 kernels Inductor generated, by name, every rank's measured split of the step, and the
-cost model's split of the same plan from a saved validation run."""
+cost model's split of the same plan from a saved validation run; with ``--host``, the
+host's side of a fixed-cost step and a Chrome trace."""
 
+import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+import torch
+from profile_step import launches
 from script_runs import torchrun
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,3 +35,29 @@ def test_profile_step_lists_the_matmuls_the_generated_kernels_and_both_splits():
     for line in predicted:
         total, ns, pointwise, fixed, exposed = map(float, line.split()[1:])
         assert ns > 0 and fixed > 0 and ns + pointwise + fixed + exposed == pytest.approx(total, abs=2e-3)
+
+
+def test_launches_counts_the_host_launch_calls_and_the_device_kernels_per_step():
+    cpu, cuda = torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.CUDA
+    events = [
+        SimpleNamespace(key="cudaLaunchKernel", count=6, device_type=cpu),
+        SimpleNamespace(key="cuLaunchKernelEx", count=9, device_type=cpu),
+        SimpleNamespace(key="aten::bmm", count=30, device_type=cpu),
+        SimpleNamespace(key="triton_poi_fused_0", count=9, device_type=cuda),
+        SimpleNamespace(key="sm90_xmma_gemm_bf16", count=6, device_type=cuda),
+    ]
+    assert launches(events, 3) == (5, 5)
+
+
+@pytest.mark.slow
+def test_profile_step_host_view_of_a_fixed_cost_step_and_its_trace(tmp_path):
+    trace = tmp_path / "trace.json"
+    out = torchrun(
+        "profile_step.py", "--workload", "1 x 8x8", "--host", "--steps", "2", "--trace", str(trace), world=1, timeout=600,
+    ).stdout
+    assert "# 1 x 8x8, all_to_all" in out, out
+    # the CPU launches no kernels: Inductor's C++ kernels are calls of the host
+    assert "0 kernel launch calls, 0 device kernels per step" in out, out
+    assert "TorchDynamo Cache Lookup" in out  # the host's self time per op, not the kernels'
+    names = {e.get("name") for e in json.loads(trace.read_text())["traceEvents"]}
+    assert "aten::bmm" in names
