@@ -47,12 +47,15 @@ from .network_profiles import PROFILES as NETWORKS
 from .network_profiles import NetworkProfile
 from .ns_args import NSArgs
 from .passes.find import NSSite, Sharding
-from .passes.plan_distributed import DistPlan, plan_distributed
+from .passes.plan_buckets import plan_buckets
+from .passes.plan_distributed import DistBucket, DistMember, DistPlan, plan_distributed
 from .sharded_ns import row_shard
 from .step_cost import DEVICES, TIE, DeviceProfile, StepCost, buffer_bytes, predict, tied
 
 # muon_compile.Muon's defaults: Keller's quintic, 5 steps, bf16, the algorithm chosen per shape
 DEFAULT_ARGS = coefficients.ns_args("keller", 5)
+# the process group of a one-rank plan (local_plan): its step has no collective
+LOCAL_GROUP = "local"
 # what the planner sweeps unless told otherwise
 BUCKET_MBS = (Config.bucket_mb, 256.0, 1024.0, 4096.0, 16384.0)
 PREFETCHES = (0, 1, 2)
@@ -76,8 +79,34 @@ def sharded_sites(
 
 
 def plan_for(shapes: list[tuple[int, int]], world: int, strategy: Strategy, bucket_mb: float, args: NSArgs = DEFAULT_ARGS) -> DistPlan:
-    """The distribution plan of ``shapes`` over ``world`` ranks (see :func:`sharded_sites`)."""
+    """The plan of the step the passes compile for FSDP2-sharded ``shapes`` over ``world``
+    ranks: the distribute pass's (see :func:`sharded_sites`), and at one rank the
+    single-device path's (:func:`local_plan`)."""
+    if world == 1:
+        return local_plan(shapes, bucket_mb, args)
     return plan_distributed(sharded_sites(shapes, world, args), bucket_mb=bucket_mb, strategy=strategy)
+
+
+def local_plan(shapes: list[tuple[int, int]], bucket_mb: float, args: NSArgs = DEFAULT_ARGS) -> DistPlan:
+    """The single-device step's plan of ``shapes``, as a plan of groups of one rank. A mesh
+    of one rank lays a parameter out as a local tensor (:func:`muon_compile.routing.layout`),
+    so the step of a one-rank run is the bucket pass's
+    (:func:`~muon_compile.passes.plan_buckets.plan_buckets`): buckets of one shape, one NS
+    call each, no collective, the same step whatever the strategy: its buckets are
+    ``all_gather``'s for the cost model (no finishing stage; no shard to cut back into).
+    The distribute pass's plan of the same matrices would mix shapes in a bucket, one NS
+    call per shape (gpt-small at 4 MiB: 7 buckets and 21 calls, where the step makes 10
+    of each)."""
+    sites = [NSSite(i, 1, rows, cols, 2, torch.float32, "cuda", args, 0) for i, (rows, cols) in enumerate(shapes)]
+    buckets = []
+    for b in plan_buckets(sites, bucket_mb=bucket_mb, pad_waste=Config.pad_waste).buckets:
+        members = []
+        for m in b.members:  # each as the bucket's matrices, padded, in the site's orientation
+            rows, cols = (b.cols, b.rows) if m.transpose else (b.rows, b.cols)
+            members.append(DistMember(m.site, rows, cols, rows, rows, 0, args.steps))
+        buckets.append(DistBucket(LOCAL_GROUP, 1, 0, Strategy.ALL_GATHER, args, tuple(members)))
+    flops = sum(m.flops for b in buckets for m in b.members)
+    return DistPlan(tuple(buckets), (), {LOCAL_GROUP: (flops,)} if buckets else {})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,11 +173,12 @@ def sweep(
     strategies: tuple[Strategy, ...] = (Strategy.ALL_TO_ALL, Strategy.ALL_GATHER),
 ) -> list[Prediction]:
     """Every configuration's :class:`Prediction` at ``world`` ranks, for each shard group
-    size of :func:`shard_sizes` (``shards``)."""
+    size of :func:`shard_sizes` (``shards``); in a shard group of one rank, the first of
+    ``strategies`` only: there every strategy compiles to the same step (:func:`local_plan`)."""
     rows = []
     for shard in shard_sizes(world, list(shards)):
         runs = not device.memory or state_bytes(shapes, shard) <= device.memory
-        for strategy in strategies:
+        for strategy in strategies if shard > 1 else strategies[:1]:
             for mb in bucket_mbs:
                 plan = plan_for(shapes, shard, strategy, mb)
                 for k in prefetches:

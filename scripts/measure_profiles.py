@@ -540,8 +540,10 @@ def _fixed_costs(
     apart from the cost per bucket by the steps of both strategies (an ``all_to_all``
     bucket issues two collectives, an ``all_gather`` one); without ``per_collective``
     (:func:`collectives_wait_behind_compute`), or with one rank (no collective), it is not
-    fitted and is 0. On a device that queues its kernels the fixed costs are host time,
-    which the model adds to a step only where the device waits for it; fitted to the
+    fitted and is 0; nor, with one rank, is the cost per bucket, whose every bucket is one
+    NS call (:func:`muon_compile.plan.local_plan`): the cost per NS call holds both. On a
+    device that queues its kernels the fixed costs are host time, which the model adds to
+    a step only where the device waits for it; fitted to the
     steps' times, the fit is exact for steps whose host time exceeds their device time,
     as the fixed-cost workloads' matrices of 8 to 31 rows have on a GPU
     (docs/benchmarks.md, "GPU"). With ``host``, ``fixed`` holds the steps' host times
@@ -558,7 +560,12 @@ def _fixed_costs(
     what = "compiled Muon step's host time" if host else "compiled Muon step"
     log(f"{what} beyond its arithmetic: {', '.join(shown)}")
     fit_collectives = per_collective and any(c["collective_overhead"] for c in counts)
-    terms = [name for name in FIXED_COSTS if fit_collectives or name != "collective_overhead"]
+    # one rank's steps make one NS call per bucket (plan_for's local_plan): priced per call
+    fit_buckets = any(c["bucket_overhead"] != c["call_overhead"] for c in counts)
+    terms = [
+        name for name in FIXED_COSTS
+        if (fit_collectives or name != "collective_overhead") and (fit_buckets or name != "bucket_overhead")
+    ]
     rows = torch.tensor([[float(c[term]) for term in terms] for c in counts], dtype=torch.float64)
     solution = least_squares(rows, torch.tensor(beyond, dtype=torch.float64)[:, None])
     fitted = dict(zip(terms, solution))

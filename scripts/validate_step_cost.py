@@ -251,9 +251,11 @@ def report(record: dict, log=print, collectives_during: bool = False, fixed_cost
                 log(line)
         if len(pair) == 2:
             order = [sorted(pair, key=lambda s: pair[s][i]) for i in (0, 1)]
-            verdict = "matches" if order[0] == order[1] else "DIFFERS"
-            log(f"{'':<10} ranking {' < '.join(s.value for s in order[1])} measured, "
-                f"{' < '.join(s.value for s in order[0])} predicted: {verdict}")
+            # at one rank both strategies compile to the same step (plan_for's local_plan)
+            equal = len({cost for cost, _, _ in pair.values()}) == 1
+            verdict = "no ranking" if equal else "matches" if order[0] == order[1] else "DIFFERS"
+            predicted = "equal predicted" if equal else f"{' < '.join(s.value for s in order[0])} predicted"
+            log(f"{'':<10} ranking {' < '.join(s.value for s in order[1])} measured, {predicted}: {verdict}")
             slower, faster = (pair[s][0] for s in reversed(order[0]))
             ranked = not tied(slower, faster)
             rankings.append((ranked, verdict))
@@ -270,7 +272,7 @@ def report(record: dict, log=print, collectives_during: bool = False, fixed_cost
             first, second = STRATEGY_ARMS
             wins, rounds, p = sign_test(pair[first][2], pair[second][2])
             faster = first if wins > rounds - wins else second
-            paired = "unresolved" if p >= 0.05 else ("matches" if faster == order[0][0] else "DIFFERS")
+            paired = "unresolved" if p >= 0.05 else verdict if equal else ("matches" if faster == order[0][0] else "DIFFERS")
             paired_verdicts.append(paired)
             log(f"{'':<10} paired rounds: {first.value} faster in {wins}/{rounds} "
                 f"(sign test p {p:.2g}): {paired}")

@@ -15,7 +15,7 @@ import torch.distributed as dist
 from torch import nn
 
 import muon_compile
-from muon_compile import config
+from muon_compile import config, explain
 
 from helpers import dumped_graphs, graph_caches_off
 
@@ -125,24 +125,27 @@ def set_step_grads(params, shapes, step):
         p.grad = distribute_like(g, p)
 
 
-def fsdp_muon(rank, world, shapes, steps, strategy, opt_kw, mesh_shape=None, optimizer="muon_compile"):
+def fsdp_muon(rank, world, shapes, steps, strategy, opt_kw, mesh_shape=None, optimizer="muon_compile", config_changes=None):
     """FSDP2-shard a Stack of ``shapes`` over ``world`` gloo ranks (optionally an HSDP
     ``mesh_shape``), run ``steps`` compiled Muon steps (``optimizer``: see
-    :func:`make_optimizer`) with fixed global gradients, and return the full weights, this
-    rank's post-pass graph's collectives, the collectives launched per step and the pass
-    counters."""
+    :func:`make_optimizer`; ``config_changes``: settings beside ``strategy``) with fixed
+    global gradients, and return the full weights, this rank's post-pass graph's
+    collectives, the collectives launched per step, the pass counters and the plans
+    (buckets, distribution) of the graphs compiled (``muon_compile.explain``)."""
     from torch._dynamo.utils import counters as dynamo_counters
 
     params = sharded_stack(shapes, device_mesh(world, mesh_shape))
     opt = make_optimizer(optimizer, params, opt_kw)
     dynamo_counters.clear()
-    with tempfile.TemporaryDirectory() as dump, config.override(strategy=strategy, dump_dir=dump):
+    with tempfile.TemporaryDirectory() as dump, config.override(strategy=strategy, dump_dir=dump, **(config_changes or {})):
         step = torch.compile(opt.step, backend="muon")
         for s in range(steps):
             set_step_grads(params, shapes, s)
             step()
         graphs = dumped_graphs(dump)
-    final = [p.full_tensor() for p in params]
+    # copies: on a mesh of one rank full_tensor() is the parameter itself, which the
+    # step that count_collectives runs would change
+    final = [p.full_tensor().clone() for p in params]
     launched = count_collectives(step)
     last = graphs.get("lower_after", "")
     return {
@@ -152,6 +155,7 @@ def fsdp_muon(rank, world, shapes, steps, strategy, opt_kw, mesh_shape=None, opt
         "counters": dict(muon_compile.counters),
         "graph": last,
         "graphs_compiled": dynamo_counters["stats"]["unique_graphs"],
+        "plans": [plan for report in explain.reports() for plan in report.plans],
         # each state tensor laid out like its parameter (sharded state, no gather needed)
         "state_like_params": all(
             v.placements == p.placements and v.to_local().shape == p.to_local().shape

@@ -2,14 +2,19 @@
 plans from shapes alone at any world size, HSDP layouts, the command line."""
 
 import dataclasses
+import re
 
 import pytest
+import torch
 
+from dist_harness import run_world
+from dist_workers import fsdp_muon, reference_run
 from muon_compile import plan as planner
 from muon_compile.config import Strategy
 from muon_compile.model_shapes import MODELS, model
 from muon_compile.network_profiles import profile
-from muon_compile.step_cost import DEVICES, TIE
+from muon_compile.step_cost import DEVICES, TIE, overhead_counts
+from numerics import NS_RTOL, assert_rel_close
 
 
 @pytest.mark.parametrize(
@@ -42,6 +47,30 @@ def test_plans_from_shapes_balance_owners_at_any_world():
         if world == 8:  # many matrices per rank: within 10% of an even share
             assert max(flops) <= 1.1 * sum(flops) / world
         assert all(b.group_size == world for b in p.buckets)
+
+
+@pytest.mark.slow
+def test_one_rank_plan_is_the_compiled_steps():
+    """At one rank the FSDP2 step is the single-device path's (a mesh of one rank leaves
+    the parameters local): buckets of one shape, one NS call each, as the compiled step
+    plans them, not the distribute pass's buckets of mixed shapes."""
+    shapes = [(8, 16), (16, 8), (12, 12), (8, 16), (12, 12), (20, 8), (8, 16)]
+    mb = 2 * 8 * 16 * 4 / 2**20  # two 8x16 matrices in fp32, the iteration's dtype here
+    args = dataclasses.replace(planner.DEFAULT_ARGS, compute_dtype=torch.float32)
+    kw = dict(lr=0.05, ns_dtype=torch.float32)
+    (result,) = run_world(fsdp_muon, 1, shapes, 1, "all_to_all", kw, None, "muon_compile", {"bucket_mb": mb})
+    initial, reference = reference_run(shapes, 0), reference_run(shapes, 1, **kw)
+    for i, (got, want, start) in enumerate(zip(result["weights"], reference, initial)):
+        assert_rel_close(got - start, want - start, NS_RTOL["cpu"][torch.float32], f"matrix {i}")
+    (compiled,) = [p for p in result["plans"] if p.startswith("bucket 0:")]
+    sites = [[int(i) for i in re.search(r"sites \[([\d, ]+)\]", line).group(1).split(", ")] for line in compiled.splitlines()]
+    assert len(sites) == 5  # 8x16 twice (two a bucket), 12x12, 8x20: transposes join
+    for strategy in Strategy:
+        plan = planner.plan_for(shapes, 1, strategy, mb, args)
+        assert [[m.site for m in b.members] for b in plan.buckets] == sites
+        assert overhead_counts(plan) == (1, len(shapes), len(sites), len(sites), 0)
+    distributed = planner.plan_distributed(planner.sharded_sites(shapes, 1, args), bucket_mb=mb, strategy=Strategy.ALL_TO_ALL)
+    assert overhead_counts(distributed)[2] != len(sites)  # what the model priced before
 
 
 def test_shard_sizes_divide_the_world():
@@ -164,8 +193,9 @@ def test_ties_are_the_other_layouts_and_strategies_predicted_within_the_models_r
     too_big = dataclasses.replace(nearer, buffers=10**12)
     assert planner.ties([chosen, near, too_big, far], chosen, 10**11) == [near]
     assert planner.ties([chosen, far, same], chosen) == []
-    # one rank: both strategies orthogonalise everything locally, all_to_all also cuts its results back
+    # one rank: every strategy compiles to the same single-device step, priced once
     planner.main(["--model", "llama-1b", "--world", "1", "--bucket-mb", "1024", "--prefetch", "1"])
     out = capsys.readouterr().out
-    assert "recommended: FSDP, MUON_COMPILE_STRATEGY=all_gather" in out
-    assert "    a tie, within 10%: FSDP, MUON_COMPILE_STRATEGY=all_to_all MUON_COMPILE_BUCKET_MB=1024" in out
+    assert "recommended: FSDP, MUON_COMPILE_STRATEGY=all_to_all MUON_COMPILE_BUCKET_MB=1024" in out
+    assert [line.split()[1] for line in out.splitlines() if line.startswith("FSDP ")] == ["all_to_all"]
+    assert "a tie, within" not in out

@@ -288,17 +288,25 @@ def test_compare_runs_counts_medians_beyond_20_percent_of_the_cross_run_median(t
     assert failed.returncode != 0 and "different world sizes [2, 3]" in failed.stderr
 
 
-# runs on a GPU (docs/runs/gpu, scripts/gpu_check.sh's validate step: one rank, NCCL,
-# gpt-small alone): matching rankings when recorded. The first H100 run matched all four
-# (each a tie predicted under 1% apart) while pricing every step 71-125% high: its matmul
-# rates measured the launch of one product, not the GPU (docs/benchmarks.md, "GPU")
-GPU_RUNS = sorted((ROOT / "docs" / "runs" / "gpu").glob("*.json"))
-GPU_MATCHED_WHEN_RECORDED = {"2026-11-26-h100-world1-gpt-small": 4}
+# one-rank runs: on a GPU (docs/runs/gpu, scripts/gpu_check.sh's validate step: NCCL,
+# gpt-small alone) and on this CPU (docs/runs/world1, gloo, small-14 alone). At one rank
+# both strategies compile to the same single-device step (muon_compile.plan.local_plan),
+# which the model predicts equal: no ranking. Pairs within 20% when recorded with the
+# one-rank plan (2026-11-27): the H100 run's matmul table measured the launch of one
+# product, not the GPU (docs/benchmarks.md, "GPU"); the H200 run's host issued every step
+# 36% slower than its fixed-cost steps predict
+ONE_RANK_RUNS = sorted((ROOT / "docs" / "runs" / "gpu").glob("*.json")) + sorted((ROOT / "docs" / "runs" / "world1").glob("*.json"))
+WITHIN_20_WHEN_RECORDED = {
+    "2026-11-26-h100-world1-gpt-small": 8,
+    "2026-11-27-h200-world1-gpt-small": 0,
+    "2026-11-27-world1-small-14": 8,
+}
 
 
-@pytest.mark.parametrize("run", GPU_RUNS, ids=[r.stem for r in GPU_RUNS])
-def test_current_model_ranks_the_strategies_of_gpu_runs_as_measured(run):
+@pytest.mark.parametrize("run", ONE_RANK_RUNS, ids=[r.stem for r in ONE_RANK_RUNS])
+def test_current_model_prices_the_strategies_of_one_rank_runs_alike(run):
     out, rankings = _reported(run)
-    assert len(rankings) == 4  # gpt-small x 2 bucket sizes x 2 prefetch depths
-    assert sum(line.endswith("matches") for line in rankings) >= GPU_MATCHED_WHEN_RECORDED[run.stem], "\n".join(rankings)
-    assert "8 pairs: median |error|" in out
+    assert len(rankings) == 4  # one workload x 2 bucket sizes x 2 prefetch depths
+    assert all(line.endswith("equal predicted: no ranking") for line in rankings), "\n".join(rankings)
+    within = int(out.split("8 pairs: median |error| ")[1].split("within 20%: ")[1].split("/")[0])
+    assert within >= WITHIN_20_WHEN_RECORDED[run.stem]
