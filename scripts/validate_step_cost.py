@@ -221,6 +221,7 @@ def report(record: dict, log=print, collectives_during: bool = False, fixed_cost
     log(f"\n{'workload':<10} {'bucket MiB':>10} {'buckets':>7} {'strategy':<10} {'prefetch':>8} "
         f"{'predicted ms':>12} {'(NS':>7} {'pointwise':>9} {'exposed':>9} {'launch)':>8} {'measured ms':>11} {'error':>7}")
     errors, uncorrected, paired_verdicts, resolved_verdicts, rankings, host_errors = [], [], [], [], [], []
+    products = {name: [0.0, 0.0, 0] for name in names}  # the model's NS at the profile's rates, profiled matmul, steps
     for name, mb, prefetch in cases(names):
         pair = {}
         for strategy in STRATEGY_ARMS:
@@ -245,6 +246,10 @@ def report(record: dict, log=print, collectives_during: bool = False, fixed_cost
                 f"{cost.exposed[r] * 1e3:>9.2f} {cost.launch_bound[r] * 1e3:>8.2f} {measured * 1e3:>11.2f} {error:>+7.1%}")
             if "split" in entry or "split_alone" in entry:
                 log(split_line(entry, r, predicted_split(plan, prefetch, devices[name], networks[name])[r]))
+                tally = products[name]
+                tally[0] += predict(plan, prefetch, device, network).ns[r]
+                tally[1] += entry["split" if "split" in entry else "split_alone"][r]["matmul"]
+                tally[2] += 1
             if "host_times" in entry:  # a GPU run since 2026-11-27
                 line, host_error = host_line(entry, cost)
                 host_errors.append(abs(host_error))
@@ -294,6 +299,24 @@ def report(record: dict, log=print, collectives_during: bool = False, fixed_cost
         resolved = [v for v in paired_verdicts if v != "unresolved"]
         log(f"paired rankings: {len(resolved)} of {len(paired_verdicts)} resolved by the rounds, "
             f"{resolved.count('matches')} of them as predicted")
+    for name, (ns, matmul, count) in products.items():
+        if count:
+            log(products_line(record, name, ns, matmul, count))
+
+
+def products_line(record: dict, name: str, ns: float, matmul: float, count: int) -> str:
+    """How fast workload ``name``'s own products ran against the profile's matmul rates,
+    beside how fast the matmul probe timed in turns with them ran: the model's NS of its
+    ``count`` profiled steps at the profile's rates (``ns`` seconds, summed) over their
+    profiled matmul time (``matmul``). Where the two factors differ, the probe does not
+    follow the steps' products (world 3 on 2 cores: docs/benchmarks.md, "The matmul probe
+    against the steps' own products")."""
+    line = (f"{name}: its own products in {count} profiled steps at x{ns / matmul:.3f} the profile's matmul rates "
+            f"(the model's NS at those rates {ns * 1e3:.2f} ms, profiled matmul {matmul * 1e3:.2f} ms)")
+    rates = record.get("probe", {}).get(name)
+    if rates:
+        line += f"; the probe in turns with them x{statistics.median(rates) / dict(record['device']['matmul'])[PROBE_SIZE]:.3f}"
+    return line
 
 
 def host_line(entry: dict, cost: StepCost) -> tuple[str, float]:

@@ -310,3 +310,30 @@ def test_current_model_prices_the_strategies_of_one_rank_runs_alike(run):
     assert all(line.endswith("equal predicted: no ranking") for line in rankings), "\n".join(rankings)
     within = int(out.split("8 pairs: median |error| ")[1].split("within 20%: ")[1].split("/")[0])
     assert within >= WITHIN_20_WHEN_RECORDED[run.stem]
+
+
+def test_report_prints_how_fast_each_workloads_own_products_ran_beside_the_probe():
+    """From the steps' profiled splits: the model's NS at the profile's rates over the
+    profiled matmul time, per workload; halving every profiled matmul doubles it, and the
+    probe's factor beside it does not move."""
+    record = json.loads((ROOT / "docs" / "runs" / "2026-11-27-world3-fixed-during.json").read_text())
+
+    def factors(rec):
+        lines = []
+        report(rec, log=lines.append)
+        found = {}
+        for line in lines:
+            if ": its own products in " in line:
+                name = line.split(":")[0]
+                found[name] = (float(line.split(" at x")[1].split(" ")[0]), line.split("; the probe in turns with them x")[1])
+        return found
+
+    before = factors(record)
+    assert set(before) == {"gpt-small", "small-14"}
+    for entry in record["steps"]:
+        for split in entry.get("split", []):
+            split["matmul"] /= 2
+    after = factors(record)
+    for name, (factor, probe) in before.items():
+        assert after[name][0] == pytest.approx(2 * factor, rel=2e-3)  # the line's three decimals
+        assert after[name][1] == probe
