@@ -4,9 +4,10 @@
 
 Lines: the machine (environment.txt), the CUDA tests' counts (junit.xml), per workload of
 bench_single.json each arm's median step time and its ratio to the ``muon`` arm, and
-whether the distributed benchmark ran (bench_distributed.txt), and the cost model's
-summary of its one-GPU validation (validate_world1.txt). A missing file is reported
-as missing, not as a failure of this script.
+whether the distributed benchmark ran (bench_distributed.txt), the cost model's
+summary of its one-GPU validation (validate_world1.txt), and per step of the host step
+(host.txt, scripts/profile_step.py --host) its heading and host times. A missing file is
+reported as missing, not as a failure of this script.
 """
 
 from __future__ import annotations
@@ -50,6 +51,14 @@ def bench_lines(report: Path) -> list[str]:
     return lines
 
 
+def host_lines(report: Path) -> list[str]:
+    path = report / "host.txt"
+    if not path.exists():
+        return ["host's side: no host.txt (the host step did not run)"]
+    # profile_step.py prints "# <workload>, <strategy>, bucket B MiB, ..." then "host: ..."
+    return [line for line in path.read_text().splitlines() if line.startswith(("# ", "host: "))]
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print(__doc__.strip().splitlines()[2].strip(), file=sys.stderr)
@@ -57,7 +66,7 @@ def main(argv: list[str]) -> int:
     report = Path(argv[0])
     env = report / "environment.txt"
     lines = ["=== gpu_check summary ==="]
-    lines += env.read_text().splitlines()[:2] if env.exists() else ["environment: missing"]
+    lines += env.read_text().splitlines()[:3] if env.exists() else ["environment: missing"]  # date, host, torch
     lines.append(tests_line(report))
     lines += bench_lines(report)
     dist = report / "bench_distributed.txt"
@@ -65,6 +74,7 @@ def main(argv: list[str]) -> int:
     validation = report / "validate_world1.txt"
     summary = [line for line in validation.read_text().splitlines() if " pairs: median |error|" in line] if validation.exists() else []
     lines.append("cost model, one GPU: " + (summary[0] if summary else "no summary (see validate_world1.log)"))
+    lines += host_lines(report)
     print("\n".join(lines))
     return 0
 
