@@ -64,7 +64,7 @@ def test_one_rank_plan_is_the_compiled_steps():
         assert_rel_close(got - start, want - start, NS_RTOL["cpu"][torch.float32], f"matrix {i}")
     (compiled,) = [p for p in result["plans"] if p.startswith("bucket 0:")]
     sites = [[int(i) for i in re.search(r"sites \[([\d, ]+)\]", line).group(1).split(", ")] for line in compiled.splitlines()]
-    assert len(sites) == 5  # 8x16 twice (two a bucket), 12x12, 8x20: transposes join
+    assert len(sites) == 5  # four 8x16 (transposes join) two a bucket, the 12x12s one each, 8x20
     for strategy in Strategy:
         plan = planner.plan_for(shapes, 1, strategy, mb, args)
         assert [[m.site for m in b.members] for b in plan.buckets] == sites
