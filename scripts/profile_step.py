@@ -97,7 +97,7 @@ def main() -> None:
     with fresh_cache(), settings:
         step = torch.compile(our_muon(sharded_params(workload_shapes(args.workload), mesh)), backend="muon")
         median = statistics.median(timed_steps(step, 3, 7))
-        issued = statistics.median(timed_host(step) for _ in range(7))
+        issued = statistics.median(timed_host(step) for _ in range(7)) if args.host else None
         activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if gpu else [])
         with torch.profiler.profile(activities=activities) as prof:
             start = time.perf_counter()

@@ -247,7 +247,7 @@ def report(record: dict, log=print, collectives_during: bool = False, fixed_cost
             if "split" in entry or "split_alone" in entry:
                 log(split_line(entry, r, predicted_split(plan, prefetch, devices[name], networks[name])[r]))
                 tally = products[name]
-                tally[0] += predict(plan, prefetch, device, network).ns[r]
+                tally[0] += as_profiled.ns[r]
                 tally[1] += entry["split" if "split" in entry else "split_alone"][r]["matmul"]
                 tally[2] += 1
             if "host_times" in entry:  # a GPU run since 2026-11-27
@@ -313,9 +313,9 @@ def products_line(record: dict, name: str, ns: float, matmul: float, count: int)
     against the steps' own products")."""
     line = (f"{name}: its own products in {count} profiled steps at x{ns / matmul:.3f} the profile's matmul rates "
             f"(the model's NS at those rates {ns * 1e3:.2f} ms, profiled matmul {matmul * 1e3:.2f} ms)")
-    rates = record.get("probe", {}).get(name)
-    if rates:
-        line += f"; the probe in turns with them x{statistics.median(rates) / dict(record['device']['matmul'])[PROBE_SIZE]:.3f}"
+    rates = probe_rates(record, name)
+    if rates is not None:
+        line += f"; the probe in turns with them x{rates[0] / rates[1]:.3f}"
     return line
 
 
@@ -384,16 +384,22 @@ def summary(errors: list[float]) -> str:
             f"within {TOLERANCE:.0%}: {sum(e <= TOLERANCE for e in errors)}/{len(errors)}")
 
 
+def probe_rates(record: dict, name: str) -> tuple[float, float] | None:
+    """The matmul probe's median rate in turns with workload ``name``'s steps and the
+    profile's rate at the probe's size (GFLOP/s); None for runs saved without a probe."""
+    rates = record.get("probe", {}).get(name)
+    return (statistics.median(rates), dict(record["device"]["matmul"])[PROBE_SIZE]) if rates else None
+
+
 def drift_corrected(device: DeviceProfile, record: dict, name: str, log) -> DeviceProfile:
     """``device`` with its matmul rates scaled by the probe timed in turns with workload
     ``name``'s steps (measure_profiles' ``probe``) over the table's rate at the probe's
     size: the rates that held while the steps ran; ``device`` itself for runs saved
     before 2026-11-24's probe."""
-    rates = record.get("probe", {}).get(name)
-    if not rates:
+    rates = probe_rates(record, name)
+    if rates is None:
         return device
-    during = statistics.median(rates)
-    profiled = dict(record["device"]["matmul"])[PROBE_SIZE]
+    during, profiled = rates
     factor = during / profiled
     log(f"{name}: matmul probe ({PROBE_SIZE}, bf16) in turns with the steps {during:.1f} GFLOP/s, "
         f"the profile's {profiled:.1f}: its matmul rates x{factor:.3f}")
