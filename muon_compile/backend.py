@@ -31,6 +31,14 @@ from .stats import pass_seconds
 # by up to 10% on ill-conditioned matrices instead of agreeing bit for bit.
 _INDUCTOR_DEFAULTS = {"max_fusion_buffer_group_pairwise_attempts": 8, "emulate_precision_casts": True}
 
+# A graph with collectives keeps the order the ``schedule`` pass gave it. Inductor's
+# peak-memory reordering (on by default) issues each collective as late as it can, right
+# before its wait: in the all_gather step at prefetch 1 it undid every prefetch (each
+# gather waited at once, the next issued only after the bucket's Newton-Schulz), and in
+# the all_to_all step every forward one (docs/design.md, "Overlap in the generated code").
+# The memory the prefetched buckets hold is the schedule's to budget (step_cost.buffer_bytes).
+_SCHEDULED_DEFAULTS = {"reorder_for_peak_memory": False}
+
 
 def muon_backend(
     gm: torch.fx.GraphModule,
@@ -51,7 +59,9 @@ def muon_backend(
 
     A graph with collectives is compiled only once the ranks of each of its process
     groups agree on it (:mod:`muon_compile.rank_agreement`; a cache hit included), and
-    the compiled step names this package when its collectives fail.
+    the compiled step names this package when its collectives fail. Inductor keeps its
+    order (the ``schedule`` pass's prefetch): its peak-memory reordering is off for it
+    unless ``options`` sets ``reorder_for_peak_memory``.
     """
     cfg = config.current()
     dump_name = new_dump_name()
@@ -66,6 +76,8 @@ def muon_backend(
             except rank_agreement.RankDivergenceError as e:  # raised by the step, as this type, on every call
                 return rank_agreement.failing(e)
         patches: dict[str, Any] = dict(_INDUCTOR_DEFAULTS)
+        if facts is not None:
+            patches.update(_SCHEDULED_DEFAULTS)
         if mode is not None:
             patches.update(torch._inductor.list_mode_options(mode))
         patches.update(options or {})

@@ -82,6 +82,20 @@ def collective_sequence(graph_text: str) -> list[tuple[str, str, str]]:
     return seq
 
 
+def launches_and_waits(code: str) -> list[str]:
+    """The collectives of Inductor's generated wrapper ``code`` in the order it runs them:
+    ``"L<n>"`` for the launch of the n-th collective, ``"W<n>"`` for its ``wait_tensor``."""
+    launched: dict[str, int] = {}
+    seq = []
+    for line in code[code.index("def call(self, args)") :].splitlines():
+        if m := re.search(r"(\w+) = torch\.ops\._c10d_functional\.\w+\.default\(", line):
+            launched[m.group(1)] = len(launched)
+            seq.append(f"L{launched[m.group(1)]}")
+        elif m := re.search(r"_c10d_functional\.wait_tensor\.default\((\w+)\)", line):
+            seq.append(f"W{launched[m.group(1)]}")
+    return seq
+
+
 def count_collectives(step) -> int:
     """Collective kernels launched by one call of ``step`` (profiler events)."""
     kinds = ("all_to_all", "all_gather", "allgather", "all_reduce", "allreduce", "reduce_scatter", "broadcast")
@@ -167,9 +181,12 @@ def fsdp_muon(rank, world, shapes, steps, strategy, opt_kw, mesh_shape=None, opt
 def fsdp_graphs(rank, world, shapes, mesh_shape=None, config_changes=None, optimizer="muon_compile"):
     """The pipeline's dumped graphs for a Muon step over an FSDP2 Stack of ``shapes`` on
     ``world`` ranks (optionally an HSDP ``mesh_shape``), plus ``"groups"``: each mesh
-    group's name and size. Meant for the fake process group (``run_fake``): the step is
-    compiled by the muon backend but run eagerly, because the fake group cannot execute
-    an all-to-all whose input is empty on some rank."""
+    group's name and size, and ``"code"``: Inductor's generated code, one string per
+    graph. Meant for the fake process group (``run_fake``): the step is compiled by the
+    muon backend but run eagerly, because the fake group cannot execute an all-to-all
+    whose input is empty on some rank."""
+    from torch._inductor.utils import run_and_get_code
+
     from muon_compile.backend import muon_backend
 
     def graphs_only(gm, example_inputs):
@@ -181,9 +198,10 @@ def fsdp_graphs(rank, world, shapes, mesh_shape=None, config_changes=None, optim
     set_step_grads(params, shapes, 0)
     opt = make_optimizer(optimizer, params, {})
     with tempfile.TemporaryDirectory() as dump, graph_caches_off(), config.override(dump_dir=dump, **(config_changes or {})):
-        torch.compile(opt.step, backend=graphs_only)()
+        _, code = run_and_get_code(torch.compile(opt.step, backend=graphs_only))
         graphs = dumped_graphs(dump)
-    return {**graphs, "groups": {mesh.get_group(d).group_name: mesh.size(d) for d in range(mesh.ndim)}}
+    groups = {mesh.get_group(d).group_name: mesh.size(d) for d in range(mesh.ndim)}
+    return {**graphs, "groups": groups, "code": code}
 
 
 def assert_same_collectives(sequences):

@@ -8,7 +8,7 @@ import re
 import pytest
 
 from dist_harness import fake_rank, run_fake
-from dist_workers import assert_same_collectives, collective_sequence, fsdp_graphs
+from dist_workers import assert_same_collectives, collective_sequence, fsdp_graphs, launches_and_waits
 from golden import assert_golden
 
 from muon_compile.passes.schedule import stage_order
@@ -97,3 +97,37 @@ def test_schedule_overlaps_collectives_with_compute(prefetch):
         if "wait_tensor" in line:
             name = line.split(":", 1)[0]
             assert re.search(rf"\b{name}\b", lines[i + 1].split("=", 1)[1]), (lines[i], lines[i + 1])
+    assert launches_and_waits(graphs["code"][0]) == _scheduled_collectives(buckets, True, prefetch)
+
+
+def _scheduled_collectives(buckets, finish, prefetch):
+    """The launches and waits (as :func:`launches_and_waits` writes them) of the stage order
+    ``stage_order(buckets, finish, prefetch)``: a launch stage issues its bucket's
+    collective; a compute stage waits for it and, with a finishing stage, issues the return,
+    which that stage waits for."""
+    ids = {}
+    seq = []
+    for tag in stage_order(buckets, finish, prefetch):
+        if tag.stage is Stage.LAUNCH:
+            ids[tag.bucket, 0] = len(ids)
+            seq.append(f"L{ids[tag.bucket, 0]}")
+        elif tag.stage is Stage.COMPUTE:
+            seq.append(f"W{ids[tag.bucket, 0]}")
+            if finish:
+                ids[tag.bucket, 1] = len(ids)
+                seq.append(f"L{ids[tag.bucket, 1]}")
+        else:
+            seq.append(f"W{ids[tag.bucket, 1]}")
+    return seq
+
+
+@pytest.mark.parametrize("prefetch", [pytest.param(0, marks=pytest.mark.slow), 1])
+def test_generated_code_keeps_the_all_gather_schedule(prefetch):
+    """Inductor's generated code launches and waits for the all_gather buckets' collectives in
+    the schedule pass's order. Its peak-memory reordering, which the backend turns off for
+    graphs with collectives, issued every gather right before its wait: at prefetch 1,
+    ``L0 W0 L1 W1 L2 W2 L3 W3`` where the schedule is ``L0 L1 W0 L2 W1 L3 W2 W3``."""
+    graphs = fake_rank(fsdp_graphs, 2, 0, W8_SHAPES, None, dict(bucket_mb=0.002, prefetch=prefetch, strategy="all_gather"))
+    buckets = len(collective_sequence(graphs["lower_after"]))
+    assert buckets >= 3
+    assert launches_and_waits(graphs["code"][0]) == _scheduled_collectives(buckets, False, prefetch)
