@@ -88,6 +88,14 @@ from muon_compile.step_cost import TIE, DeviceProfile, StepCost, predict, stages
 SPLIT_MB = {"gpt-small": 4.0, "small-14": 0.02}
 
 
+# The order of a compiled step's collectives, as saved runs record it. Runs saved before
+# 2026-11-27 (evening) compiled their steps with Inductor's peak-memory reordering on,
+# which undid the schedule pass's prefetch (docs/design.md, "Overlap in the generated code").
+SCHEDULED_ORDER = "the schedule pass's"
+UNSCHEDULED_NOTE = ("# steps compiled before the backend kept the schedule pass's order: "
+                    "the prefetch-1 arms ran without prefetch, bar one return")
+
+
 def cases(names: list[str]):
     """``(workload, bucket MiB, prefetch)`` of each comparison of the strategies."""
     for name in names:
@@ -160,6 +168,7 @@ def measure_run(
         f"{torch.get_num_threads()} threads per rank" + (", gloo's threads real-time" if realtime_gloo else ""),
         "world": world,
         "realtime_gloo": realtime_gloo,
+        "generated_order": SCHEDULED_ORDER,
         "backend": dist.get_backend(),
         "network": measure_network(profile_reps),
         "network_timing": "back to back",
@@ -207,6 +216,8 @@ def report(record: dict, log=print, collectives_during: bool = False, fixed_cost
     # runs saved before 2026-11-25 timed the fixed-cost steps in turns among themselves only
     timing += f", fixed-cost steps {record['device'].get('fixed_timing', 'in turns without the probes')}"
     log(f"# {record['header']}; {timing}")
+    if record.get("generated_order") != SCHEDULED_ORDER:
+        log(UNSCHEDULED_NOTE)
     network = network_profile(record["network"], world, record["backend"], log)
     device = recorded_device(record, network, log)
     names = list(dict.fromkeys(s["workload"] for s in record["steps"]))

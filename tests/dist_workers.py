@@ -178,19 +178,19 @@ def fsdp_muon(rank, world, shapes, steps, strategy, opt_kw, mesh_shape=None, opt
     }
 
 
-def fsdp_graphs(rank, world, shapes, mesh_shape=None, config_changes=None, optimizer="muon_compile"):
+def fsdp_graphs(rank, world, shapes, mesh_shape=None, config_changes=None, optimizer="muon_compile", options=None):
     """The pipeline's dumped graphs for a Muon step over an FSDP2 Stack of ``shapes`` on
     ``world`` ranks (optionally an HSDP ``mesh_shape``), plus ``"groups"``: each mesh
     group's name and size, and ``"code"``: Inductor's generated code, one string per
     graph. Meant for the fake process group (``run_fake``): the step is compiled by the
     muon backend but run eagerly, because the fake group cannot execute an all-to-all
-    whose input is empty on some rank."""
+    whose input is empty on some rank. ``options``: Inductor's, as ``torch.compile`` passes them."""
     from torch._inductor.utils import run_and_get_code
 
     from muon_compile.backend import muon_backend
 
     def graphs_only(gm, example_inputs):
-        muon_backend(gm, example_inputs)
+        muon_backend(gm, example_inputs, options=options)
         return gm.forward
 
     mesh = device_mesh(world, mesh_shape)

@@ -6,6 +6,10 @@ in this process (fast); all 8 ranks are spawned (slow)."""
 import re
 
 import pytest
+import torch
+
+import muon_compile
+import muon_compile.backend
 
 from dist_harness import fake_rank, run_fake
 from dist_workers import assert_same_collectives, collective_sequence, fsdp_graphs, launches_and_waits
@@ -131,3 +135,29 @@ def test_generated_code_keeps_the_all_gather_schedule(prefetch):
     buckets = len(collective_sequence(graphs["lower_after"]))
     assert buckets >= 3
     assert launches_and_waits(graphs["code"][0]) == _scheduled_collectives(buckets, False, prefetch)
+
+
+def test_only_graphs_with_collectives_turn_off_inductors_peak_memory_reordering(monkeypatch):
+    """The backend compiles a distributed step with ``reorder_for_peak_memory`` off (so that
+    its generated code keeps the schedule, above), unless ``options`` turns it on; a
+    single-device step keeps Inductor's default."""
+    patched = []
+    compile_fx = muon_compile.backend.compile_fx
+
+    def recording(gm, example_inputs, config_patches):
+        patched.append(config_patches.get("reorder_for_peak_memory", "default"))
+        return compile_fx(gm, example_inputs, config_patches=config_patches)
+
+    def compiled(step) -> set:  # what the graphs compiled by ``step()`` were patched with
+        patched.clear()
+        step()
+        assert patched
+        return set(patched)
+
+    monkeypatch.setattr(muon_compile.backend, "compile_fx", recording)
+    assert compiled(lambda: fake_rank(fsdp_graphs, 2, 0, W8_SHAPES[:2])) == {False}
+    options = {"reorder_for_peak_memory": True}
+    assert compiled(lambda: fake_rank(fsdp_graphs, 2, 0, W8_SHAPES[:2], None, None, "muon_compile", options)) == {True}
+    weight = torch.nn.Parameter(torch.randn(8, 4))
+    weight.grad = torch.randn(8, 4)
+    assert compiled(torch.compile(muon_compile.Muon([weight]).step, backend="muon")) == {"default"}

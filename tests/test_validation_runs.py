@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from validate_step_cost import report  # scripts/, on the path (conftest.py)
+from validate_step_cost import UNSCHEDULED_NOTE, report  # scripts/, on the path (conftest.py)
 
 from muon_compile.step_cost import TIE
 
@@ -135,6 +135,12 @@ MATCHED_WHEN_RECORDED = {
     # world 3 again that afternoon (131 GFLOP/s at size 512), out of sample: the ten-bucket
     # small-14 pairs, a tie predicted 7.9% apart the other way
     "2026-11-27-world3-second": 6,
+    # the first run whose steps keep the schedule pass's prefetch (world 3, that evening):
+    # the ten-bucket small-14 pairs, a tie predicted 7.8% apart the other way
+    "2026-11-27-world3-prefetch": 6,
+    # world 2 after it: the ten-bucket small-14 pair with prefetch 1, a tie predicted 8.7%
+    # apart the other way
+    "2026-11-27-world2-prefetch": 7,
 }
 # runs whose steps were timed in turns: rankings that the rounds resolve (sign test at 5%)
 # against the prediction, when recorded (world3-concat: a ten-bucket small-14 pair of 15 rounds)
@@ -199,6 +205,10 @@ PAIRED_DIFFERS_WHEN_RECORDED = {
     "2026-11-27-world3-fixed-during": 2,
     # the ten-bucket small-14 pairs (all_to_all faster in 64 and 76 of 78 rounds)
     "2026-11-27-world3-second": 2,
+    # the ten-bucket small-14 pairs (all_to_all faster in 93 and 97 of 98 rounds)
+    "2026-11-27-world3-prefetch": 2,
+    # the ten-bucket small-14 pair with prefetch 1 (all_to_all faster in 148 of 168 rounds)
+    "2026-11-27-world2-prefetch": 1,
 }
 # rankings whose medians lie further apart than two arms of one plan measured (the
 # report's "the same plan's" spread) against the prediction, when the spread was first
@@ -235,7 +245,16 @@ RESOLVED_DIFFERS = {
     "2026-11-27-world3-fixed-during": 2,
     # the ten-bucket small-14 pairs, 9.3% and 24.1% apart against 1.7%
     "2026-11-27-world3-second": 2,
+    # the ten-bucket small-14 pairs, 14.5% and 22.5% apart against 2.5%
+    "2026-11-27-world3-prefetch": 2,
+    # the ten-bucket small-14 pair with prefetch 1, 16.3% apart against 1.1%
+    "2026-11-27-world2-prefetch": 1,
 }
+
+
+# runs whose steps kept the schedule pass's order in the generated code (the prefetch
+# depth measured is the one named); the others' prefetch-1 arms ran without prefetch
+SCHEDULED_RUNS = {"2026-11-27-world3-prefetch", "2026-11-27-world2-prefetch"}
 
 
 def _reported(run) -> tuple[str, list[str]]:
@@ -272,6 +291,7 @@ def test_current_model_ranks_the_strategies_as_measured(run):
     assert (f"rankings predicted more than {TIE:.0%} apart: {len(apart)} of 8, "
             f"{sum(r.endswith('matches') for r in apart)} of them as measured") in out
     assert "16 pairs: median |error|" in out
+    assert (UNSCHEDULED_NOTE in out) is (run.stem not in SCHEDULED_RUNS)
 
 
 def _saved_run(path, world, medians):
