@@ -26,6 +26,8 @@ COLLECTIVE = re.compile(
     r"^v\d+: (.+?) = _c10d_functional\.(all_to_all_single|all_gather_into_tensor|all_reduce|reduce_scatter_tensor)"
     r"\((.*)\)(?:  # .*)?$"
 )
+# a wait for collective buffer ``buf`` in Inductor's generated wrapper code
+GENERATED_WAIT = re.compile(r"_c10d_functional\.wait_tensor\.default\((\w+)\)")
 
 
 class Stack(nn.Module):
@@ -91,7 +93,7 @@ def launches_and_waits(code: str) -> list[str]:
         if m := re.search(r"(\w+) = torch\.ops\._c10d_functional\.\w+\.default\(", line):
             launched[m.group(1)] = len(launched)
             seq.append(f"L{launched[m.group(1)]}")
-        elif m := re.search(r"_c10d_functional\.wait_tensor\.default\((\w+)\)", line):
+        elif m := GENERATED_WAIT.search(line):
             seq.append(f"W{launched[m.group(1)]}")
     return seq
 

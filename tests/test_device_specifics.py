@@ -13,7 +13,7 @@ from torch._inductor.utils import run_and_get_code
 import muon_compile
 
 from dist_harness import run_world
-from dist_workers import generated_code
+from dist_workers import GENERATED_WAIT, generated_code
 from helpers import MIXED_SHAPES, make_params, set_grads
 from numerics import NS_RTOL, assert_rel_close
 
@@ -89,7 +89,7 @@ def _wait_lines(body):
     return [
         (i, m.group(1))
         for i, line in enumerate(body)
-        if (m := re.search(r"_c10d_functional\.wait_tensor\.default\((\w+)\)", line))
+        if (m := GENERATED_WAIT.search(line))
     ]
 
 

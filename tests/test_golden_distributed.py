@@ -8,7 +8,6 @@ import re
 import pytest
 import torch
 
-import muon_compile
 import muon_compile.backend
 
 from dist_harness import fake_rank, run_fake
