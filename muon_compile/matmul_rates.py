@@ -81,7 +81,7 @@ def _aspect(m: int, k: int, n: int) -> tuple[str, float]:
     return (LONG_INNER, inner) if inner >= outer else (LONG_OUTER, outer)
 
 
-def _interpolate(table: Table, size: float, log_log: bool = False) -> float:
+def interpolate(table: Table, size: float, log_log: bool = False) -> float:
     """``table``'s value at ``size``: linear in log size between its sizes (the value's log
     too with ``log_log``), flat beyond its ends."""
     if size <= table[0][0]:
@@ -110,19 +110,19 @@ class MatmulRates:
         if table is None:
             raise ValueError(f"no {self.device} matmul rates for {dtype}; known: {sorted(map(str, self.tables))}")
         size = cube_size(m, k, n)
-        square = _interpolate(table, size, log_log=True)
+        square = interpolate(table, size, log_log=True)
         family, aspect = _aspect(m, k, n)
         long = self.families.get(family, {}).get(dtype)
         if long is None or aspect <= 1:
             return square
         weight = min(1.0, math.log(aspect) / math.log(ASPECT))
-        return square ** (1 - weight) * _interpolate(long, size, log_log=True) ** weight
+        return square ** (1 - weight) * interpolate(long, size, log_log=True) ** weight
 
     def call_seconds(self, dtype: torch.dtype, m: int, k: int, n: int) -> float:
         """Seconds one batched ``(m x k) @ (k x n)`` product call costs beyond its
         arithmetic, whatever its batch (see the module docstring); 0 without a latency table."""
         table = self.latency.get(dtype)
-        return _interpolate(table, cube_size(m, k, n)) if table else 0.0
+        return interpolate(table, cube_size(m, k, n)) if table else 0.0
 
     def scaled(self, factor: float, why: str) -> MatmulRates:
         """These rates times ``factor`` (the latency per call unchanged), ``why`` added to the source."""

@@ -37,6 +37,13 @@ Profiles (:data:`PROFILES`):
   as achieved). Latencies: 10 us per step within a node, 20 us between nodes, typical
   small-message nccl-tests figures.
 
+Where a collective's own work runs on the cores the step computes on (gloo's threads on the
+CPU), it takes a share of them while it is in flight: :attr:`NetworkProfile.compute_share`
+gives it per kind and size, measured from the CPU time of the process group's threads
+(scripts/measure_profiles.py); the cost model charges each rank's compute that share of
+the collective's time (:mod:`muon_compile.step_cost`). A GPU's NCCL kernels take a few of
+its SMs, which no profile here prices (0).
+
 A profile of this project's VM (gloo over 127.0.0.1) is measured by
 ``scripts/measure_profiles.py``; the validation of the cost model
 (``scripts/validate_step_cost.py``) measures it again in the same run as the steps it
@@ -48,6 +55,8 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping
+
+from .matmul_rates import interpolate
 
 COLLECTIVES = ("all_gather_into_tensor", "all_to_all_single", "all_reduce", "reduce_scatter_tensor")
 
@@ -92,7 +101,11 @@ class NetworkProfile:
     ``ceil((W - 1) / exchanges_in_flight)`` latencies (1, the default: the pairwise
     exchange of the table, one peer after another, as gloo runs it; NCCL issues the
     exchanges as grouped sends and receives that overlap, by how much no published figure
-    says, so the planner shows both bounds)."""
+    says, so the planner shows both bounds). ``compute_share``: per kind, ``(bytes per
+    rank, share)`` points in increasing size: the share of each rank's compute that a
+    collective of that kind takes while it is in flight (its threads' work on the same
+    cores), interpolated in log size and flat beyond the ends (:meth:`share`); a kind
+    without points takes none."""
 
     name: str
     source: str
@@ -101,12 +114,23 @@ class NetworkProfile:
     ranks_per_node: int
     kinds: Mapping[str, Link] = dataclasses.field(default_factory=dict)
     exchanges_in_flight: int = 1
+    compute_share: Mapping[str, tuple[tuple[float, float], ...]] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if unknown := set(self.kinds) - set(COLLECTIVES):
+        if unknown := (set(self.kinds) | set(self.compute_share)) - set(COLLECTIVES):
             raise ValueError(f"network profile {self.name!r}: unknown collective kinds {sorted(unknown)}; known: {COLLECTIVES}")
         if self.exchanges_in_flight < 1:
             raise ValueError(f"network profile {self.name!r}: exchanges_in_flight must be >= 1, got {self.exchanges_in_flight}")
+        for kind, points in self.compute_share.items():
+            if not points or any(not 0.0 <= share <= 1.0 for _, share in points):
+                raise ValueError(f"network profile {self.name!r}: compute_share[{kind!r}] must be points with "
+                                 f"shares in [0, 1], got {points}")
+
+    def share(self, kind: str, nbytes: float) -> float:
+        """The share of each rank's compute that collective ``kind`` with ``nbytes`` of input
+        per rank takes while it is in flight (see :attr:`compute_share`)."""
+        points = self.compute_share.get(kind)
+        return interpolate(points, nbytes) if points else 0.0
 
     def link(self, group_size: int, kind: str | None = None) -> Link:
         """The link a group of ``group_size`` ranks (placed on consecutive ranks) is limited

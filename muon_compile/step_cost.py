@@ -31,9 +31,14 @@ stages in the order of the ``schedule`` pass
 (:func:`~muon_compile.passes.schedule.stage_order`), each rank's compute on its own
 clock, the collectives on one shared communication clock: a collective starts when the
 last rank has issued it and the previous one is done, and a rank that waits for it
-stalls. On a device that cannot overlap communication with compute (the CPU: gloo runs
-on the compute cores) a collective holds every rank's compute clock instead. Exposed
-communication is the time a rank's compute waits for collectives.
+stalls. Where a collective's own work runs on the compute cores (the CPU: gloo's threads),
+each rank's compute loses the network profile's share of the collective's time at its
+issue (:meth:`~muon_compile.network_profiles.NetworkProfile.share`, measured from the
+threads' CPU time); on a device that cannot overlap communication with compute at all
+(:attr:`DeviceProfile.overlaps_communication` false: the CPU profiles of runs that did
+not measure the share) a collective holds every rank's compute clock to its end instead.
+Exposed communication is the time a rank's compute waits for collectives or loses to
+them.
 
 Host and device: every stage's seconds are split into the host's (the fixed costs, the
 product calls' latency: dispatching and launching) and the device's (arithmetic, memory
@@ -92,7 +97,8 @@ def tied(a: float, b: float) -> bool:
 @dataclasses.dataclass(frozen=True)
 class DeviceProfile:
     """What a device computes at: matmul rates, memory bandwidth (bytes/s) for
-    pointwise work, whether collectives overlap compute on it, whether its host queues the
+    pointwise work, whether collectives overlap compute on it (less the network profile's
+    share of its compute that they take, see the module docstring), whether its host queues the
     kernels (``queues_kernels``: a CUDA stream; then host time overlaps the device's work,
     see the module docstring; on the CPU the host computes), and the fixed costs of a
     compiled step on it: ``step_overhead`` seconds per call (guards, the runtime wrapper),
@@ -301,13 +307,15 @@ def _ns_seconds(
 @dataclasses.dataclass(frozen=True)
 class _BucketWork:
     """One bucket's seconds per rank: its stages' (the compute stage's with its NS), its
-    NS alone; and each of its collectives'."""
+    NS alone; and each of its collectives', and of those the seconds each rank's compute
+    loses to it (:meth:`~muon_compile.network_profiles.NetworkProfile.share`)."""
 
     launch: tuple[Seconds, ...]
     compute: tuple[Seconds, ...]
     finish: tuple[Seconds, ...]
     ns: tuple[Seconds, ...]
     collectives: tuple[float, ...]
+    taken: tuple[float, ...]
 
 
 def _bucket_work(bucket: DistBucket, device: DeviceProfile, network: NetworkProfile, param_itemsize: int) -> _BucketWork:
@@ -330,9 +338,11 @@ def _bucket_work(bucket: DistBucket, device: DeviceProfile, network: NetworkProf
     )
     finish = pack if bucket.strategy is Strategy.ALL_TO_ALL else 0.0
     overhead = device.collective_overhead if world > 1 else 0.0  # a group of one exchanges nothing
-    seconds = tuple(network.seconds(kind, shard_elems * itemsize, world) + overhead for kind, _, _ in bucket.collectives())
+    kinds = [kind for kind, _, _ in bucket.collectives()]
+    seconds = tuple(network.seconds(kind, shard_elems * itemsize, world) + overhead for kind in kinds)
+    taken = tuple(network.share(kind, shard_elems * itemsize) * t for kind, t in zip(kinds, seconds))
     launch = Seconds(device.bucket_overhead, pack)
-    return _BucketWork((launch,) * world, compute, (Seconds(0.0, finish),) * world, ns, seconds)
+    return _BucketWork((launch,) * world, compute, (Seconds(0.0, finish),) * world, ns, seconds, taken)
 
 
 def stages(plan: DistPlan, prefetch: int) -> list[StageTag]:
@@ -388,6 +398,10 @@ def predict(
         done[(b, i)] = end
         if not device.overlaps_communication:
             hold(end)
+            return
+        for r in range(world):  # its threads' work on the compute cores
+            clock[r] += work[b].taken[i]
+            exposed[r] += work[b].taken[i]
 
     def hold(until: float) -> None:
         for r, c in enumerate(clock):

@@ -438,12 +438,45 @@ def start_backend(parser: argparse.ArgumentParser, args: argparse.Namespace) -> 
         parser.error("--realtime-gloo: only with --backend gloo")
     before = _threads()
     device = init_backend(args.backend)
+    note_group_threads(before)
     if args.realtime_gloo:
         try:
-            prioritize_gloo_threads(before)
+            prioritize_gloo_threads(group_threads())
         except (PermissionError, RuntimeError) as error:
             parser.error(f"--realtime-gloo: {error}")
     return device
+
+
+# the threads that start_backend's process group started in this process: {id: name}
+_GROUP_THREADS: dict[int, str] = {}
+
+
+def note_group_threads(before: dict[int, str]) -> None:
+    """Note as the process group's threads (:func:`group_threads`) those of this process
+    not in ``before`` (:func:`_threads` taken before the group started), once every rank's
+    are running (after a barrier)."""
+    dist.barrier()
+    _GROUP_THREADS.update((tid, name) for tid, name in _threads().items() if tid not in before)
+
+
+def group_threads() -> dict[int, str]:
+    """The threads the process group started in this process (``{thread id: name}``:
+    gloo's TCP event loop and ProcessGroupGloo's workers), as :func:`note_group_threads`
+    (which :func:`start_backend` calls) found them; empty before."""
+    return dict(_GROUP_THREADS)
+
+
+def cpu_seconds(threads) -> float:
+    """The seconds this process's ``threads`` (ids) have run on a core so far, by the
+    kernel's scheduler statistics (nanoseconds; a thread that has ended counts 0)."""
+    total = 0
+    for tid in threads:
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                total += int(f.read().split()[0])
+        except FileNotFoundError:
+            continue
+    return total / 1e9
 
 
 GLOO_PRIORITY = 1  # SCHED_FIFO's lowest: above every ordinary thread
@@ -463,10 +496,9 @@ def realtime_threads() -> list[str]:
     return [name for tid, name in _threads().items() if os.sched_getscheduler(tid) == os.SCHED_FIFO]
 
 
-def prioritize_gloo_threads(before: dict[int, str]) -> None:
-    """Put the threads the gloo group started (those of this process not in ``before``,
-    :func:`_threads` taken before ``init_process_group``: gloo's TCP event loop and
-    ProcessGroupGloo's workers) in ``SCHED_FIFO`` at :data:`GLOO_PRIORITY`, so that one
+def prioritize_gloo_threads(started: dict[int, str]) -> None:
+    """Put the threads the gloo group ``started`` (:func:`group_threads`: gloo's TCP event
+    loop and ProcessGroupGloo's workers) in ``SCHED_FIFO`` at :data:`GLOO_PRIORITY`, so that one
     preempts compute as soon as it wakes (:func:`realtime_threads` reads them back).
     Every collective passes through these threads, and with two ranks on two cores the
     kernel's scheduler otherwise lets them wait behind compute: a collective after 0.2-1
@@ -476,8 +508,6 @@ def prioritize_gloo_threads(before: dict[int, str]) -> None:
     with one left out, a collective ran slower than with none raised. Raises
     PermissionError without root or CAP_SYS_NICE, and RuntimeError when the group
     started no thread."""
-    dist.barrier()  # the group's threads are all running by now
-    started = {tid: name for tid, name in _threads().items() if tid not in before}
     if not started:
         raise RuntimeError(f"the process group started no thread in this process (torch {torch.__version__})")
     for tid, name in started.items():

@@ -65,6 +65,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import os
 import platform
 import random
 import statistics
@@ -75,7 +76,17 @@ import torch.distributed as dist
 from torch._inductor.utils import fresh_cache
 from torch.distributed.device_mesh import init_device_mesh
 
-from bench_distributed import ARMS, add_backend_argument, failure, on_gpu, rank_device, sharded_params, start_backend
+from bench_distributed import (
+    ARMS,
+    add_backend_argument,
+    cpu_seconds,
+    failure,
+    group_threads,
+    on_gpu,
+    rank_device,
+    sharded_params,
+    start_backend,
+)
 from bench_distributed import timed as timed_once
 from bench_distributed import timed_host
 from measure_matmul_rates import family_call, matmul_batch
@@ -382,8 +393,27 @@ def fit_link(points: list[tuple[float, float]], steps: float, factor: float) -> 
 def per_call(fns: list, reps: int) -> list[float]:
     """Seconds per call of each of ``fns``, each repeated for about :data:`SUSTAINED`
     seconds per timing (:func:`sustained`), the timings taking turns (:func:`timed_each`)."""
+    return per_call_and_cpu(fns, reps, ())[0]
+
+
+def per_call_and_cpu(fns: list, reps: int, threads) -> tuple[list[float], list[float]]:
+    """:func:`per_call`'s seconds per call of each of ``fns``, and the seconds this
+    process's ``threads`` (ids) ran on a core per call of each (bench_distributed's
+    ``cpu_seconds``, read around each timing's repeated calls, the warm-up's included)."""
     repeated = [sustained(fn) for fn in fns]
-    return [t / count for t, (_, count) in zip(timed_each([r for r, _ in repeated], reps), repeated)]
+    ran = [[0.0, 0] for _ in fns]  # per function: the threads' seconds on a core, calls
+
+    def counted(index: int, fn: Callable[[], None], count: int) -> Callable[[], None]:
+        def call() -> None:
+            before = cpu_seconds(threads)
+            fn()
+            ran[index][0] += cpu_seconds(threads) - before
+            ran[index][1] += count
+
+        return call
+
+    timings = timed_each([counted(i, r, c) for i, (r, c) in enumerate(repeated)], reps)
+    return [t / count for t, (_, count) in zip(timings, repeated)], [used / calls for used, calls in ran]
 
 
 def sweep(world: int) -> dict[tuple[str, int], Callable[[], torch.Tensor]]:
@@ -401,22 +431,59 @@ def by_kind(values: dict[tuple[str, int], object]) -> dict[str, list[tuple[int, 
     return grouped
 
 
-def measure_network(reps: int) -> dict[str, list[tuple[int, float]]]:
+def measure_network(reps: int) -> tuple[dict[str, list[tuple[int, float]]], dict]:
     """Per collective kind, ``(bytes per rank, seconds per call)`` at each of :data:`SIZES`,
-    the calls of :func:`sweep` back to back as a step's buckets issue them (:func:`per_call`)."""
+    the calls of :func:`sweep` back to back as a step's buckets issue them (:func:`per_call`);
+    and on gloo, whose threads run on the cores the step computes on, what the calls cost
+    those cores (empty on another backend): ``cores`` this process may run on, torch's
+    ``threads`` per rank, and per kind ``(bytes per rank, seconds per call, seconds the
+    process group's threads ran on a core per call)``, the last the ranks' mean.
+    :func:`compute_shares` turns them into the network profile's shares of the compute."""
     calls = sweep(dist.get_world_size())
-    return by_kind(dict(zip(calls, per_call(list(calls.values()), reps))))
+    threads = list(group_threads()) if dist.get_backend() == "gloo" else []
+    seconds, cpu = per_call_and_cpu(list(calls.values()), reps, threads)
+    points = by_kind(dict(zip(calls, seconds)))
+    if not threads:
+        return points, {}
+    mean = torch.tensor(cpu, dtype=torch.float64)
+    dist.all_reduce(mean)
+    mean /= dist.get_world_size()
+    used = by_kind({key: (t, c) for key, t, c in zip(calls, seconds, mean.tolist())})
+    figures = {kind: [(nbytes, t, c) for nbytes, (t, c) in kind_points] for kind, kind_points in used.items()}
+    return points, {"cores": len(os.sched_getaffinity(0)), "threads": torch.get_num_threads(), "points": figures}
 
 
-def network_profile(points: dict[str, list[tuple[int, float]]], world: int, backend: str, log=print) -> NetworkProfile:
-    """The links fitted to :func:`measure_network`'s ``points`` (all ranks on one node);
-    ``log`` gets a line per kind with its fit and its points."""
+def compute_shares(cpu: dict, world: int) -> dict[str, tuple[tuple[float, float], ...]]:
+    """The network profile's ``compute_share`` of :func:`measure_network`'s ``cpu``
+    figures: per kind and size, the share of each rank's compute that the collective
+    takes while in flight. Its threads run ``c`` seconds on a core per call of ``t``
+    seconds on each of ``world`` ranks: ``world * c / t`` cores. The ranks' compute runs
+    on ``min(cores, world * threads)`` of them; a core it leaves idle takes that work
+    first, and the rest is the share of the compute's cores, at most 1."""
+    busy = min(cpu["cores"], world * cpu["threads"])
+    spare = cpu["cores"] - busy
+    return {
+        kind: tuple((float(nbytes), min(1.0, max(0.0, world * c / t - spare) / busy)) for nbytes, t, c in points)
+        for kind, points in cpu["points"].items()
+    }
+
+
+def network_profile(
+    points: dict[str, list[tuple[int, float]]], world: int, backend: str, log=print, cpu: dict | None = None
+) -> NetworkProfile:
+    """The links fitted to :func:`measure_network`'s ``points`` (all ranks on one node),
+    and with its ``cpu`` figures the share of the compute each
+    kind takes (:func:`compute_shares`); ``log`` gets a line per kind with its fit and its
+    points, and its shares."""
     links = {}
+    shares = compute_shares(cpu, world) if cpu else {}
     for kind, kind_points in points.items():
         links[kind], worst = fit_link(kind_points, *alpha_beta(kind, world))
         shown = ", ".join(f"{b // 1024} KiB {t * 1e3:.3f} ms" for b, t in kind_points)
         log(f"{kind}: {links[kind].describe()}, worst fit error {worst:.0%}")
         log(f"    {shown}")
+        if kind in shares:
+            log(f"    share of the compute in flight: {', '.join(f'{b // 1024:.0f} KiB {s:.2f}' for b, s in shares[kind])}")
     a2a = links["all_to_all_single"]
     return NetworkProfile(
         f"{backend}-w{world}",
@@ -425,6 +492,7 @@ def network_profile(points: dict[str, list[tuple[int, float]]], world: int, back
         inter=a2a,
         ranks_per_node=world,
         kinds=links,
+        compute_share=shares,
     )
 
 
@@ -595,8 +663,10 @@ def rates_of(figures: dict, kind: str, dtypes: tuple[torch.dtype, ...], source: 
 def device_profile(figures: dict, network: NetworkProfile, world: int, log=print, per_collective: bool = True) -> DeviceProfile:
     """The device profile of :func:`measure_device`'s ``figures``, its fixed costs fitted
     with ``network`` pricing the collectives of the fixed-cost steps, a cost per collective
-    among them where ``per_collective`` (see :func:`_fixed_costs`). On the CPU nothing
-    overlaps (the collectives hold its cores, the host computes); on a GPU, NCCL runs on a
+    among them where ``per_collective`` (see :func:`_fixed_costs`). On the CPU the host
+    computes, and collectives overlap its compute where ``network`` gives their share of
+    it (runs saved before 2026-11-27's evening did not measure it: they hold its cores
+    instead); on a GPU, NCCL runs on a
     stream of its own, the host queues the kernels ahead of the device (its fixed costs
     and product-call latency overlap the device's work), and the bf16 rates stand for
     fp16 too (Gram Newton–Schulz's dtype there; the tensor cores run both at one rate: 2%
@@ -612,7 +682,7 @@ def device_profile(figures: dict, network: NetworkProfile, world: int, log=print
         source,
         rates,
         memory_bandwidth=bandwidth,
-        overlaps_communication=kind != "cpu",
+        overlaps_communication=kind != "cpu" or bool(network.compute_share),
         queues_kernels=kind != "cpu",
     )
     host = arithmetic.queues_kernels and "fixed_host" in figures  # runs saved before 2026-11-27 lack it
@@ -630,7 +700,8 @@ def main() -> None:
     world, rank = dist.get_world_size(), dist.get_rank()
     log = print if rank == 0 else (lambda *_: None)
     log(f"# {args.backend}, world {world}, torch {torch.__version__}, {platform.machine()}, {torch.get_num_threads()} threads per rank")
-    network = network_profile(measure_network(args.reps), world, args.backend, log)
+    points, cpu = measure_network(args.reps)
+    network = network_profile(points, world, args.backend, log, cpu)
     per_collective = not collectives_wait_behind_compute(args.backend, args.realtime_gloo)
     device_profile(measure_device(args.reps), network, world, log, per_collective)
     dist.destroy_process_group()

@@ -170,7 +170,6 @@ def measure_run(
         "realtime_gloo": realtime_gloo,
         "generated_order": SCHEDULED_ORDER,
         "backend": dist.get_backend(),
-        "network": measure_network(profile_reps),
         "network_timing": "back to back",
         "step_timing": f"interleaved in shuffled order, {reps} rounds or {arm_seconds:g} s of the slowest arm"
         + (f", {instances} compiled instances per arm" if instances > 1 else "")
@@ -180,6 +179,7 @@ def measure_run(
         "probe": {},
         "network_during": {},
     }
+    record["network"], record["network_cpu"] = measure_network(profile_reps)
     mesh = init_device_mesh(rank_device().type, (world,))
     for name in names:
         steps, probes, fixed = measure_interleaved(
@@ -218,7 +218,7 @@ def report(record: dict, log=print, collectives_during: bool = False, fixed_cost
     log(f"# {record['header']}; {timing}")
     if record.get("generated_order") != SCHEDULED_ORDER:
         log(UNSCHEDULED_NOTE)
-    network = network_profile(record["network"], world, record["backend"], log)
+    network = recorded_network(record, log)
     device = recorded_device(record, network, log)
     names = list(dict.fromkeys(s["workload"] for s in record["steps"]))
     devices = {
@@ -422,8 +422,15 @@ def workload_profiles(record: dict, name: str, log=lambda *_: None) -> tuple[Dev
     """The profiles that :func:`report` prices workload ``name``'s steps of ``record`` with
     by default: fitted to the figures timed before the steps, the matmul rates
     :func:`drift_corrected` for ``name``."""
-    network = network_profile(record["network"], record["world"], record["backend"], log)
+    network = recorded_network(record, log)
     return drift_corrected(recorded_device(record, network, log), record, name, log), network
+
+
+def recorded_network(record: dict, log) -> NetworkProfile:
+    """The network profile fitted (measure_profiles' ``network_profile``) to ``record``'s
+    collectives timed before the steps, with the shares of the compute they take where the
+    run measured them (``network_cpu``; runs saved before 2026-11-27's evening did not)."""
+    return network_profile(record["network"], record["world"], record["backend"], log, record.get("network_cpu"))
 
 
 def recorded_device(record: dict, network: NetworkProfile, log) -> DeviceProfile:
@@ -464,7 +471,7 @@ def network_during(record: dict, name: str, log) -> NetworkProfile | None:
         return None
     points = {kind: [(nbytes, statistics.median(series)) for nbytes, series in sizes] for kind, sizes in during.items()}
     log(f"{name}: the collectives timed in turns with its steps:")
-    return network_profile(points, record["world"], record["backend"], lambda line: log(f"  {line}"))
+    return network_profile(points, record["world"], record["backend"], lambda line: log(f"  {line}"), record.get("network_cpu"))
 
 
 def sign_test(first: list[float], second: list[float]) -> tuple[int, int, float]:

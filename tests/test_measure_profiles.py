@@ -7,8 +7,10 @@ rank, as scripts/gpu_check.sh runs it on one GPU (there with NCCL, here with glo
 import dataclasses
 import json
 import math
+import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -18,6 +20,7 @@ from script_runs import torchrun
 
 ROOT = Path(__file__).resolve().parents[1]
 
+import bench_distributed  # noqa: E402
 import measure_profiles  # noqa: E402
 import validate_step_cost  # noqa: E402
 from muon_compile.config import Config  # noqa: E402
@@ -38,7 +41,10 @@ def timed_collectives(rank, world):
         result = measure_profiles.collective(kind, 4096, world, value=rank + 1)()
         out[kind] = (tuple(result.shape), sorted(set(result.tolist())))
     out["probes"] = {key: count for key, (_, count) in measure_profiles.probe_calls().items()}
-    out["points"] = {kind: [b for b, _ in points] for kind, points in measure_profiles.measure_network(1).items()}
+    bench_distributed.note_group_threads({threading.get_native_id(): "main"})  # the others are gloo's
+    points, out["cpu"] = measure_profiles.measure_network(1)
+    out["points"] = {kind: [b for b, _ in kind_points] for kind, kind_points in points.items()}
+    out["cpu_expected"] = {"cores": len(os.sched_getaffinity(0)), "threads": torch.get_num_threads(), "points": points}
     return out
 
 
@@ -53,12 +59,40 @@ def test_collectives_are_timed_as_the_functional_ops_the_step_calls():
         assert list(probes) == ["matmul", *sweep]
         assert all(count > 0 for count in probes.values())
         assert result.pop("points") == {kind: measure_profiles.SIZES for kind in measure_profiles.COLLECTIVES}
+        # with the seconds per call, the seconds gloo's threads ran on a core per call: some at every size
+        cpu, expected = result.pop("cpu"), result.pop("cpu_expected")
+        assert {**cpu, "points": None} == {**expected, "points": None}
+        for kind, kind_points in cpu["points"].items():
+            assert [(b, t) for b, t, _ in kind_points] == [tuple(p) for p in expected["points"][kind]]
+            assert all(c > 0 for _, _, c in kind_points), (kind, kind_points)
         assert result == {
             "all_gather_into_tensor": ((4096,), [1.0, 2.0]),  # 2048 bf16 per rank, gathered
             "all_to_all_single": ((2048,), [1.0, 2.0]),  # half from each rank
             "all_reduce": ((1024,), [3.0]),  # 1024 fp32, summed
             "reduce_scatter_tensor": ((512,), [3.0]),  # a half of 1024 fp32, summed
         }
+
+
+def test_a_collectives_share_of_the_compute_is_its_threads_cores_beyond_those_the_compute_leaves_idle():
+    """measure_profiles.compute_shares: threads running ``c`` seconds on a core per call of
+    ``t`` seconds on each of ``world`` ranks use ``world * c / t`` cores; the ranks' compute
+    runs on ``min(cores, world * threads)``, and an idle core takes the threads' work first."""
+    def shares(world, cores, threads, *ratios):
+        points = [(4096 * 4**i, 1e-3, r * 1e-3) for i, r in enumerate(ratios)]
+        cpu = {"cores": cores, "threads": threads, "points": {"all_to_all_single": points}}
+        return [s for _, s in measure_profiles.compute_shares(cpu, world)["all_to_all_single"]]
+
+    assert shares(3, 2, 1, 0.3, 0.6) == pytest.approx([0.45, 0.9])  # three ranks on two cores
+    assert shares(2, 2, 1, 0.5, 0.8) == pytest.approx([0.5, 0.8])  # a core each
+    assert shares(1, 2, 1, 0.3, 1.5) == pytest.approx([0.0, 0.5])  # the idle core first
+    assert shares(2, 8, 2, 0.5, 3.0) == pytest.approx([0.0, 0.5])  # four cores idle, four computing
+    assert shares(3, 2, 1, 0.9) == [1.0]  # at most all of it
+    # the points keep their sizes, as floats, in the profile the validation fits
+    cpu = {"cores": 2, "threads": 1, "points": {"all_gather_into_tensor": [(4096, 1e-3, 5e-4)]}}
+    network = measure_profiles.network_profile({"all_gather_into_tensor": [(4096, 1e-3)], "all_to_all_single": [(4096, 1e-3)]},
+                                               2, "gloo", lambda *_: None, cpu)
+    assert network.compute_share == {"all_gather_into_tensor": ((4096.0, 0.5),)}
+    assert network.share("all_gather_into_tensor", 10**6) == 0.5 and network.share("all_to_all_single", 4096) == 0.0
 
 
 def test_fit_recovers_latency_and_bandwidth_and_has_nothing_to_fit_on_one_rank():

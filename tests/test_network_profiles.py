@@ -53,6 +53,17 @@ def test_an_all_to_all_whose_exchanges_overlap_pays_fewer_latencies():
         dataclasses.replace(NET, exchanges_in_flight=0)
 
 
+def test_a_collectives_share_of_the_compute_is_interpolated_in_log_size_and_flat_beyond_its_points():
+    net = dataclasses.replace(NET, compute_share={"all_to_all_single": ((4096.0, 0.5), (65536.0, 0.7))})
+    assert net.share("all_to_all_single", 16384) == pytest.approx(0.6)  # half way in log size
+    assert net.share("all_to_all_single", 1024) == 0.5 and net.share("all_to_all_single", 2**24) == 0.7
+    assert net.share("all_gather_into_tensor", 16384) == 0.0 == NET.share("all_to_all_single", 16384)  # none given
+    with pytest.raises(ValueError, match="unknown collective kinds \\['broadcast'\\]"):
+        dataclasses.replace(NET, compute_share={"broadcast": ((4096.0, 0.5),)})
+    with pytest.raises(ValueError, match="compute_share\\['all_reduce'\\] must be points with shares in \\[0, 1\\]"):
+        dataclasses.replace(NET, compute_share={"all_reduce": ((4096.0, 1.5),)})
+
+
 def test_published_profile_orders_links():
     net = profile("nvlink-ib")
     assert net.seconds("all_gather_into_tensor", 64e6, 8) < net.seconds("all_gather_into_tensor", 64e6, 16)

@@ -72,6 +72,27 @@ def test_prefetch_hides_communication_where_it_can_overlap():
     assert no_overlap.exposed[0] == pytest.approx(no_overlap.communication)
 
 
+def test_a_collective_in_flight_takes_the_network_profiles_share_of_the_compute():
+    """On a device whose collectives run on its compute cores (the CPU's gloo threads),
+    each rank's compute loses the profile's share of a collective's time at its issue:
+    nothing changes where every collective is waited for at once (prefetch 0); with
+    prefetch, the step rises with the share, from the step of free overlap (share 0, a
+    GPU's) to at most the step of a device whose collectives hold its cores (share 1)."""
+    plan = DistPlan(tuple(_bucket(rows=64, cols=256) for _ in range(3)), (), {})
+    sharing = [dataclasses.replace(NET, compute_share={"all_to_all_single": ((1.0, s),)}) for s in (0.0, 0.3, 0.7, 1.0)]
+    holding = [predict(plan, k, _device(False), NET) for k in (0, 1)]
+    for net in sharing:
+        cost = predict(plan, 0, _device(True), net)
+        assert (cost.total, cost.exposed) == (pytest.approx(holding[0].total), pytest.approx(holding[0].exposed))
+    steps = [predict(plan, 1, _device(True), net) for net in sharing]
+    assert steps[0] == predict(plan, 1, _device(True), NET)
+    assert [c.step for c in steps] == sorted(c.step for c in steps) and len({c.step for c in steps}) == 4
+    assert steps[-1].step <= holding[1].step
+    # the share is paid whatever the prefetch hides: exposed >= share x communication
+    for share, cost in zip((0.0, 0.3, 0.7, 1.0), steps):
+        assert min(cost.exposed) >= share * cost.communication * (1 - 1e-9)
+
+
 def test_all_gather_computes_every_matrix_on_every_rank():
     a2a = predict(DistPlan((_bucket(),), (), {}), 1, _device(False), NET)
     gather = predict(DistPlan((_bucket(Strategy.ALL_GATHER, (EVERY_RANK, EVERY_RANK)),), (), {}), 1, _device(False), NET)
