@@ -487,6 +487,13 @@ def test_validate_step_cost_runs_end_to_end_on_one_rank(tmp_path):
     # the one-rank network: nothing priced, nothing fitted
     assert "all_to_all_single: latency 0.0 us, bandwidth unbounded" in out
     assert record["network_during"] == {"small-14": {}}  # no collective to time on one rank
+    # what gloo's threads cost the cores, per kind and size, and the shares fitted to it
+    cpu = record["network_cpu"]
+    assert (cpu["cores"], cpu["threads"]) == (len(os.sched_getaffinity(0)), record["device"]["threads"])
+    assert {kind: [p[0] for p in points] for kind, points in cpu["points"].items()} == {
+        kind: measure_profiles.SIZES for kind in measure_profiles.COLLECTIVES
+    }
+    assert out.count("    share of the compute in flight: 4 KiB ") == len(measure_profiles.COLLECTIVES)
     assert len(record["probe"]["small-14"]) == len(steps[0]["times"])  # the matmul probe, each round
     for s in steps:  # each arm profiled in 2 more rounds and 2 steps alone, its one rank's split of each
         for split in (*s["split"], *s["split_alone"]):

@@ -141,6 +141,12 @@ MATCHED_WHEN_RECORDED = {
     # world 2 after it: the ten-bucket small-14 pair with prefetch 1, a tie predicted 8.7%
     # apart the other way
     "2026-11-27-world2-prefetch": 7,
+    # the first run with a collective's share of the CPU measured (world 3, that night):
+    # the ten-bucket small-14 pair with prefetch 0, predicted 10.1% apart the other way
+    "2026-11-27-world3-share": 7,
+    # world 2 after it: the ten-bucket small-14 pair with prefetch 0, predicted 14.9% apart
+    # the other way, measured 3.5% apart (the rounds unresolved)
+    "2026-11-27-world2-share": 7,
 }
 # runs whose steps were timed in turns: rankings that the rounds resolve (sign test at 5%)
 # against the prediction, when recorded (world3-concat: a ten-bucket small-14 pair of 15 rounds)
@@ -209,6 +215,10 @@ PAIRED_DIFFERS_WHEN_RECORDED = {
     "2026-11-27-world3-prefetch": 2,
     # the ten-bucket small-14 pair with prefetch 1 (all_to_all faster in 148 of 168 rounds)
     "2026-11-27-world2-prefetch": 1,
+    # the ten-bucket small-14 pair with prefetch 0 (all_to_all faster in 88 of 101 rounds)
+    "2026-11-27-world3-share": 1,
+    # none: the one pair against the prediction is unresolved (all_to_all faster in 49 of 96)
+    "2026-11-27-world2-share": 0,
 }
 # rankings whose medians lie further apart than two arms of one plan measured (the
 # report's "the same plan's" spread) against the prediction, when the spread was first
@@ -249,12 +259,16 @@ RESOLVED_DIFFERS = {
     "2026-11-27-world3-prefetch": 2,
     # the ten-bucket small-14 pair with prefetch 1, 16.3% apart against 1.1%
     "2026-11-27-world2-prefetch": 1,
+    # the ten-bucket small-14 pair with prefetch 0, 13.1% apart against 2.9%
+    "2026-11-27-world3-share": 1,
+    # the ten-bucket small-14 pair with prefetch 0, 3.5% apart against 2.1%
+    "2026-11-27-world2-share": 1,
 }
 
 
 # runs whose steps kept the schedule pass's order in the generated code (the prefetch
 # depth measured is the one named); the others' prefetch-1 arms ran without prefetch
-SCHEDULED_RUNS = {"2026-11-27-world3-prefetch", "2026-11-27-world2-prefetch"}
+SCHEDULED_RUNS = {"2026-11-27-world3-prefetch", "2026-11-27-world2-prefetch", "2026-11-27-world3-share", "2026-11-27-world2-share"}
 
 
 def _reported(run) -> tuple[str, list[str]]:
