@@ -464,7 +464,8 @@ def network_during(record: dict, name: str, log) -> NetworkProfile | None:
     collectives timed in turns with workload ``name``'s steps (each kind at each size of
     the profile's sweep, the median of the rounds), logged under the workload's name:
     the collectives' speed while the steps ran, as the matmul probe gives the matmul
-    rates'. None for runs saved without that sweep (before it was timed, or of one
+    rates'; their shares of the compute are the ones measured before the steps
+    (:func:`recorded_network`'s, where the run has them). None for runs saved without that sweep (before it was timed, or of one
     rank): the collectives of the profile timed before the steps price the steps then."""
     during = record.get("network_during", {}).get(name)
     if not during:
