@@ -1,6 +1,6 @@
 """CPU offload of optimizer state: state in host memory between steps, every step's
-result bit-identical to the run without offload (eager and compiled, one device), and
-FSDP2 against the single-process reference. The staged copy is always a real copy, so a missing write-back fails here even
+result bit-identical to the run without offload (eager, and compiled on the CPU; compiled
+on CUDA within fp32 precision, see below), and FSDP2 against the single-process reference. The staged copy is always a real copy, so a missing write-back fails here even
 though this machine's parameters live in host memory too."""
 
 import pytest
@@ -11,7 +11,7 @@ import muon_compile
 from dist_harness import run_world
 from dist_workers import FSDP_SHAPES, fsdp_muon, reference_run
 from helpers import MIXED_SHAPES, make_params, set_grads
-from numerics import NS_RTOL, assert_rel_close
+from numerics import FP32_RTOL, NS_RTOL, assert_rel_close
 
 
 def _run(offload, compiled, device, steps=3):
@@ -37,10 +37,19 @@ def test_offloaded_state_gives_identical_steps(device, compiled):
     assert all(v.device.type == "cpu" for v in got_state)
     if device == "cuda":  # pinned: the copies to and from the GPU run asynchronously
         assert all(v.is_pinned() for v in got_state)
-    for i, (a, b) in enumerate(zip(got_state, ref_state)):
-        assert torch.equal(a, b.cpu()), _differs(f"state tensor {i}", a, b.cpu())
-    for i, (a, b) in enumerate(zip(got, ref)):
-        assert torch.equal(a, b), _differs(f"parameter {i}", a, b)
+    # On CUDA the two compiled programs (with and without offload) are different graphs,
+    # whose reductions Triton may order differently: on an H200 (2026-11-27) NorMuon's
+    # row second moment came out 1-2 ulp apart in 9 of 24 and 13 of 32 rows, a different
+    # tensor in each of two runs (docs/benchmarks.md). A stale or missing copy differs by
+    # a whole step's update, far beyond fp32 precision.
+    exact = not (compiled and device == "cuda")
+    pairs = [(f"state tensor {i}", a, b.cpu()) for i, (a, b) in enumerate(zip(got_state, ref_state))]
+    pairs += [(f"parameter {i}", a, b) for i, (a, b) in enumerate(zip(got, ref))]
+    for what, a, b in pairs:
+        if exact:
+            assert torch.equal(a, b), _differs(what, a, b)
+        else:
+            assert_rel_close(a, b, FP32_RTOL, _differs(what, a, b))
 
 
 def _differs(what: str, got: torch.Tensor, want: torch.Tensor) -> str:

@@ -335,11 +335,12 @@ def test_compare_runs_counts_medians_beyond_20_percent_of_the_cross_run_median(t
 # which the model predicts equal: no ranking. Pairs within 20% when recorded with the
 # one-rank plan (2026-11-27): the H100 run's matmul table measured the launch of one
 # product, not the GPU (docs/benchmarks.md, "GPU"); the H200 run's host issued every step
-# 36% slower than its fixed-cost steps predict
+# 36% slower than its fixed-cost steps predict, and 47% in the second H200 run
 ONE_RANK_RUNS = sorted((ROOT / "docs" / "runs" / "gpu").glob("*.json")) + sorted((ROOT / "docs" / "runs" / "world1").glob("*.json"))
 WITHIN_20_WHEN_RECORDED = {
     "2026-11-26-h100-world1-gpt-small": 8,
     "2026-11-27-h200-world1-gpt-small": 0,
+    "2026-11-27-h200-world1-gpt-small-second": 0,
     "2026-11-27-world1-small-14": 8,
 }
 
