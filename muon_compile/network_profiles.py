@@ -41,8 +41,12 @@ Where a collective's own work runs on the cores the step computes on (gloo's thr
 CPU), it takes a share of them while it is in flight: :attr:`NetworkProfile.compute_share`
 gives it per kind and size, measured from the CPU time of the process group's threads
 (scripts/measure_profiles.py); the cost model charges each rank's compute that share of
-the collective's time (:mod:`muon_compile.step_cost`). A GPU's NCCL kernels take a few of
-its SMs, which no profile here prices (0).
+the collective's time (:mod:`muon_compile.step_cost`). Where ranks share cores, they also
+end a stretch of the same compute at different times, and every rank waits for the last
+at the next collective: :attr:`NetworkProfile.after_compute` gives what a collective costs
+after a stretch, beyond its time back to back, measured by running products then the
+collective. A GPU's NCCL kernels take a few of its SMs, which no profile here prices (0),
+and its ranks do not share cores.
 
 A profile of this project's VM (gloo over 127.0.0.1) is measured by
 ``scripts/measure_profiles.py``; the validation of the cost model
@@ -105,7 +109,12 @@ class NetworkProfile:
     rank, share)`` points in increasing size: the share of each rank's compute that a
     collective of that kind takes while it is in flight (its threads' work on the same
     cores), interpolated in log size and flat beyond the ends (:meth:`share`); a kind
-    without points takes none."""
+    without points takes none. ``after_compute``: per kind, ``(seconds of compute,
+    seconds)`` points in increasing compute: what a collective of that kind costs beyond
+    its time back to back when every rank issues it after that long a stretch of compute
+    (ranks that share cores end a stretch at different times, and the first waits for the
+    last), linear between the points and from none after no compute, flat beyond the last
+    (:meth:`after`); a kind without points costs nothing more."""
 
     name: str
     source: str
@@ -115,9 +124,10 @@ class NetworkProfile:
     kinds: Mapping[str, Link] = dataclasses.field(default_factory=dict)
     exchanges_in_flight: int = 1
     compute_share: Mapping[str, tuple[tuple[float, float], ...]] = dataclasses.field(default_factory=dict)
+    after_compute: Mapping[str, tuple[tuple[float, float], ...]] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if unknown := (set(self.kinds) | set(self.compute_share)) - set(COLLECTIVES):
+        if unknown := (set(self.kinds) | set(self.compute_share) | set(self.after_compute)) - set(COLLECTIVES):
             raise ValueError(f"network profile {self.name!r}: unknown collective kinds {sorted(unknown)}; known: {COLLECTIVES}")
         if self.exchanges_in_flight < 1:
             raise ValueError(f"network profile {self.name!r}: exchanges_in_flight must be >= 1, got {self.exchanges_in_flight}")
@@ -125,12 +135,28 @@ class NetworkProfile:
             if not points or any(not 0.0 <= share <= 1.0 for _, share in points):
                 raise ValueError(f"network profile {self.name!r}: compute_share[{kind!r}] must be points with "
                                  f"shares in [0, 1], got {points}")
+        for kind, points in self.after_compute.items():
+            stretches = [s for s, _ in points]
+            if not points or stretches[0] <= 0 or stretches != sorted(set(stretches)) or any(e < 0 for _, e in points):
+                raise ValueError(f"network profile {self.name!r}: after_compute[{kind!r}] must be points of "
+                                 f"increasing positive seconds of compute and seconds >= 0, got {points}")
 
     def share(self, kind: str, nbytes: float) -> float:
         """The share of each rank's compute that collective ``kind`` with ``nbytes`` of input
         per rank takes while it is in flight (see :attr:`compute_share`)."""
         points = self.compute_share.get(kind)
         return interpolate(points, nbytes) if points else 0.0
+
+    def after(self, kind: str, stretch: float) -> float:
+        """Seconds collective ``kind`` costs beyond its time back to back when every rank
+        issues it after ``stretch`` seconds of compute (see :attr:`after_compute`)."""
+        points = self.after_compute.get(kind)
+        if not points or stretch <= 0:
+            return 0.0
+        for (s0, e0), (s1, e1) in zip(((0.0, 0.0), *points), points):
+            if stretch <= s1:
+                return e0 + (stretch - s0) / (s1 - s0) * (e1 - e0)
+        return points[-1][1]
 
     def link(self, group_size: int, kind: str | None = None) -> Link:
         """The link a group of ``group_size`` ranks (placed on consecutive ranks) is limited

@@ -31,7 +31,12 @@ stages in the order of the ``schedule`` pass
 (:func:`~muon_compile.passes.schedule.stage_order`), each rank's compute on its own
 clock, the collectives on one shared communication clock: a collective starts when the
 last rank has issued it and the previous one is done, and a rank that waits for it
-stalls. Where a collective's own work runs on the compute cores (the CPU: gloo's threads),
+stalls. Where ranks share cores (the CPU), they end a stretch of the same compute at
+different times: a collective starts the network profile's cost after that stretch
+(:meth:`~muon_compile.network_profiles.NetworkProfile.after`, of the longest stretch of
+any rank since its last collective issued or waited for) after the last rank issued it,
+and every rank's compute loses that time, waiting for the last. Where a collective's own
+work runs on the compute cores (the CPU: gloo's threads),
 each rank's compute loses the network profile's share of the collective's time at its
 issue (:meth:`~muon_compile.network_profiles.NetworkProfile.share`, measured from the
 threads' CPU time); on a device that cannot overlap communication with compute at all
@@ -307,13 +312,15 @@ def _ns_seconds(
 @dataclasses.dataclass(frozen=True)
 class _BucketWork:
     """One bucket's seconds per rank: its stages' (the compute stage's with its NS), its
-    NS alone; and each of its collectives', and of those the seconds each rank's compute
-    loses to it (:meth:`~muon_compile.network_profiles.NetworkProfile.share`)."""
+    NS alone; and each of its collectives' kind and seconds back to back, and of those the
+    seconds each rank's compute loses to it
+    (:meth:`~muon_compile.network_profiles.NetworkProfile.share`)."""
 
     launch: tuple[Seconds, ...]
     compute: tuple[Seconds, ...]
     finish: tuple[Seconds, ...]
     ns: tuple[Seconds, ...]
+    kinds: tuple[str, ...]
     collectives: tuple[float, ...]
     taken: tuple[float, ...]
 
@@ -342,7 +349,7 @@ def _bucket_work(bucket: DistBucket, device: DeviceProfile, network: NetworkProf
     seconds = tuple(network.seconds(kind, shard_elems * itemsize, world) + overhead for kind in kinds)
     taken = tuple(network.share(kind, shard_elems * itemsize) * t for kind, t in zip(kinds, seconds))
     launch = Seconds(device.bucket_overhead, pack)
-    return _BucketWork((launch,) * world, compute, (Seconds(0.0, finish),) * world, ns, seconds, taken)
+    return _BucketWork((launch,) * world, compute, (Seconds(0.0, finish),) * world, ns, tuple(kinds), seconds, taken)
 
 
 def stages(plan: DistPlan, prefetch: int) -> list[StageTag]:
@@ -374,12 +381,14 @@ def predict(
     busy = [0.0] * world  # each rank's own compute
     idle = [0.0] * world  # each rank's device waiting for its host
     exposed = [0.0] * world  # each rank's waits for collectives
+    stretch = [0.0] * world  # each rank's compute since its last collective issued or waited for
     comm_free = 0.0
     done: dict[tuple[int, int], float] = {}  # (bucket, collective) -> end time
 
     def run(rank_seconds: tuple[Seconds, ...]) -> None:
         for r, s in enumerate(rank_seconds):
             host[r] += s.host
+            stretch[r] += s.device + (0.0 if device.queues_kernels else s.host)
             if not device.queues_kernels:
                 clock[r] += s.host + s.device
                 busy[r] += s.host + s.device
@@ -392,16 +401,19 @@ def predict(
 
     def collective(b: int, i: int) -> None:
         nonlocal comm_free
-        start = max(max(clock), comm_free)
+        # the last rank to end the stretch before it comes this late, and the others wait
+        late = network.after(work[b].kinds[i], max(stretch))
+        start = max(max(clock) + late, comm_free)
         end = start + work[b].collectives[i]
         comm_free = end
         done[(b, i)] = end
+        stretch[:] = [0.0] * world
         if not device.overlaps_communication:
             hold(end)
             return
-        for r in range(world):  # its threads' work on the compute cores
-            clock[r] += work[b].taken[i]
-            exposed[r] += work[b].taken[i]
+        for r in range(world):  # the wait for the last rank; its threads' work on the compute cores
+            clock[r] += late + work[b].taken[i]
+            exposed[r] += late + work[b].taken[i]
 
     def hold(until: float) -> None:
         for r, c in enumerate(clock):
@@ -411,6 +423,7 @@ def predict(
 
     def wait(b: int, i: int) -> None:
         hold(done[(b, i)])
+        stretch[:] = [0.0] * world
 
     members = [m for b in plan.buckets for m in b.members]
     elems = sum(m.rows_per_shard * m.cols for m in members)  # the longest shards

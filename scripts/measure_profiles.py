@@ -468,15 +468,92 @@ def compute_shares(cpu: dict, world: int) -> dict[str, tuple[tuple[float, float]
     }
 
 
+# what a collective costs after a stretch of compute on every rank, beyond its time back
+# to back (measure_after_compute): the step's two kinds, at a small bucket's size per
+# rank, after about each of these seconds of products (docs/benchmarks.md, "A collective
+# after a stretch"); each timing lasts about AFTER_TIMING seconds
+AFTER_KINDS = ("all_to_all_single", "all_gather_into_tensor")
+AFTER_BYTES = 16 * 1024
+AFTER_GAPS = (3e-4, 1e-3, 3e-3, 1e-2, 3e-2)
+AFTER_TIMING = 0.2
+
+
+def seconds_per_call(fn: Callable[[], object], calls: int) -> float:
+    """Seconds per call of ``fn`` over ``calls`` calls in a row, the slowest rank's
+    (bench_distributed's ``timed``: after a barrier)."""
+
+    def repeated() -> None:
+        for _ in range(calls):
+            fn()
+
+    return timed_once(repeated) / calls
+
+
+def products(seconds: float) -> Callable[[], None]:
+    """bf16 products of a batch of eight 96 x 96 matrices (a small bucket's Newton–Schulz
+    size), as many as take about ``seconds`` on this rank, one at least (the same count on
+    every rank: the slowest rank's time per product decides)."""
+    a, b = torch.randn(8, 96, 96).bfloat16(), torch.randn(8, 96, 96).bfloat16()
+    per = seconds_per_call(lambda: torch.bmm(a, b), 200)
+    count = max(1, round(seconds / per))
+
+    def run() -> None:
+        for _ in range(count):
+            torch.bmm(a, b)
+
+    return run
+
+
+def after_compute(call: Callable[[], object], work: Callable[[], None] | None, reps: int) -> tuple[float, float, float]:
+    """Seconds per call, each the median of ``reps`` timings of the slowest rank: of
+    ``call`` alone, back to back; of ``work`` alone (0 without it); and of ``call`` after
+    ``work``, less the work. The calls of a timing last about :data:`AFTER_TIMING` seconds."""
+    once = seconds_per_call(call, 10)
+    compute = seconds_per_call(work, 10) if work else 0.0
+    then_call = (lambda: (work(), call())) if work else call
+    n = max(10, round(AFTER_TIMING / (compute + once)))
+    rows = []
+    for _ in range(reps):
+        alone = seconds_per_call(call, n)
+        took = seconds_per_call(work, n) if work else 0.0
+        rows.append((alone, took, seconds_per_call(then_call, n) - took))
+    alone, took, after = (statistics.median(column) for column in zip(*rows))
+    return alone, took, after
+
+
+def measure_after_compute(reps: int) -> dict[str, list[tuple[float, float]]]:
+    """Per kind of :data:`AFTER_KINDS`, ``(seconds of compute, seconds)`` after each of
+    :data:`AFTER_GAPS`: the products' measured time per call (:func:`products`), and what
+    the collective of :data:`AFTER_BYTES` per rank costs after them beyond its time back
+    to back (:func:`after_compute`). Where ranks share cores, they end the same stretch
+    at different times, and the first waits for the last at the collective; the network
+    profile's ``after_compute`` (:func:`network_profile`)."""
+    world = dist.get_world_size()
+    measured = {}
+    for kind in AFTER_KINDS:
+        call = collective(kind, AFTER_BYTES, world)
+        rows = [after_compute(call, products(gap), reps) for gap in AFTER_GAPS]
+        measured[kind] = [(took, after - alone) for alone, took, after in rows]
+    return measured
+
+
 def network_profile(
-    points: dict[str, list[tuple[int, float]]], world: int, backend: str, log=print, cpu: dict | None = None
+    points: dict[str, list[tuple[int, float]]],
+    world: int,
+    backend: str,
+    log=print,
+    cpu: dict | None = None,
+    after: dict[str, list[tuple[float, float]]] | None = None,
 ) -> NetworkProfile:
     """The links fitted to :func:`measure_network`'s ``points`` (all ranks on one node),
-    and with its ``cpu`` figures the share of the compute each
-    kind takes (:func:`compute_shares`); ``log`` gets a line per kind with its fit and its
-    points, and its shares."""
+    with its ``cpu`` figures the share of the compute each kind takes
+    (:func:`compute_shares`), and with :func:`measure_after_compute`'s ``after`` what a
+    collective costs after a stretch of compute (a negative figure, the timings' noise,
+    taken as 0); ``log`` gets a line per kind with its fit and its points, its shares and
+    its costs after compute."""
     links = {}
     shares = compute_shares(cpu, world) if cpu else {}
+    late = {kind: tuple((float(s), max(0.0, float(e))) for s, e in rows) for kind, rows in (after or {}).items()}
     for kind, kind_points in points.items():
         links[kind], worst = fit_link(kind_points, *alpha_beta(kind, world))
         shown = ", ".join(f"{b // 1024} KiB {t * 1e3:.3f} ms" for b, t in kind_points)
@@ -484,6 +561,8 @@ def network_profile(
         log(f"    {shown}")
         if kind in shares:
             log(f"    share of the compute in flight: {', '.join(f'{b // 1024:.0f} KiB {s:.2f}' for b, s in shares[kind])}")
+        if kind in late:
+            log(f"    after compute: {', '.join(f'{s * 1e3:.2f} ms +{e * 1e3:.3f} ms' for s, e in late[kind])}")
     a2a = links["all_to_all_single"]
     return NetworkProfile(
         f"{backend}-w{world}",
@@ -493,6 +572,7 @@ def network_profile(
         ranks_per_node=world,
         kinds=links,
         compute_share=shares,
+        after_compute=late,
     )
 
 

@@ -74,6 +74,7 @@ from measure_profiles import (
     fixed_step_medians,
     measure_arms,
     measure_device,
+    measure_after_compute,
     measure_network,
     network_profile,
 )
@@ -180,6 +181,8 @@ def measure_run(
         "network_during": {},
     }
     record["network"], record["network_cpu"] = measure_network(profile_reps)
+    if record["network_cpu"] and world > 1:  # ranks on the cores the collectives' threads use
+        record["after_compute"] = measure_after_compute(profile_reps)
     mesh = init_device_mesh(rank_device().type, (world,))
     for name in names:
         steps, probes, fixed = measure_interleaved(
@@ -428,9 +431,17 @@ def workload_profiles(record: dict, name: str, log=lambda *_: None) -> tuple[Dev
 
 def recorded_network(record: dict, log) -> NetworkProfile:
     """The network profile fitted (measure_profiles' ``network_profile``) to ``record``'s
-    collectives timed before the steps, with the shares of the compute they take where the
-    run measured them (``network_cpu``; runs saved before 2026-11-27's evening did not)."""
-    return network_profile(record["network"], record["world"], record["backend"], log, record.get("network_cpu"))
+    collectives timed before the steps, with what they cost the compute where the run
+    measured it (:func:`compute_costs`)."""
+    return network_profile(record["network"], record["world"], record["backend"], log, **compute_costs(record))
+
+
+def compute_costs(record: dict) -> dict:
+    """``network_profile``'s arguments of what the collectives cost the ranks' compute, as
+    ``record`` measured them before the steps: the shares of the compute they take in
+    flight (``network_cpu``; runs saved before 2026-11-27's evening have none) and their
+    cost after a stretch of compute (``after_compute``; none before 2026-11-28)."""
+    return {"cpu": record.get("network_cpu"), "after": record.get("after_compute")}
 
 
 def recorded_device(record: dict, network: NetworkProfile, log) -> DeviceProfile:
@@ -464,15 +475,15 @@ def network_during(record: dict, name: str, log) -> NetworkProfile | None:
     collectives timed in turns with workload ``name``'s steps (each kind at each size of
     the profile's sweep, the median of the rounds), logged under the workload's name:
     the collectives' speed while the steps ran, as the matmul probe gives the matmul
-    rates'; their shares of the compute are the ones measured before the steps
-    (:func:`recorded_network`'s, where the run has them). None for runs saved without that sweep (before it was timed, or of one
-    rank): the collectives of the profile timed before the steps price the steps then."""
+    rates'; what they cost the compute is what was measured before the steps
+    (:func:`compute_costs`, where the run has it). None for runs saved without that
+    sweep (before it was timed, or of one rank): the collectives of the profile timed before the steps price the steps then."""
     during = record.get("network_during", {}).get(name)
     if not during:
         return None
     points = {kind: [(nbytes, statistics.median(series)) for nbytes, series in sizes] for kind, sizes in during.items()}
     log(f"{name}: the collectives timed in turns with its steps:")
-    return network_profile(points, record["world"], record["backend"], lambda line: log(f"  {line}"), record.get("network_cpu"))
+    return network_profile(points, record["world"], record["backend"], lambda line: log(f"  {line}"), **compute_costs(record))
 
 
 def sign_test(first: list[float], second: list[float]) -> tuple[int, int, float]:

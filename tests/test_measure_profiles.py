@@ -45,6 +45,8 @@ def timed_collectives(rank, world):
     points, out["cpu"] = measure_profiles.measure_network(1)
     out["points"] = {kind: [b for b, _ in kind_points] for kind, kind_points in points.items()}
     out["cpu_expected"] = {"cores": len(os.sched_getaffinity(0)), "threads": torch.get_num_threads(), "points": points}
+    measure_profiles.AFTER_GAPS, measure_profiles.AFTER_TIMING = (3e-4, 3e-3), 0.02  # short, for the test
+    out["after"] = measure_profiles.measure_after_compute(1)
     return out
 
 
@@ -54,7 +56,15 @@ def test_collectives_are_timed_as_the_functional_ops_the_step_calls():
     timed in turns with the validation's steps are the matmul probe and the profile's
     sweep, each kind at each size."""
     sweep = [(kind, nbytes) for kind in measure_profiles.COLLECTIVES for nbytes in measure_profiles.SIZES]
-    for result in run_world(timed_collectives, 2, timeout=300):
+    results = run_world(timed_collectives, 2, timeout=300)
+    # a collective's cost after compute: per kind, after each stretch, its products'
+    # time (longer after the longer gap) and the cost beyond back to back; the slowest
+    # rank's timings, so the same on every rank
+    after = [result.pop("after") for result in results]
+    assert after[0] == after[1] and list(after[0]) == list(measure_profiles.AFTER_KINDS)
+    for kind, rows in after[0].items():
+        assert len(rows) == 2 and 0 < rows[0][0] < rows[1][0], (kind, rows)
+    for result in results:
         probes = result.pop("probes")
         assert list(probes) == ["matmul", *sweep]
         assert all(count > 0 for count in probes.values())

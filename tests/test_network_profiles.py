@@ -64,6 +64,20 @@ def test_a_collectives_share_of_the_compute_is_interpolated_in_log_size_and_flat
         dataclasses.replace(NET, compute_share={"all_reduce": ((4096.0, 1.5),)})
 
 
+def test_a_collectives_cost_after_compute_is_linear_from_none_and_flat_beyond_its_points():
+    kind = "all_gather_into_tensor"
+    net = dataclasses.replace(NET, after_compute={kind: ((1e-3, 4e-4), (1e-2, 2e-3))})
+    assert net.after(kind, 0.0) == 0.0 and net.after(kind, 5e-4) == pytest.approx(2e-4)  # from none after none
+    assert net.after(kind, 5.5e-3) == pytest.approx(1.2e-3)  # half way between the points
+    assert net.after(kind, 1.0) == pytest.approx(2e-3)  # flat beyond the last
+    assert net.after("all_to_all_single", 5e-3) == 0.0 == NET.after(kind, 5e-3)  # none given
+    with pytest.raises(ValueError, match="unknown collective kinds \\['broadcast'\\]"):
+        dataclasses.replace(NET, after_compute={"broadcast": ((1e-3, 0.0),)})
+    for bad in (((1e-2, 1e-3), (1e-3, 1e-3)), ((0.0, 1e-3),), ((1e-3, -1e-4),), ()):
+        with pytest.raises(ValueError, match="after_compute\\['all_reduce'\\] must be points of increasing positive"):
+            dataclasses.replace(NET, after_compute={"all_reduce": bad})
+
+
 def test_published_profile_orders_links():
     net = profile("nvlink-ib")
     assert net.seconds("all_gather_into_tensor", 64e6, 8) < net.seconds("all_gather_into_tensor", 64e6, 16)

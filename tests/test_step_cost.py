@@ -93,6 +93,27 @@ def test_a_collective_in_flight_takes_the_network_profiles_share_of_the_compute(
         assert min(cost.exposed) >= share * cost.communication * (1 - 1e-9)
 
 
+def test_a_collective_after_a_stretch_of_compute_costs_the_network_profiles_figure_more():
+    """Where ranks share cores, every rank waits for the last to end the stretch before a
+    collective: with a cost after compute flat at ``x`` for any stretch, the one-bucket
+    all_to_all step (two collectives, each after some compute) rises by ``2x`` at prefetch
+    0, all of it exposed; with three buckets and prefetch, by more than nothing and at most
+    ``6x`` (a wait it would have made anyway absorbs part of it); the kind without a figure
+    costs nothing more."""
+    x = 3e-5
+    late = dataclasses.replace(NET, after_compute={"all_to_all_single": ((1e-12, x),)})
+    one = DistPlan((_bucket(),), (), {})
+    before, after = (predict(one, 0, _device(True), net) for net in (NET, late))
+    assert after.total == pytest.approx(tuple(t + 2 * x for t in before.total))
+    assert after.exposed == pytest.approx(tuple(e + 2 * x for e in before.exposed))
+    three = DistPlan(tuple(_bucket(rows=64, cols=256) for _ in range(3)), (), {})
+    before, after = (predict(three, 1, _device(True), net) for net in (NET, late))
+    assert all(a > b for a, b in zip(after.exposed, before.exposed))
+    assert before.step < after.step <= before.step + 6 * x * (1 + 1e-9)
+    other = dataclasses.replace(NET, after_compute={"all_gather_into_tensor": ((1e-12, x),)})
+    assert predict(one, 0, _device(True), other) == predict(one, 0, _device(True), NET)
+
+
 def test_all_gather_computes_every_matrix_on_every_rank():
     a2a = predict(DistPlan((_bucket(),), (), {}), 1, _device(False), NET)
     gather = predict(DistPlan((_bucket(Strategy.ALL_GATHER, (EVERY_RANK, EVERY_RANK)),), (), {}), 1, _device(False), NET)
