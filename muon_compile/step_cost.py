@@ -45,6 +45,12 @@ not measure the share) a collective holds every rank's compute clock to its end 
 Exposed communication is the time a rank's compute waits for collectives or loses to
 them.
 
+Ranks that share cores (:attr:`DeviceProfile.shared_cores`: three one-thread ranks on
+two cores) are priced at the rates of every rank computing at once; within a stage, where
+some ranks have less work than others (``all_to_all``'s owners), the ranks done first
+leave their cores to the rest, which then run faster (:meth:`DeviceProfile.speed`; the
+stage's ranks taken to start together).
+
 Host and device: every stage's seconds are split into the host's (the fixed costs, the
 product calls' latency: dispatching and launching) and the device's (arithmetic, memory
 traffic). Where the host computes (the CPU) they add. Where it queues kernels for the
@@ -114,7 +120,11 @@ class DeviceProfile:
     ``collective_overhead`` seconds per collective, beyond its transfer as the network
     profile prices it back to back (on the CPU, gloo's threads woken behind the step's
     compute: docs/benchmarks.md, "A collective after compute"), counted as the
-    collective's time (:data:`FIXED_COSTS`); ``memory``, its bytes (0: unknown)."""
+    collective's time (:data:`FIXED_COSTS`); ``memory``, its bytes (0: unknown).
+    ``shared_cores``: the cores the ranks of a process group share, each rank computing
+    on ``rank_threads`` threads (0: each rank has cores of its own): its rates and costs
+    are those of every rank computing at once, and where fewer do, each runs faster
+    (:meth:`speed`)."""
 
     name: str
     source: str
@@ -128,6 +138,17 @@ class DeviceProfile:
     bucket_overhead: float = 0.0
     collective_overhead: float = 0.0
     memory: float = 0.0
+    shared_cores: int = 0
+    rank_threads: int = 1
+
+    def speed(self, computing: int, world: int) -> float:
+        """How much faster than at its profile's rates each of ``computing`` ranks of
+        ``world`` computes when the others do not: the cores each gets, over those it gets
+        when all ``world`` compute (1 without :attr:`shared_cores`)."""
+        if not self.shared_cores:
+            return 1.0
+        cores = self.shared_cores / self.rank_threads
+        return min(1.0, cores / computing) / min(1.0, cores / world)
 
     def without_fixed_costs(self) -> DeviceProfile:
         """This device with no fixed costs: a step priced by its arithmetic, its memory
@@ -352,6 +373,21 @@ def _bucket_work(bucket: DistBucket, device: DeviceProfile, network: NetworkProf
     return _BucketWork((launch,) * world, compute, (Seconds(0.0, finish),) * world, ns, tuple(kinds), seconds, taken)
 
 
+def _shared(amounts: list[float], speed) -> list[float]:
+    """Each rank's seconds to do its ``amounts`` (seconds at the rates of every rank
+    computing at once), all starting together, where each of ``k`` ranks still computing
+    runs ``speed(k)`` times as fast: the ranks done first leave their cores to the others."""
+    seconds = [0.0] * len(amounts)
+    t = done = 0.0
+    for rank in sorted(range(len(amounts)), key=amounts.__getitem__):
+        if amounts[rank] > done:
+            computing = sum(a > done for a in amounts)
+            t += (amounts[rank] - done) / speed(computing)
+            done = amounts[rank]
+        seconds[rank] = t
+    return seconds
+
+
 def stages(plan: DistPlan, prefetch: int) -> list[StageTag]:
     """The order the ``schedule`` pass gives the stages of ``plan``'s buckets at ``prefetch``
     (:func:`~muon_compile.passes.schedule.stage_order`), as :func:`predict` runs them."""
@@ -381,18 +417,27 @@ def predict(
     busy = [0.0] * world  # each rank's own compute
     idle = [0.0] * world  # each rank's device waiting for its host
     exposed = [0.0] * world  # each rank's waits for collectives
+    ns = [0.0] * world  # each rank's NS: the products' arithmetic, and where the host computes, their calls' latency
     stretch = [0.0] * world  # each rank's compute since its last collective issued or waited for
     comm_free = 0.0
     done: dict[tuple[int, int], float] = {}  # (bucket, collective) -> end time
 
-    def run(rank_seconds: tuple[Seconds, ...]) -> None:
+    def run(rank_seconds: tuple[Seconds, ...], of_ns: tuple[Seconds, ...] | None = None) -> None:
+        if not device.queues_kernels:  # the host computes, on cores the ranks may share
+            amounts = [s.host + s.device for s in rank_seconds]
+            took = _shared(amounts, lambda k: device.speed(k, world)) if device.shared_cores else amounts
+            for r, (a, t) in enumerate(zip(amounts, took)):
+                host[r] += rank_seconds[r].host
+                stretch[r] += t
+                clock[r] += t
+                busy[r] += t
+                if of_ns:  # its part of the time, as sped up as the rest
+                    ns[r] += (of_ns[r].host + of_ns[r].device) * (t / a if a else 1.0)
+            return
         for r, s in enumerate(rank_seconds):
             host[r] += s.host
-            stretch[r] += s.device + (0.0 if device.queues_kernels else s.host)
-            if not device.queues_kernels:
-                clock[r] += s.host + s.device
-                busy[r] += s.host + s.device
-                continue
+            stretch[r] += s.device
+            ns[r] += of_ns[r].device if of_ns else 0.0
             # the device is never ahead of the host's launches: clock >= host
             worked = clock[r] + s.device
             clock[r] = max(worked, host[r])
@@ -437,14 +482,12 @@ def predict(
             collective(tag.bucket, 0)
         elif tag.stage is Stage.COMPUTE:
             wait(tag.bucket, 0)
-            run(w.compute)
+            run(w.compute, w.ns)
             if len(w.collectives) > 1:
                 collective(tag.bucket, 1)
         else:
             wait(tag.bucket, 1)
             run(w.finish)
-    # NS: the products' arithmetic, and where the host computes, their calls' latency
-    ns = tuple(sum(w.ns[r].device + (0.0 if device.queues_kernels else w.ns[r].host) for w in work) for r in range(world))
     communication = sum(s for w in work for s in w.collectives)
     pointwise = tuple(b - n for b, n in zip(busy, ns))
-    return StepCost(ns, pointwise, communication, tuple(exposed), tuple(clock), tuple(idle), tuple(host))
+    return StepCost(tuple(ns), pointwise, communication, tuple(exposed), tuple(clock), tuple(idle), tuple(host))

@@ -26,6 +26,11 @@ its rates are the ones that hold while they all run.
   sides, spelled as the Newton–Schulz iteration spells them (:func:`family_rates`); and
   single products of :data:`CALL_SIZES`, whose time beyond their arithmetic is the
   latency of a product call (muon_compile.matmul_rates).
+  On gloo, the network also measures what the collectives cost the ranks' compute: the
+  CPU time of the process group's threads around each timing (:func:`compute_shares`),
+  and each kind's cost after 0.3-30 ms of products on every rank, beyond back to back
+  (:func:`measure_after_compute`); and the cores the ranks run on, which three one-thread
+  ranks share on this VM (``DeviceProfile.shared_cores``).
 * Memory: ``y.copy_(x)`` on 64 MiB fp32 tensors, read + write counted, repeated likewise.
 * Drift: the VM's matmul rate changes by 10% between minutes (the profile of one run
   measured 513 GFLOP/s at size 512, another 461), so :func:`measure_arms` can time a
@@ -548,12 +553,12 @@ def network_profile(
     """The links fitted to :func:`measure_network`'s ``points`` (all ranks on one node),
     with its ``cpu`` figures the share of the compute each kind takes
     (:func:`compute_shares`), and with :func:`measure_after_compute`'s ``after`` what a
-    collective costs after a stretch of compute (a negative figure, the timings' noise,
-    taken as 0); ``log`` gets a line per kind with its fit and its points, its shares and
+    collective costs after a stretch of compute (in increasing stretch; a negative figure,
+    the timings' noise, taken as 0); ``log`` gets a line per kind with its fit and its points, its shares and
     its costs after compute."""
     links = {}
     shares = compute_shares(cpu, world) if cpu else {}
-    late = {kind: tuple((float(s), max(0.0, float(e))) for s, e in rows) for kind, rows in (after or {}).items()}
+    late = {kind: tuple(sorted({float(s): max(0.0, float(e)) for s, e in rows}.items())) for kind, rows in (after or {}).items()}
     for kind, kind_points in points.items():
         links[kind], worst = fit_link(kind_points, *alpha_beta(kind, world))
         shown = ", ".join(f"{b // 1024} KiB {t * 1e3:.3f} ms" for b, t in kind_points)
@@ -740,10 +745,15 @@ def rates_of(figures: dict, kind: str, dtypes: tuple[torch.dtype, ...], source: 
     return rates
 
 
-def device_profile(figures: dict, network: NetworkProfile, world: int, log=print, per_collective: bool = True) -> DeviceProfile:
+def device_profile(
+    figures: dict, network: NetworkProfile, world: int, log=print, per_collective: bool = True, cores: int = 0
+) -> DeviceProfile:
     """The device profile of :func:`measure_device`'s ``figures``, its fixed costs fitted
     with ``network`` pricing the collectives of the fixed-cost steps, a cost per collective
-    among them where ``per_collective`` (see :func:`_fixed_costs`). On the CPU the host
+    among them where ``per_collective`` (see :func:`_fixed_costs`). On the CPU, where the
+    ``world`` ranks' threads outnumber the ``cores`` they run on (0: not known; runs saved
+    before 2026-11-27's evening did not record them), the ranks share those cores
+    (``DeviceProfile.shared_cores``: a rank computing alone runs faster). On the CPU the host
     computes, and collectives overlap its compute where ``network`` gives their share of
     it (runs saved before 2026-11-27's evening did not measure it: they hold its cores
     instead); on a GPU, NCCL runs on a
@@ -764,6 +774,8 @@ def device_profile(figures: dict, network: NetworkProfile, world: int, log=print
         memory_bandwidth=bandwidth,
         overlaps_communication=kind != "cpu" or bool(network.compute_share),
         queues_kernels=kind != "cpu",
+        shared_cores=cores if kind == "cpu" and world * figures["threads"] > cores else 0,
+        rank_threads=figures["threads"],
     )
     host = arithmetic.queues_kernels and "fixed_host" in figures  # runs saved before 2026-11-27 lack it
     fitted = _fixed_costs(figures["fixed_host" if host else "fixed"], arithmetic, network, world, per_collective, log, host)
@@ -781,9 +793,10 @@ def main() -> None:
     log = print if rank == 0 else (lambda *_: None)
     log(f"# {args.backend}, world {world}, torch {torch.__version__}, {platform.machine()}, {torch.get_num_threads()} threads per rank")
     points, cpu = measure_network(args.reps)
-    network = network_profile(points, world, args.backend, log, cpu)
+    after = measure_after_compute(args.reps) if cpu and world > 1 else None
+    network = network_profile(points, world, args.backend, log, cpu, after)
     per_collective = not collectives_wait_behind_compute(args.backend, args.realtime_gloo)
-    device_profile(measure_device(args.reps), network, world, log, per_collective)
+    device_profile(measure_device(args.reps), network, world, log, per_collective, (cpu or {}).get("cores", 0))
     dist.destroy_process_group()
 
 

@@ -448,10 +448,12 @@ def recorded_device(record: dict, network: NetworkProfile, log) -> DeviceProfile
     """The device profile fitted (measure_profiles' ``device_profile``) to ``record``'s
     figures, with ``network`` pricing its fixed-cost steps' collectives; a cost per
     collective among its fixed costs unless gloo's threads ran at ordinary priority
-    (``collectives_wait_behind_compute``; runs saved before 2026-11-25 did not raise them)."""
+    (``collectives_wait_behind_compute``; runs saved before 2026-11-25 did not raise them);
+    the cores its ranks share where the run recorded them (``network_cpu``)."""
     realtime = record.get("realtime_gloo", False)
     per_collective = not collectives_wait_behind_compute(record["backend"], realtime)
-    return device_profile(record["device"], network, record["world"], log, per_collective)
+    cores = (record.get("network_cpu") or {}).get("cores", 0)
+    return device_profile(record["device"], network, record["world"], log, per_collective, cores)
 
 
 def during_device(record: dict, network: NetworkProfile, name: str, log) -> DeviceProfile | None:

@@ -274,6 +274,19 @@ def test_device_profile_of_saved_figures_overlaps_collectives_only_off_the_cpu(k
     assert profile.matmul.tables[next(iter(profile.matmul.tables))] == tuple(tuple(p) for p in figures["matmul"])
 
 
+def test_device_profile_shares_the_cores_only_where_the_ranks_threads_outnumber_them():
+    figures = json.loads(SAVED.read_text())["device"]  # one thread per rank
+    network = NetworkProfile("flat", "test", intra=Link(1e-4, 1e9), inter=Link(1e-4, 1e9), ranks_per_node=3)
+
+    def shared(world, cores, kind="cpu"):
+        return measure_profiles.device_profile(dict(figures, kind=kind), network, world, log=lambda *_: None, cores=cores).shared_cores
+
+    assert figures["threads"] == 1
+    assert shared(3, 2) == 2  # three ranks on two cores
+    assert shared(2, 2) == 0 and shared(3, 0) == 0  # a core each; not recorded
+    assert shared(3, 2, "cuda") == 0  # a GPU's ranks compute on devices of their own
+
+
 def test_device_profile_prices_non_square_products_where_the_figures_time_them():
     figures = json.loads(SAVED.read_text())["device"]
     network = NetworkProfile("flat", "test", intra=Link(1e-4, 1e9), inter=Link(1e-4, 1e9), ranks_per_node=2)

@@ -114,6 +114,34 @@ def test_a_collective_after_a_stretch_of_compute_costs_the_network_profiles_figu
     assert predict(one, 0, _device(True), other) == predict(one, 0, _device(True), NET)
 
 
+def test_ranks_sharing_cores_compute_faster_where_fewer_of_them_compute():
+    """Three one-thread ranks on two cores: the profile's rates are those of all three
+    computing at once (2/3 of a core each); a rank computing alone, or with one other,
+    has a core (x1.5). The one-bucket all_to_all step whose single matrix rank 0 owns: its
+    compute stage takes 2/3 of the time; the all_gather step, every rank computing the
+    same, is unchanged; and with cores to spare nothing changes."""
+    shared = dataclasses.replace(_device(True), shared_cores=2)
+    assert [shared.speed(k, 3) for k in (1, 2, 3)] == pytest.approx([1.5, 1.5, 1.0])
+    assert _device(True).speed(1, 3) == 1.0 and dataclasses.replace(shared, rank_threads=2).speed(1, 3) == pytest.approx(3.0)
+
+    def plan(strategy, owners):
+        members = tuple(DistMember(i, 8, 16, 3, 3, owner, 5) for i, owner in enumerate(owners))
+        return DistPlan((DistBucket("0", 3, 0, strategy, ARGS, members),), (), {})
+
+    one_owner = plan(Strategy.ALL_TO_ALL, (0,))
+    alone, sharing = (predict(one_owner, 0, d, NET) for d in (_device(True), shared))
+    assert sharing.ns[0] == pytest.approx(alone.ns[0] / 1.5)
+    # every rank waits for rank 0's return collective: all gain what its compute stage
+    # gains, a third of it, which holds its NS and less than all its own work
+    gains = [a - b for a, b in zip(alone.total, sharing.total)]
+    assert gains == pytest.approx([gains[0]] * 3)
+    assert alone.ns[0] / 3 <= gains[0] * (1 + 1e-9) and gains[0] < (alone.total[0] - alone.exposed[0]) / 3
+    everyone = plan(Strategy.ALL_GATHER, (EVERY_RANK,))
+    assert predict(everyone, 0, shared, NET) == predict(everyone, 0, _device(True), NET)
+    spare = dataclasses.replace(shared, shared_cores=4)  # 3 ranks x 1 thread on 4 cores
+    assert predict(one_owner, 0, spare, NET) == alone
+
+
 def test_all_gather_computes_every_matrix_on_every_rank():
     a2a = predict(DistPlan((_bucket(),), (), {}), 1, _device(False), NET)
     gather = predict(DistPlan((_bucket(Strategy.ALL_GATHER, (EVERY_RANK, EVERY_RANK)),), (), {}), 1, _device(False), NET)

@@ -147,6 +147,9 @@ MATCHED_WHEN_RECORDED = {
     # world 2 after it: the ten-bucket small-14 pair with prefetch 0, predicted 14.9% apart
     # the other way, measured 3.5% apart (the rounds unresolved)
     "2026-11-27-world2-share": 7,
+    # the first run with a collective's cost after a stretch measured, reported with the
+    # ranks sharing the cores (world 3, 2026-11-28): every ranking as measured
+    "2026-11-28-world3-after": 8,
 }
 # runs whose steps were timed in turns: rankings that the rounds resolve (sign test at 5%)
 # against the prediction, when recorded (world3-concat: a ten-bucket small-14 pair of 15 rounds)
@@ -219,6 +222,7 @@ PAIRED_DIFFERS_WHEN_RECORDED = {
     "2026-11-27-world3-share": 1,
     # none: the one pair against the prediction is unresolved (all_to_all faster in 49 of 96)
     "2026-11-27-world2-share": 0,
+    "2026-11-28-world3-after": 0,
 }
 # rankings whose medians lie further apart than two arms of one plan measured (the
 # report's "the same plan's" spread) against the prediction, when the spread was first
@@ -268,7 +272,13 @@ RESOLVED_DIFFERS = {
 
 # runs whose steps kept the schedule pass's order in the generated code (the prefetch
 # depth measured is the one named); the others' prefetch-1 arms ran without prefetch
-SCHEDULED_RUNS = {"2026-11-27-world3-prefetch", "2026-11-27-world2-prefetch", "2026-11-27-world3-share", "2026-11-27-world2-share"}
+SCHEDULED_RUNS = {
+    "2026-11-27-world3-prefetch",
+    "2026-11-27-world2-prefetch",
+    "2026-11-27-world3-share",
+    "2026-11-27-world2-share",
+    "2026-11-28-world3-after",
+}
 
 
 def _reported(run) -> tuple[str, list[str]]:
