@@ -274,6 +274,21 @@ def test_device_profile_of_saved_figures_overlaps_collectives_only_off_the_cpu(k
     assert profile.matmul.tables[next(iter(profile.matmul.tables))] == tuple(tuple(p) for p in figures["matmul"])
 
 
+def test_the_products_count_is_calibrated_to_the_gap(monkeypatch):
+    """``products`` (the probe's, and the validation's cost after a stretch) runs as many
+    products as the gap over one product's time, without timing anything here (the
+    timings themselves swing with the host's load, so a test of them could fail on a busy
+    machine without a fault in the script)."""
+    monkeypatch.setattr(measure_profiles, "seconds_per_call", lambda fn, calls: 1e-4)
+    calls = []
+    monkeypatch.setattr(measure_profiles.torch, "bmm", lambda a, b: calls.append(a.shape))
+    measure_profiles.products(0.5e-3)()
+    assert calls == [(8, 96, 96)] * 5
+    calls.clear()
+    measure_profiles.products(0.01e-3)()  # a gap shorter than one product: one
+    assert calls == [(8, 96, 96)]
+
+
 def test_device_profile_shares_the_cores_only_where_the_ranks_threads_outnumber_them():
     figures = json.loads(SAVED.read_text())["device"]  # one thread per rank
     network = NetworkProfile("flat", "test", intra=Link(1e-4, 1e9), inter=Link(1e-4, 1e9), ranks_per_node=3)
