@@ -72,9 +72,9 @@ from measure_profiles import (
     collectives_wait_behind_compute,
     device_profile,
     fixed_step_medians,
+    measure_after_compute,
     measure_arms,
     measure_device,
-    measure_after_compute,
     measure_network,
     network_profile,
 )
@@ -479,7 +479,8 @@ def network_during(record: dict, name: str, log) -> NetworkProfile | None:
     the collectives' speed while the steps ran, as the matmul probe gives the matmul
     rates'; what they cost the compute is what was measured before the steps
     (:func:`compute_costs`, where the run has it). None for runs saved without that
-    sweep (before it was timed, or of one rank): the collectives of the profile timed before the steps price the steps then."""
+    sweep (before it was timed, or of one rank): the collectives of the profile timed
+    before the steps price the steps then."""
     during = record.get("network_during", {}).get(name)
     if not during:
         return None
