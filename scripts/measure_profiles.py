@@ -336,16 +336,21 @@ def collective(kind: str, nbytes: int, world: int, value: float = 0.0) -> Callab
     return lambda: ops.wait_tensor(ops.all_reduce(x, "sum", group))
 
 
+def repeat(fn: Callable[[], object], count: int) -> Callable[[], None]:
+    """A call of ``fn`` ``count`` times in a row."""
+
+    def repeated() -> None:
+        for _ in range(count):
+            fn()
+
+    return repeated
+
+
 def sustained(fn):
     """``fn`` repeated to last about :data:`SUSTAINED` seconds on the slowest rank (the
     same count on every rank), and the count."""
     count = max(1, round(SUSTAINED / timed_each([fn], 1)[0]))
-
-    def repeated():
-        for _ in range(count):
-            fn()
-
-    return repeated, count
+    return repeat(fn, count), count
 
 
 def least_squares(a: torch.Tensor, b: torch.Tensor) -> list[float]:
@@ -486,12 +491,7 @@ AFTER_TIMING = 0.2
 def seconds_per_call(fn: Callable[[], object], calls: int) -> float:
     """Seconds per call of ``fn`` over ``calls`` calls in a row, the slowest rank's
     (bench_distributed's ``timed``: after a barrier)."""
-
-    def repeated() -> None:
-        for _ in range(calls):
-            fn()
-
-    return timed_once(repeated) / calls
+    return timed_once(repeat(fn, calls)) / calls
 
 
 def products(seconds: float) -> Callable[[], None]:
@@ -499,14 +499,11 @@ def products(seconds: float) -> Callable[[], None]:
     size), as many as take about ``seconds`` on this rank, one at least (the same count on
     every rank: the slowest rank's time per product decides)."""
     a, b = torch.randn(8, 96, 96).bfloat16(), torch.randn(8, 96, 96).bfloat16()
-    per = seconds_per_call(lambda: torch.bmm(a, b), 200)
-    count = max(1, round(seconds / per))
 
-    def run() -> None:
-        for _ in range(count):
-            torch.bmm(a, b)
+    def product() -> torch.Tensor:
+        return torch.bmm(a, b)
 
-    return run
+    return repeat(product, max(1, round(seconds / seconds_per_call(product, 200))))
 
 
 def after_compute(call: Callable[[], object], work: Callable[[], None] | None, reps: int) -> tuple[float, float, float]:
