@@ -68,6 +68,7 @@ can save and reload them); run as a script, this prints them.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import math
 import os
@@ -221,10 +222,14 @@ def measure_arms(
     arm_seconds: float = ARM_SECONDS,
     split_steps: int = 0,
     max_rounds: int = 0,
+    own_cache: bool = True,
 ) -> tuple[list[dict], list[float]]:
     """Per arm ``(bench_distributed arm, shapes, config overrides)``, its step times
     (``{"times": [...]}``, seconds) or the error it failed with (``{"error": ...}``).
-    Every arm is compiled (fresh Inductor cache) and warmed up first, then the arms are
+    Every arm is compiled (in a fresh Inductor cache of its own, or with ``own_cache``
+    False in the caller's, so that a step the caller compiled before is read from it:
+    validate_step_cost's fixed-cost steps, compiled again for each workload) and warmed
+    up first, then the arms are
     timed in :func:`turns`: ``reps`` rounds, or more, up to ``arm_seconds`` of the
     slowest arm's steps, so that short steps, whose single timings spread most, get more
     of them (``arm_seconds`` 0: ``reps`` rounds, enough to check the script runs), and at
@@ -256,7 +261,8 @@ def measure_arms(
     if len(counts) != len(arms):
         raise ValueError(f"measure_arms: {len(counts)} instance counts for {len(arms)} arms")
     steps: list[tuple[list, dict]] = []
-    with fresh_cache(), torch._dynamo.config.patch(recompile_limit=64 * max(counts, default=1)):
+    cache = fresh_cache() if own_cache else contextlib.nullcontext()
+    with cache, torch._dynamo.config.patch(recompile_limit=64 * max(counts, default=1)):
         for (key, shapes, overrides), count, result in zip(arms, counts, results):
             try:
                 steps.append(([compiled_arm(key, shapes, mesh, overrides, warmup) for _ in range(count)], result))
@@ -604,7 +610,7 @@ def family_rates(family: str, reps: int) -> list[tuple[int, float]]:
     return [(s, round(f / t / 1e9, 1)) for s, f, t in zip(MATMUL_SIZES, flops, per_call(list(calls), reps))]
 
 
-def measure_device(reps: int, arm_seconds: float = ARM_SECONDS) -> dict:
+def measure_device(reps: int, arm_seconds: float = ARM_SECONDS, own_cache: bool = True) -> dict:
     """The device's raw figures, as :func:`device_profile` takes them, every rank
     computing at once for :data:`SUSTAINED` seconds per timing, after a barrier (the
     slowest rank's time; ``sustained_s`` records the duration): ``matmul``, the bf16
@@ -618,15 +624,15 @@ def measure_device(reps: int, arm_seconds: float = ARM_SECONDS) -> dict:
     ``fixed_host``, the median seconds its host took to issue each (:func:`measure_arms`'
     ``host_times``);
     ``kind``, the device type the ranks computed on (``cuda`` under NCCL, one GPU per
-    rank, else ``cpu``). ``arm_seconds``: the fixed-cost steps' timing, as
-    :func:`measure_arms` takes it."""
+    rank, else ``cpu``). ``arm_seconds`` and ``own_cache``: the fixed-cost steps' timing
+    and cache, as :func:`measure_arms` takes them."""
     table = square_rates(reps)
     calls = _products([(1, s) for s in CALL_SIZES], reps)
     world = dist.get_world_size()
     mesh = init_device_mesh(rank_device().type, (world,))
     timed = measure_arms(
         FIXED_COST_ARMS, mesh, 2, reps, with_probe=True, instances=FIXED_COST_INSTANCES, arm_seconds=arm_seconds,
-        max_rounds=FIXED_COST_ROUNDS,
+        max_rounds=FIXED_COST_ROUNDS, own_cache=own_cache,
     )[0]
     fixed = fixed_step_medians(timed)
     fixed_host = fixed_step_medians(timed, "host_times")

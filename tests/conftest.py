@@ -11,9 +11,11 @@ Markers: ``slow`` for multi-process tests and long compiles (``pytest -m "not sl
 the two-minute tier), ``graph_cache`` as above, ``cuda`` on every test instance that runs
 on the GPU (``pytest -m cuda`` runs those only; scripts/gpu_check.sh does).
 
-Order: the ``slow`` tests run first, each group in its collected order, so that in two
-workers (``scripts/test.sh``: pytest-xdist's ``worksteal`` scheduling) the suite ends on
-short tests that the idle worker can take over, not on a long one that it must wait for.
+Order: the ``slow`` tests run first, so that in two workers (``scripts/test.sh``:
+pytest-xdist's ``worksteal`` scheduling) the suite ends on short tests that the idle worker
+can take over, not on a long one that it must wait for; among them, those marked with the
+seconds they take (``slow(seconds=N)``, the longest few) run longest first, then the rest,
+each group in its collected order.
 
 Devices: a test that compiles or runs the op takes the ``device`` fixture and runs once
 per available device: ``"cpu"`` always, ``"cuda"`` when ``torch.cuda.is_available()``.
@@ -34,9 +36,15 @@ from helpers import DEVICES, graph_caches_off
 
 
 def pytest_collection_modifyitems(config, items):
-    """The ``slow`` tests first (see the module docstring); a stable sort keeps the order
-    within each group, the same on every worker."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    """The ``slow`` tests first, longest first where marked with their seconds (see the
+    module docstring); a stable sort keeps the order within each group, the same on every
+    worker."""
+
+    def key(item):
+        slow = item.get_closest_marker("slow")
+        return (slow is None, -(slow.kwargs.get("seconds", 0) if slow else 0))
+
+    items.sort(key=key)
 
 
 @pytest.fixture(params=[pytest.param(d, id=d, marks=pytest.mark.cuda if d == "cuda" else ()) for d in DEVICES])

@@ -106,6 +106,7 @@ def test_fsdp2_unmodified_torch_optim_muon_is_bucketed():
     assert_same_collectives([r["collectives"] for r in results])
 
 
+@pytest.mark.slow(seconds=80)
 def test_fsdp2_hand_written_forms_are_bucketed():
     """Every recognised hand-written form, in a hand-written Muon step on FSDP2: one NS op
     per matrix, one all-to-all pair per step in all, results as accurate as eager's."""
@@ -162,6 +163,7 @@ def test_fsdp2_adamw_part_compiles_into_the_same_step_without_collectives():
             assert_rel_close(got - start, want - start, rtol, f"rank {rank} param {i}")
 
 
+@pytest.mark.slow(seconds=55)
 def test_fsdp2_normuon_and_cautious_weight_decay():
     """NorMuon's per-row second moment stays sharded with the rows, the per-column one is
     replicated; its norms and column means are DTensor reductions (small extra
@@ -209,6 +211,7 @@ def test_experts_on_their_own_data_parallel_group():
             assert_rel_close(got - initial[n], want - initial[n], NS_RTOL["cpu"][torch.float32], f"rank {rank} {n}")
 
 
+@pytest.mark.slow(seconds=50)
 def test_shared_cache_dir_across_ranks_and_runs():
     """Stock torch keys a DTensor's cache entry by its global spec only; with uneven shards
     one rank loaded another's artifact and failed ('expected size 3==4'). The backend keys

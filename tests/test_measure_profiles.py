@@ -498,7 +498,7 @@ def test_report_prints_each_pairs_host_time_beside_the_models_where_the_run_has_
     assert [line for line in lines if " host issued the step " not in line and not line.startswith("host time")] == plain
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=200)
 def test_validate_step_cost_runs_end_to_end_on_one_rank(tmp_path):
     saved = tmp_path / "world1.json"
     out = torchrun(

@@ -11,7 +11,7 @@ from script_runs import SCRIPTS, torchrun
 PRELUDES = ("nothing", "twin", "other step", "bf16 product", "matmul probe", "write 64 MiB", "sleep 5 ms")
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=90)
 def test_every_prelude_is_reported():
     out = torchrun("probe_step_after.py", "--blocks", "1", "--reps", "3", world=2, timeout=300).stdout
     assert "after each prelude (1 blocks of 3 steps, ms):" in out, out

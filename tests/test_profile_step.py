@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SAVED = ROOT / "docs" / "runs" / "2026-11-25-world2-realtime.json"
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=60)
 def test_profile_step_lists_the_matmuls_the_generated_kernels_and_both_splits():
     out = torchrun(
         "profile_step.py", "--workload", "small-14", "--steps", "2", "--rows", "40", "--predict-from", str(SAVED),

@@ -107,7 +107,7 @@ def test_a_member_without_gradient_is_left_alone_and_the_others_step():
         torch.testing.assert_close(got.detach(), want.detach(), rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=55)
 def test_two_thousand_matrices_compile_one_graph():
     """2,000 small matrices (four shapes) compile to one graph, and the compiled steps
     match eager (fp32 NS; see numerics.py)."""
