@@ -17,6 +17,7 @@ import pytest
 import torch
 from dist_harness import run_world
 from script_runs import torchrun
+from torch._inductor.utils import fresh_cache
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -411,6 +412,62 @@ def test_each_arm_may_have_its_own_count_of_compiled_instances():
         assert results[0]["times"] == pytest.approx([(a + b) / 2 for a, b in zip(*results[0]["instance_times"])])
         assert len(results[1]["times"]) == 3 and "instance_times" not in results[1]
         assert error == "measure_arms: 1 instance counts for 2 arms"
+
+
+def arms_built_in_caches(rank, world):
+    """The Inductor cache directory that each arm (a plain function, no compile) was built
+    in: measure_arms twice with caches of its own, then twice in one cache of the caller's;
+    and that cache."""
+    seen = []
+
+    def arm(key, shapes, mesh, overrides, warmup):
+        seen.append(os.environ.get("TORCHINDUCTOR_CACHE_DIR"))
+        return lambda: None
+
+    measure_profiles.compiled_arm = arm
+    arms = [("muon-a2a", [], {})]
+    for _ in range(2):
+        measure_profiles.measure_arms(arms, None, 0, 1, arm_seconds=0.0)
+    with fresh_cache():
+        for _ in range(2):
+            measure_profiles.measure_arms(arms, None, 0, 1, arm_seconds=0.0, own_cache=False)
+        return seen, os.environ["TORCHINDUCTOR_CACHE_DIR"]
+
+
+def test_arms_compile_in_a_cache_of_their_own_or_in_the_callers():
+    for seen, caller in run_world(arms_built_in_caches, 2, timeout=120):
+        assert None not in seen and seen[0] != seen[1] and caller not in seen[:2]
+        assert seen[2:] == [caller, caller]  # a step compiled the second time is read back
+
+
+def runs_with_the_measurements_stubbed(rank, world):
+    """The cache directory, and ``own_cache``, that validate_step_cost.measure_run gives
+    the device profile and each workload's steps (stubs: nothing measured), in two runs."""
+    seen = []
+
+    def device(reps, arm_seconds, own_cache=True):
+        seen.append(("device", os.environ.get("TORCHINDUCTOR_CACHE_DIR"), own_cache))
+        return {}
+
+    def interleaved(name, *args, own_cache=True):
+        seen.append((name, os.environ.get("TORCHINDUCTOR_CACHE_DIR"), own_cache))
+        return [], {"matmul": []}, []
+
+    validate_step_cost.measure_device = device
+    validate_step_cost.measure_network = lambda reps: ({}, {})
+    validate_step_cost.measure_interleaved = interleaved
+    for _ in range(2):
+        validate_step_cost.measure_run(["small-14", "gpt-small"], 1, 0, 1, 1, 0.0, None)
+    return seen
+
+
+def test_a_validation_run_compiles_every_step_in_one_fresh_cache():
+    for seen in run_world(runs_with_the_measurements_stubbed, 2, timeout=120):
+        first, second = seen[:3], seen[3:]
+        assert [name for name, _, _ in seen] == ["device", "small-14", "gpt-small"] * 2
+        assert not any(own for _, _, own in seen)  # the run's cache, not one of their own
+        assert len({d for _, d, _ in first}) == len({d for _, d, _ in second}) == 1
+        assert first[0][1] not in (None, second[0][1])  # a fresh one for each run
 
 
 def test_a_gpus_fixed_costs_are_fitted_to_its_host_times_where_the_run_has_them():

@@ -154,6 +154,13 @@ MATCHED_WHEN_RECORDED = {
     # apart, measured 0.1% apart the other way (the rounds unresolved, all_to_all faster in
     # 74 of 126)
     "2026-11-28-world2-after": 7,
+    # world 3 on the AMX VM, out of sample (the model unchanged since world3-after; bf16
+    # products of size 512 at 711 GFLOP/s per rank): the one-bucket small-14 pairs, a tie
+    # predicted 0.7% apart, measured all_to_all 7.5% and 12.5% ahead
+    "2026-11-28-world3-amx": 6,
+    # world 2 after it (1267 GFLOP/s at size 512): the one-bucket small-14 pair with
+    # prefetch 1, a tie predicted 2.5% apart, measured 0.0% apart (the rounds unresolved)
+    "2026-11-28-world2-amx": 7,
 }
 # runs whose steps were timed in turns: rankings that the rounds resolve (sign test at 5%)
 # against the prediction, when recorded (world3-concat: a ten-bucket small-14 pair of 15 rounds)
@@ -228,6 +235,9 @@ PAIRED_DIFFERS_WHEN_RECORDED = {
     "2026-11-27-world2-share": 0,
     "2026-11-28-world3-after": 0,
     "2026-11-28-world2-after": 0,
+    # the one-bucket small-14 pairs (all_to_all faster in 71 and 76 of 97 rounds)
+    "2026-11-28-world3-amx": 2,
+    "2026-11-28-world2-amx": 0,
 }
 # rankings whose medians lie further apart than two arms of one plan measured (the
 # report's "the same plan's" spread) against the prediction, when the spread was first
@@ -272,6 +282,8 @@ RESOLVED_DIFFERS = {
     "2026-11-27-world3-share": 1,
     # the ten-bucket small-14 pair with prefetch 0, 3.5% apart against 2.1%
     "2026-11-27-world2-share": 1,
+    # the one-bucket small-14 pairs, 7.5% and 12.5% apart against 3.2%
+    "2026-11-28-world3-amx": 2,
 }
 
 
@@ -284,6 +296,8 @@ SCHEDULED_RUNS = {
     "2026-11-27-world2-share",
     "2026-11-28-world3-after",
     "2026-11-28-world2-after",
+    "2026-11-28-world3-amx",
+    "2026-11-28-world2-amx",
 }
 
 
