@@ -51,26 +51,41 @@ def orthogonalize(x: Tensor, args: NSArgs) -> Tensor:
         batch = batch.mT
     compute_dtype = args.compute_dtype
     acc = torch.promote_types(compute_dtype, torch.float32)
-    X = to_low_precision(batch, compute_dtype).to(acc)
-    norm = torch.linalg.vector_norm(X, dim=(-2, -1), keepdim=True)
-    if args.norm_scale != 1.0:
-        norm = norm * args.norm_scale
-    denom = norm.clamp_min(args.eps) if args.clamp_eps else norm + args.eps
-    X = X / denom
+    X, norm, denom = normalized(batch, args)
     if algorithm_for(X, args) == GRAM:
         X = gram_iteration(X, args, acc, norm / args.norm_scale / denom)
     else:
         X = X.to(compute_dtype)
         eye = identity(X.size(-2), X.device, acc)
-        for a, b, c in args.coefficients:
+        for coefficients in args.coefficients:
             A = torch.bmm(X, X.mT)
-            B = (c * torch.bmm(A, A).to(acc) + b * A.to(acc) + a * eye).to(compute_dtype)
-            X = torch.bmm(B, X)
+            X = torch.bmm(polynomial(A, torch.bmm(A, A), coefficients, eye, compute_dtype), X)
     if tall:
         X = X.mT
     if x.dim() == 2:
         X = X.squeeze(0)
     return X.to(x.dtype).contiguous()
+
+
+def normalized(batch: Tensor, args: NSArgs) -> tuple[Tensor, Tensor, Tensor]:
+    """Step 2 of :func:`orthogonalize` on a batch of wide matrices: ``X0`` in at least fp32,
+    with the norms (``||X||_F * norm_scale``, ``[batch, 1, 1]``) and the denominators
+    (``norm + eps``, or ``max(norm, eps)`` when ``clamp_eps``) it was divided by."""
+    acc = torch.promote_types(args.compute_dtype, torch.float32)
+    X = to_low_precision(batch, args.compute_dtype).to(acc)
+    norm = torch.linalg.vector_norm(X, dim=(-2, -1), keepdim=True)
+    if args.norm_scale != 1.0:
+        norm = norm * args.norm_scale
+    denom = norm.clamp_min(args.eps) if args.clamp_eps else norm + args.eps
+    return X / denom, norm, denom
+
+
+def polynomial(A: Tensor, AA: Tensor, coefficients: tuple[float, float, float], eye: Tensor, dtype: torch.dtype) -> Tensor:
+    """The textbook iteration's pointwise step ``B = c A A + b A + a I``, summed in ``eye``'s
+    dtype (at least fp32) and rounded once to ``dtype``; ``AA`` is the product ``A A``."""
+    a, b, c = coefficients
+    acc = eye.dtype
+    return (c * AA.to(acc) + b * A.to(acc) + a * eye).to(dtype)
 
 
 def identity(n: int, device: torch.device, dtype: torch.dtype) -> Tensor:

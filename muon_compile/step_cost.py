@@ -121,6 +121,10 @@ class DeviceProfile:
     profile prices it back to back (on the CPU, gloo's threads woken behind the step's
     compute: docs/benchmarks.md, "A collective after compute"), counted as the
     collective's time (:data:`FIXED_COSTS`); ``memory``, its bytes (0: unknown).
+    ``ns_pass_bandwidth``: the bytes/s of the Newton–Schulz calls' own memory-bound passes
+    (:func:`~muon_compile.ns_cost.pointwise_bytes`; 0: ``memory_bandwidth``, as a copy): on
+    one CPU thread they convert bf16 both ways, divide and build the identity from an index,
+    and ran at 0.67x a copy's bandwidth (docs/benchmarks.md, "Page faults in every step").
     ``shared_cores``: the cores the ranks of a process group share, each rank computing
     on ``rank_threads`` threads (0: each rank has cores of its own): its rates and costs
     are those of every rank computing at once, and where fewer do, each runs faster
@@ -140,6 +144,12 @@ class DeviceProfile:
     memory: float = 0.0
     shared_cores: int = 0
     rank_threads: int = 1
+    ns_pass_bandwidth: float = 0.0
+
+    @property
+    def ns_passes(self) -> float:
+        """The bytes/s of the Newton–Schulz calls' memory-bound passes (``ns_pass_bandwidth``)."""
+        return self.ns_pass_bandwidth or self.memory_bandwidth
 
     def speed(self, computing: int, world: int) -> float:
         """How much faster than at its profile's rates each of ``computing`` ranks of
@@ -361,7 +371,7 @@ def _bucket_work(bucket: DistBucket, device: DeviceProfile, network: NetworkProf
     args = bucket.args
     ns_passes = _per_rank(bucket, lambda r, c: pointwise_bytes(algorithms[r, c], r, c, args.steps, args.compute_dtype))
     compute = tuple(
-        Seconds(n.host + len(c) * device.call_overhead, n.device + (cuts * 2 * e * itemsize + p) / bw)
+        Seconds(n.host + len(c) * device.call_overhead, n.device + cuts * 2 * e * itemsize / bw + p / device.ns_passes)
         for n, e, p, c in zip(ns, owned, ns_passes, calls)
     )
     finish = pack if bucket.strategy is Strategy.ALL_TO_ALL else 0.0

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import math
 import os
 import platform
@@ -425,17 +426,29 @@ def add_backend_argument(parser: argparse.ArgumentParser) -> None:
         help="run gloo's threads at real-time priority, so that compute never delays them "
         "(needs root or CAP_SYS_NICE; docs/benchmarks.md, \"Gloo's threads behind compute\")",
     )
+    parser.add_argument(
+        "--keep-freed-memory",
+        action="store_true",
+        help="have the C allocator keep the memory each step frees for the next, as the CUDA caching "
+        "allocator does (glibc only; docs/benchmarks.md, \"Page faults in every step\")",
+    )
 
 
 def start_backend(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str:
     """:func:`init_backend` for ``args.backend``, after a usage error naming why NCCL cannot
     run here when it is nccl and it cannot; then, with ``args.realtime_gloo``,
     :func:`prioritize_gloo_threads` on the threads the group started (a usage error where
-    it cannot); the mesh's device."""
+    it cannot), and with ``args.keep_freed_memory``, :func:`keep_freed_memory` first (a
+    usage error where it cannot); the mesh's device."""
     if args.backend == "nccl" and (problem := nccl_problem()):
         parser.error(f"--backend nccl: {problem}; use --backend gloo")
     if args.realtime_gloo and args.backend != "gloo":
         parser.error("--realtime-gloo: only with --backend gloo")
+    if args.keep_freed_memory:
+        try:
+            keep_freed_memory()
+        except RuntimeError as error:
+            parser.error(f"--keep-freed-memory: {error}")
     before = _threads()
     device = init_backend(args.backend)
     note_group_threads(before)
@@ -516,6 +529,29 @@ def prioritize_gloo_threads(started: dict[int, str]) -> None:
         except PermissionError as error:
             raise PermissionError(f"cannot raise thread {tid} ({name}) to SCHED_FIFO: {error.strerror}; "
                                   "needs root or CAP_SYS_NICE") from error
+
+
+# glibc's mallopt parameters (malloc.h) and its largest mmap threshold on 64-bit
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, MMAP_THRESHOLD_MAX = -1, -3, 32 * 2**20
+
+
+def keep_freed_memory() -> None:
+    """Have glibc's malloc keep what this process frees for its next allocations, as the
+    CUDA caching allocator keeps a GPU's memory: blocks up to :data:`MMAP_THRESHOLD_MAX`
+    come from the heap, and the heap is never trimmed. By default glibc hands the memory of
+    large freed blocks back to the OS (the top of its heap above a trim threshold, and
+    blocks above an mmap threshold), and a compiled CPU step that frees its buffers at the
+    end faults them back in page by page in the next: a gpt-small step at world 2 ran 12%
+    slower so (docs/benchmarks.md, "Page faults in every step"), a cost of the host's
+    allocator that a GPU's step does not pay. Raises RuntimeError where the C library has
+    no ``mallopt`` (not glibc) or refuses a setting."""
+    libc = ctypes.CDLL(None)
+    mallopt = getattr(libc, "mallopt", None)
+    if mallopt is None:
+        raise RuntimeError(f"the C library has no mallopt (glibc's), {platform.libc_ver()}")
+    for name, option, value in (("M_MMAP_THRESHOLD", M_MMAP_THRESHOLD, MMAP_THRESHOLD_MAX), ("M_TRIM_THRESHOLD", M_TRIM_THRESHOLD, 2**31 - 1)):
+        if mallopt(option, value) != 1:
+            raise RuntimeError(f"mallopt refused {name} = {value}")
 
 
 def init_backend(backend: str) -> str:

@@ -84,6 +84,8 @@ from torch.distributed.device_mesh import init_device_mesh
 
 from bench_distributed import (
     ARMS,
+    KELLER,
+    NS_STEPS,
     add_backend_argument,
     cpu_seconds,
     failure,
@@ -101,6 +103,9 @@ from step_split import labelled, profiled_split, splits_by_label
 from muon_compile import config
 from muon_compile.config import Config, Strategy
 from muon_compile.matmul_rates import ASPECT, FAMILIES, MatmulRates, family_table
+from muon_compile.ns_args import NSArgs
+from muon_compile.ns_cost import TEXTBOOK, pointwise_bytes
+from muon_compile.ns_kernel import identity, normalized, polynomial
 from muon_compile.network_profiles import COLLECTIVES, Link, NetworkProfile, alpha_beta
 from muon_compile.plan import plan_for
 from muon_compile.step_cost import FIXED_COSTS, DeviceProfile, overhead_counts, predict
@@ -125,6 +130,11 @@ MATMUL_SIZES = (32, 64, 128, 256, 512, 1024)
 # the matmul rate that measure_arms can time in turns with the steps, to follow the VM's
 # drift between the profile and the steps: batched bf16 products of this size
 PROBE_SIZE = 512
+# the Newton–Schulz passes' probe (_ns_pass_bandwidth): a stack of gpt-small's widest
+# matrices, bf16, about 14 MB on the CPU and 113 MB on a GPU (its memory-bound passes
+# reach the bandwidth of HBM there)
+NS_PASS_SHAPE = (384, 1536)
+NS_PASS_BATCH = {"cpu": 12, "cuda": 96}
 # sizes of the single products whose time, less their arithmetic, is a call's latency
 CALL_SIZES = (8, 16, 32, 64, 128, 256)
 # matrices too small for their arithmetic to count, with a bucket size: the same shape
@@ -590,6 +600,29 @@ def _memory_bandwidth(reps: int) -> float:
     return 2 * x.numel() * x.element_size() / per_call([lambda: y.copy_(x)], reps)[0]
 
 
+def _ns_pass_bandwidth(reps: int) -> float:
+    """Bytes/s of the Newton–Schulz calls' memory-bound passes, as the cost model counts
+    them (:func:`muon_compile.ns_cost.pointwise_bytes`, textbook, the benchmarks' steps): a stack of
+    :data:`NS_PASS_SHAPE` matrices in bf16, :data:`NS_PASS_BATCH` of them on the device,
+    through the normalisation and the iteration's polynomial step of
+    :mod:`muon_compile.ns_kernel`, each compiled by Inductor, timed as the copy is."""
+    rows, cols = NS_PASS_SHAPE
+    device, steps = rank_device(), NS_STEPS
+    args = NSArgs((KELLER,) * steps, compute_dtype=torch.bfloat16, algorithm=TEXTBOOK)
+    batch = NS_PASS_BATCH[device.type]
+    x = torch.randn(batch, rows, cols, device=device).to(torch.bfloat16)
+    a, aa = (torch.randn(batch, rows, rows, device=device).to(torch.bfloat16) for _ in range(2))
+    norm = torch.compile(lambda x: normalized(x, args)[0].to(torch.bfloat16))
+    step = torch.compile(
+        lambda a, aa: polynomial(a, aa, KELLER, identity(rows, a.device, torch.float32), torch.bfloat16)
+    )
+    passes = [lambda: norm(x), lambda: step(a, aa)]
+    for call in passes:  # compile before timing
+        call()
+    normalise, iterate = per_call(passes, reps)
+    return batch * pointwise_bytes(TEXTBOOK, rows, cols, steps, torch.bfloat16) / (normalise + steps * iterate)
+
+
 def _products(shapes: list[tuple[int, int]], reps: int) -> list[float]:
     """Seconds per bf16 ``bmm`` call on a batch of ``(batch, size)`` square matrices, each."""
     operands = [tuple(torch.randn(n, s, s).to(rank_device(), torch.bfloat16) for _ in range(2)) for n, s in shapes]
@@ -618,6 +651,7 @@ def measure_device(reps: int, arm_seconds: float = ARM_SECONDS, own_cache: bool 
     non-square products, ``(short side, GFLOP/s)`` (:func:`family_rates`);
     ``matmul_call``, the ``(size, seconds)`` of one
     product call on a single matrix; ``memory_bandwidth`` in bytes/s (a copy);
+    ``ns_pass_bandwidth``, the Newton–Schulz passes' bytes/s (:func:`_ns_pass_bandwidth`);
     ``fixed``, the compiled step's median seconds on each of
     :data:`FIXED_COST_WORKLOADS` with each strategy (``{workload: {strategy: seconds}}``),
     timed in turns with the probes (``fixed_timing`` says how), and on a GPU
@@ -641,6 +675,7 @@ def measure_device(reps: int, arm_seconds: float = ARM_SECONDS, own_cache: bool 
         "matmul_families": {family: family_rates(family, reps) for family in FAMILIES},
         "matmul_call": list(zip(CALL_SIZES, calls)),
         "memory_bandwidth": _memory_bandwidth(reps),
+        "ns_pass_bandwidth": _ns_pass_bandwidth(reps),
         "sustained_s": SUSTAINED,
         "fixed": fixed,
         "fixed_timing": f"in turns with the probes, {FIXED_COST_ROUNDS} rounds at most",
@@ -770,11 +805,15 @@ def device_profile(
     source = f"measured by scripts/measure_profiles.py, {world} ranks x {figures['threads']} threads, {kind}"
     rates = rates_of(figures, kind, dtypes, source, log)
     log(f"memory bandwidth (copy, read + write): {bandwidth / 1e9:.2f} GB/s")
+    passes = figures.get("ns_pass_bandwidth", 0.0)  # runs saved before 2026-11-28's morning lack it
+    if passes:
+        log(f"Newton–Schulz passes: {passes / 1e9:.2f} GB/s")
     arithmetic = DeviceProfile(
         f"{kind}-w{world}",
         source,
         rates,
         memory_bandwidth=bandwidth,
+        ns_pass_bandwidth=passes,
         overlaps_communication=kind != "cpu" or bool(network.compute_share),
         queues_kernels=kind != "cpu",
         shared_cores=cores if kind == "cpu" and world * figures["threads"] > cores else 0,

@@ -2,7 +2,7 @@
 
     torchrun --nproc-per-node W scripts/validate_step_cost.py [--workload all] [--reps 15]
         [--profile-reps 15] [--instances 3] [--arm-seconds 2] [--split-steps 10]
-        [--backend gloo|nccl] [--realtime-gloo] [--no-fixed-costs-during-steps] [--save run.json]
+        [--backend gloo|nccl] [--realtime-gloo] [--keep-freed-memory] [--no-fixed-costs-during-steps] [--save run.json]
     python scripts/validate_step_cost.py --load run.json [--collectives-during-steps]
         [--no-fixed-costs-during-steps]
 
@@ -161,6 +161,7 @@ def measure_run(
     realtime_gloo: bool = False,
     split_steps: int = 0,
     fixed_costs_during: bool = True,
+    keep_freed_memory: bool = False,
 ) -> dict:
     """Every figure of a validation run, as plain data: the header, the profiles' raw
     figures, and ``steps``, one entry per case and strategy with its step times (or the
@@ -173,9 +174,11 @@ def measure_run(
     world = dist.get_world_size()
     record = {
         "header": f"world {world}, {dist.get_backend()}, torch {torch.__version__}, {machine()}, "
-        f"{torch.get_num_threads()} threads per rank" + (", gloo's threads real-time" if realtime_gloo else ""),
+        f"{torch.get_num_threads()} threads per rank" + (", gloo's threads real-time" if realtime_gloo else "")
+        + (", freed memory kept" if keep_freed_memory else ""),
         "world": world,
         "realtime_gloo": realtime_gloo,
+        "keep_freed_memory": keep_freed_memory,
         "generated_order": SCHEDULED_ORDER,
         "backend": dist.get_backend(),
         "network_timing": "back to back",
@@ -538,7 +541,7 @@ def main() -> None:
     names = list(WORKLOADS) if args.workload == "all" else [args.workload]
     record = measure_run(
         names, args.reps, args.warmup, args.profile_reps, args.instances, args.arm_seconds, args.save,
-        args.realtime_gloo, args.split_steps, args.fixed_costs_during_steps,
+        args.realtime_gloo, args.split_steps, args.fixed_costs_during_steps, args.keep_freed_memory,
     )
     if dist.get_rank() == 0:
         report(record, collectives_during=args.collectives_during_steps,
