@@ -16,7 +16,8 @@ Work per bucket (docs/design.md, "Distributed layout"):
   priced by :mod:`muon_compile.ns_cost` with the device's matmul rates, the algorithm
   that ``auto`` would choose, and per call the latency of its product calls; its
   memory-bound passes, :func:`~muon_compile.ns_cost.pointwise_bytes`, as pointwise
-  work), cut the results back into shards, the return collective (``all_to_all``);
+  work at the device's bandwidth for them, :attr:`DeviceProfile.ns_passes`), cut the
+  results back into shards, the return collective (``all_to_all``);
 * finish (``all_to_all``): wait, unpack;
 * and per parameter, outside the buckets, the momentum and the update: read the
   gradient, read and write the momentum and the parameter;

@@ -1,6 +1,7 @@
 """Measure the cost model's profiles of this machine, as seen by the ranks of a run: the
 network (collective latency and bandwidth over the process group's backend) and the
-device (matmul rates, memory bandwidth, a compiled step's fixed costs).
+device (matmul rates, memory bandwidth, the Newton–Schulz passes' bandwidth, a compiled
+step's fixed costs).
 
     torchrun --nproc-per-node 2 scripts/measure_profiles.py [--reps 9]
 
@@ -31,7 +32,11 @@ its rates are the ones that hold while they all run.
   and each kind's cost after 0.3-30 ms of products on every rank, beyond back to back
   (:func:`measure_after_compute`); and the cores the ranks run on, which three one-thread
   ranks share on this VM (``DeviceProfile.shared_cores``).
-* Memory: ``y.copy_(x)`` on 64 MiB fp32 tensors, read + write counted, repeated likewise.
+* Memory: ``y.copy_(x)`` on 64 MiB fp32 tensors, read + write counted, repeated likewise;
+  and the Newton–Schulz calls' own passes, muon_compile.ns_kernel's normalisation and
+  polynomial step compiled on a stack of bf16 matrices (:func:`_ns_pass_bandwidth`): on
+  one CPU thread they convert, divide and compare indices, and ran at 0.67-0.69 of the
+  copy's bandwidth at world 2 (docs/benchmarks.md, "Page faults in every step").
 * Drift: the VM's matmul rate changes by 10% between minutes (the profile of one run
   measured 513 GFLOP/s at size 512, another 461), so :func:`measure_arms` can time a
   :func:`probe` of the table's :data:`PROBE_SIZE` products in turns with the steps, for

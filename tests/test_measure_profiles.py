@@ -290,6 +290,42 @@ def test_the_products_count_is_calibrated_to_the_gap(monkeypatch):
     assert calls == [(8, 96, 96)]
 
 
+def test_device_profile_prices_the_newton_schulz_passes_where_the_figures_measure_them():
+    figures = json.loads(SAVED.read_text())["device"]  # saved before the passes were measured
+    network = NetworkProfile("flat", "test", intra=Link(1e-4, 1e9), inter=Link(1e-4, 1e9), ranks_per_node=2)
+    old = measure_profiles.device_profile(figures, network, 2, log=lambda *_: None)
+    assert "ns_pass_bandwidth" not in figures and old.ns_passes == old.memory_bandwidth == figures["memory_bandwidth"]
+    lines = []
+    new = measure_profiles.device_profile(dict(figures, ns_pass_bandwidth=3.5e9), network, 2, log=lines.append)
+    assert new.ns_passes == new.ns_pass_bandwidth == 3.5e9 and new.memory_bandwidth == old.memory_bandwidth
+    assert "Newton–Schulz passes: 3.50 GB/s" in lines
+
+
+def test_the_newton_schulz_passes_probe_times_ns_kernels_passes_on_their_bytes(monkeypatch):
+    """The probe's passes normalise a stack of wide bf16 matrices and take one polynomial
+    step on square ones, and its bandwidth is the bytes the cost model counts for them over
+    one normalisation and an iteration's steps (timings made up: their values swing)."""
+    monkeypatch.setattr(measure_profiles, "rank_device", lambda: torch.device("cpu"))
+    monkeypatch.setattr(measure_profiles, "NS_PASS_BATCH", {"cpu": 2})
+    outputs = []
+
+    def per_call(fns, reps):
+        outputs.extend(fn() for fn in fns)
+        return [1e-3, 2e-3]
+
+    monkeypatch.setattr(measure_profiles, "per_call", per_call)
+    with fresh_cache():
+        bandwidth = measure_profiles._ns_pass_bandwidth(1)
+    rows, cols = measure_profiles.NS_PASS_SHAPE
+    normalised, step = outputs
+    assert normalised.shape == (2, rows, cols) and normalised.dtype == torch.bfloat16
+    assert torch.linalg.vector_norm(normalised.float(), dim=(-2, -1)).tolist() == pytest.approx([1.0, 1.0], rel=1e-2)
+    assert step.shape == (2, rows, rows) and step.dtype == torch.bfloat16
+    steps = measure_profiles.NS_STEPS
+    passes = 2 * (rows * cols * 3 * 2 + steps * 3 * rows * rows * 2)  # ns_cost.pointwise_bytes, textbook, bf16
+    assert bandwidth == pytest.approx(passes / (1e-3 + steps * 2e-3))
+
+
 def test_device_profile_shares_the_cores_only_where_the_ranks_threads_outnumber_them():
     figures = json.loads(SAVED.read_text())["device"]  # one thread per rank
     network = NetworkProfile("flat", "test", intra=Link(1e-4, 1e9), inter=Link(1e-4, 1e9), ranks_per_node=3)
@@ -600,3 +636,45 @@ def test_validate_step_cost_runs_end_to_end_on_one_rank(tmp_path):
         capture_output=True, text=True, timeout=300, check=True,
     ).stdout
     assert reloaded.splitlines()[-4:] == out.splitlines()[-4:]  # a saved run reports as measured
+
+
+# a step's buffers, ten of 6 MiB, freed at its end; prints whether the first came from
+# glibc's heap, the heap's end before and after they were freed, and the minor page faults
+# of five steps after four
+STEP_FAULTS = """
+import resource, sys, torch
+sys.path.insert(0, sys.argv[1])
+import bench_distributed
+if sys.argv[2] == "kept":
+    bench_distributed.keep_freed_memory()
+def heap():
+    line = next(line for line in open("/proc/self/maps") if line.rstrip().endswith("[heap]"))
+    return [int(address, 16) for address in line.split()[0].split("-")]
+buffers = [torch.ones(6 * 2**18) for _ in range(10)]
+start, end = heap()
+in_heap = start <= buffers[0].data_ptr() < end
+del buffers
+print(in_heap, end, heap()[1])
+def step():
+    buffers = [torch.ones(6 * 2**18) for _ in range(10)]
+for _ in range(4):
+    step()
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(5):
+    step()
+print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+
+
+def test_freed_memory_kept_spares_each_step_faulting_its_buffers_back_in():
+    """glibc by default maps a 6 MiB block afresh (its first mmap threshold is 128 KiB) and
+    trims its heap's freed top; kept, the block comes from the heap, the heap keeps its end
+    once the step's buffers are freed, and steps after the first few fault no page in."""
+    def run(mode):
+        out = subprocess.run([sys.executable, "-c", STEP_FAULTS, str(ROOT / "scripts"), mode],
+                             capture_output=True, text=True, timeout=120, check=True).stdout.split()
+        return out[0] == "True", int(out[1]), int(out[2]), int(out[3])
+
+    assert not run("default")[0]
+    in_heap, end, end_after_free, faults = run("kept")
+    assert in_heap and end_after_free == end and faults == 0

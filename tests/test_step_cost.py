@@ -20,6 +20,11 @@ NET = NetworkProfile("test", "made up", intra=Link(1e-5, 1e9), inter=Link(1e-5, 
 BW = 10e9
 
 
+# the NS passes of one 8x16 matrix: the norm, X / norm (read twice, write once), per
+# iteration B from A A and A, bf16
+NS_PASS_BYTES = 3 * 8 * 16 * 2 + 5 * 3 * 8 * 8 * 2
+
+
 def _device(overlap, queues=False):
     return DeviceProfile("test", "made up", PROFILES["cpu"], BW, overlap, queues)
 
@@ -34,8 +39,7 @@ def _one_bucket_by_hand() -> dict[str, float]:
     8x16 matrix), priced by hand, part by part."""
     shard = 2 * 4 * 16  # two members, 4 rows of 16 each
     compute = 2 * 2 * (8 * 16) * 2 / BW  # reassemble and cut one owned 8x16 matrix, bf16
-    # NS passes: the norm, X / norm (read twice, write once), per iteration B from A A and A
-    compute += (3 * 8 * 16 * 2 + 5 * 3 * 8 * 8 * 2) / BW
+    compute += NS_PASS_BYTES / BW
     return {
         "pack": shard * (4 + 2) / BW,
         "collective": NET.seconds("all_to_all_single", shard * 2, 2),
@@ -60,6 +64,19 @@ def test_one_bucket_without_overlap_by_hand():
     assert cost.exposed == pytest.approx((2 * collective, 2 * collective))
     assert cost.communication == pytest.approx(2 * collective)
     assert cost.ns == pytest.approx((ns, ns))
+
+
+def test_newton_schulz_passes_run_at_their_own_bandwidth_where_the_device_has_one():
+    plan = DistPlan((_bucket(),), (), {})
+    copy = _device(False)
+    assert copy.ns_passes == BW  # none of its own: a copy's
+    slower = dataclasses.replace(copy, ns_pass_bandwidth=BW / 4)
+    assert slower.ns_passes == BW / 4
+    before, after = predict(plan, 1, copy, NET), predict(plan, 1, slower, NET)
+    extra = NS_PASS_BYTES * (4 - 1) / BW  # each rank's one owned matrix
+    assert after.total == pytest.approx(tuple(t + extra for t in before.total))
+    assert after.pointwise == pytest.approx(tuple(p + extra for p in before.pointwise))
+    assert after.ns == before.ns and after.exposed == before.exposed
 
 
 def test_prefetch_hides_communication_where_it_can_overlap():

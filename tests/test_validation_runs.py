@@ -161,6 +161,11 @@ MATCHED_WHEN_RECORDED = {
     # world 2 after it (1267 GFLOP/s at size 512): the one-bucket small-14 pair with
     # prefetch 1, a tie predicted 2.5% apart, measured 0.0% apart (the rounds unresolved)
     "2026-11-28-world2-amx": 7,
+    # the AMX VM with the steps' freed memory kept (--keep-freed-memory) and the
+    # Newton–Schulz passes priced at their own measured bandwidth: every ranking as measured
+    # at both worlds
+    "2026-11-28-world3-kept": 8,
+    "2026-11-28-world2-kept": 8,
 }
 # runs whose steps were timed in turns: rankings that the rounds resolve (sign test at 5%)
 # against the prediction, when recorded (world3-concat: a ten-bucket small-14 pair of 15 rounds)
@@ -238,6 +243,8 @@ PAIRED_DIFFERS_WHEN_RECORDED = {
     # the one-bucket small-14 pairs (all_to_all faster in 71 and 76 of 97 rounds)
     "2026-11-28-world3-amx": 2,
     "2026-11-28-world2-amx": 0,
+    "2026-11-28-world3-kept": 0,
+    "2026-11-28-world2-kept": 0,
 }
 # rankings whose medians lie further apart than two arms of one plan measured (the
 # report's "the same plan's" spread) against the prediction, when the spread was first
@@ -298,6 +305,8 @@ SCHEDULED_RUNS = {
     "2026-11-28-world2-after",
     "2026-11-28-world3-amx",
     "2026-11-28-world2-amx",
+    "2026-11-28-world3-kept",
+    "2026-11-28-world2-kept",
 }
 
 
