@@ -96,6 +96,17 @@ class Link:
         return f"{own} up to {self.large_from / 1024:.0f} KiB, above: {self.large.describe()}"
 
 
+def _after(points: tuple[tuple[float, float], ...] | None, stretch: float) -> float:
+    """The cost of ``points`` (``(seconds of compute, seconds)``) after ``stretch``: linear
+    between them and from none after no compute, flat beyond the last; 0 without points."""
+    if not points or stretch <= 0:
+        return 0.0
+    for (s0, e0), (s1, e1) in zip(((0.0, 0.0), *points), points):
+        if stretch <= s1:
+            return e0 + (stretch - s0) / (s1 - s0) * (e1 - e0)
+    return points[-1][1]
+
+
 @dataclasses.dataclass(frozen=True)
 class NetworkProfile:
     """The links of a cluster: ``intra`` within a node of ``ranks_per_node`` ranks (or
@@ -114,7 +125,11 @@ class NetworkProfile:
     its time back to back when every rank issues it after that long a stretch of compute
     (ranks that share cores end a stretch at different times, and the first waits for the
     last), linear between the points and from none after no compute, flat beyond the last
-    (:meth:`after`); a kind without points costs nothing more."""
+    (:meth:`after`); a kind without points costs nothing more. ``after_compute_alone``:
+    the same, where one rank alone computed the stretch and the others waited at the
+    collective (a tenth of the other at world 3 on two cores: the three ranks' shares of
+    the cores make the cost, docs/benchmarks.md, "Page faults in every step"); a kind
+    without points costs as ``after_compute`` says, however few ranks computed."""
 
     name: str
     source: str
@@ -125,9 +140,11 @@ class NetworkProfile:
     exchanges_in_flight: int = 1
     compute_share: Mapping[str, tuple[tuple[float, float], ...]] = dataclasses.field(default_factory=dict)
     after_compute: Mapping[str, tuple[tuple[float, float], ...]] = dataclasses.field(default_factory=dict)
+    after_compute_alone: Mapping[str, tuple[tuple[float, float], ...]] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if unknown := (set(self.kinds) | set(self.compute_share) | set(self.after_compute)) - set(COLLECTIVES):
+        kinds = set(self.kinds) | set(self.compute_share) | set(self.after_compute) | set(self.after_compute_alone)
+        if unknown := kinds - set(COLLECTIVES):
             raise ValueError(f"network profile {self.name!r}: unknown collective kinds {sorted(unknown)}; known: {COLLECTIVES}")
         if self.exchanges_in_flight < 1:
             raise ValueError(f"network profile {self.name!r}: exchanges_in_flight must be >= 1, got {self.exchanges_in_flight}")
@@ -135,11 +152,12 @@ class NetworkProfile:
             if not points or any(not 0.0 <= share <= 1.0 for _, share in points):
                 raise ValueError(f"network profile {self.name!r}: compute_share[{kind!r}] must be points with "
                                  f"shares in [0, 1], got {points}")
-        for kind, points in self.after_compute.items():
-            stretches = [s for s, _ in points]
-            if not points or stretches[0] <= 0 or stretches != sorted(set(stretches)) or any(e < 0 for _, e in points):
-                raise ValueError(f"network profile {self.name!r}: after_compute[{kind!r}] must be points of "
-                                 f"increasing positive seconds of compute and seconds >= 0, got {points}")
+        for field, costs in (("after_compute", self.after_compute), ("after_compute_alone", self.after_compute_alone)):
+            for kind, points in costs.items():
+                stretches = [s for s, _ in points]
+                if not points or stretches[0] <= 0 or stretches != sorted(set(stretches)) or any(e < 0 for _, e in points):
+                    raise ValueError(f"network profile {self.name!r}: {field}[{kind!r}] must be points of "
+                                     f"increasing positive seconds of compute and seconds >= 0, got {points}")
 
     def share(self, kind: str, nbytes: float) -> float:
         """The share of each rank's compute that collective ``kind`` with ``nbytes`` of input
@@ -147,16 +165,19 @@ class NetworkProfile:
         points = self.compute_share.get(kind)
         return interpolate(points, nbytes) if points else 0.0
 
-    def after(self, kind: str, stretch: float) -> float:
-        """Seconds collective ``kind`` costs beyond its time back to back when every rank
-        issues it after ``stretch`` seconds of compute (see :attr:`after_compute`)."""
-        points = self.after_compute.get(kind)
-        if not points or stretch <= 0:
-            return 0.0
-        for (s0, e0), (s1, e1) in zip(((0.0, 0.0), *points), points):
-            if stretch <= s1:
-                return e0 + (stretch - s0) / (s1 - s0) * (e1 - e0)
-        return points[-1][1]
+    def after(self, kind: str, stretch: float, computing: float = 0.0, world: int = 0) -> float:
+        """Seconds collective ``kind`` costs beyond its time back to back when the ranks
+        issue it after ``stretch`` seconds of compute (see :attr:`after_compute`): of
+        ``world`` ranks, ``computing`` computed it (in ranks of the longest stretch: their
+        stretches' sum over the longest), linear between the cost with one rank computing
+        (:attr:`after_compute_alone`, where the profile has it) and with every rank (0:
+        every rank)."""
+        every = _after(self.after_compute.get(kind), stretch)
+        alone = self.after_compute_alone.get(kind)
+        if not alone or not computing or world < 2:
+            return every
+        one = _after(alone, stretch)
+        return one + (every - one) * (min(computing, world) - 1) / (world - 1)
 
     def link(self, group_size: int, kind: str | None = None) -> Link:
         """The link a group of ``group_size`` ranks (placed on consecutive ranks) is limited

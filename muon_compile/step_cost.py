@@ -35,7 +35,8 @@ last rank has issued it and the previous one is done, and a rank that waits for 
 stalls. Where ranks share cores (the CPU), they end a stretch of the same compute at
 different times: a collective starts the network profile's cost after that stretch
 (:meth:`~muon_compile.network_profiles.NetworkProfile.after`, of the longest stretch of
-any rank since its last collective issued or waited for) after the last rank issued it,
+any rank since its last collective issued or waited for, by how many ranks computed it:
+their stretches' sum over the longest) after the last rank issued it,
 and every rank's compute loses that time, waiting for the last. Where a collective's own
 work runs on the compute cores (the CPU: gloo's threads),
 each rank's compute loses the network profile's share of the collective's time at its
@@ -457,8 +458,10 @@ def predict(
 
     def collective(b: int, i: int) -> None:
         nonlocal comm_free
-        # the last rank to end the stretch before it comes this late, and the others wait
-        late = network.after(work[b].kinds[i], max(stretch))
+        # the last rank to end the stretch before it comes this late, and the others wait:
+        # by how many ranks computed it (in ranks of the longest stretch)
+        longest = max(stretch)
+        late = network.after(work[b].kinds[i], longest, sum(stretch) / longest if longest > 0 else world, world)
         start = max(max(clock) + late, comm_free)
         end = start + work[b].collectives[i]
         comm_free = end

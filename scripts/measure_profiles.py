@@ -544,18 +544,25 @@ def after_compute(call: Callable[[], object], work: Callable[[], None] | None, r
     return alone, took, after
 
 
-def measure_after_compute(reps: int) -> dict[str, list[tuple[float, float]]]:
+def _nothing() -> None:
+    """No compute: a rank that waits at the collective (:func:`measure_after_compute`)."""
+
+
+def measure_after_compute(reps: int, alone: bool = False) -> dict[str, list[tuple[float, float]]]:
     """Per kind of :data:`AFTER_KINDS`, ``(seconds of compute, seconds)`` after each of
     :data:`AFTER_GAPS`: the products' measured time per call (:func:`products`), and what
     the collective of :data:`AFTER_BYTES` per rank costs after them beyond its time back
     to back (:func:`after_compute`). Where ranks share cores, they end the same stretch
     at different times, and the first waits for the last at the collective; the network
-    profile's ``after_compute`` (:func:`network_profile`)."""
-    world = dist.get_world_size()
+    profile's ``after_compute`` (:func:`network_profile`). With ``alone``, rank 0 alone
+    computes and the others wait at the collective: its ``after_compute_alone``."""
+    world, rank = dist.get_world_size(), dist.get_rank()
     measured = {}
     for kind in AFTER_KINDS:
         call = collective(kind, AFTER_BYTES, world)
-        rows = [after_compute(call, products(gap), reps) for gap in AFTER_GAPS]
+        # every rank calibrates the products (a collective); the waiting ones run none
+        works = [products(gap) for gap in AFTER_GAPS]
+        rows = [after_compute(call, work if rank == 0 or not alone else _nothing, reps) for work in works]
         measured[kind] = [(took, after - alone) for alone, took, after in rows]
     return measured
 
@@ -567,16 +574,22 @@ def network_profile(
     log=print,
     cpu: dict | None = None,
     after: dict[str, list[tuple[float, float]]] | None = None,
+    after_alone: dict[str, list[tuple[float, float]]] | None = None,
 ) -> NetworkProfile:
     """The links fitted to :func:`measure_network`'s ``points`` (all ranks on one node),
     with its ``cpu`` figures the share of the compute each kind takes
     (:func:`compute_shares`), and with :func:`measure_after_compute`'s ``after`` what a
     collective costs after a stretch of compute (in increasing stretch; a negative figure,
-    the timings' noise, taken as 0); ``log`` gets a line per kind with its fit and its points, its shares and
-    its costs after compute."""
+    the timings' noise, taken as 0), and ``after_alone`` the same with one rank computing;
+    ``log`` gets a line per kind with its fit and its points, its shares and its costs
+    after compute."""
     links = {}
     shares = compute_shares(cpu, world) if cpu else {}
-    late = {kind: tuple(sorted({float(s): max(0.0, float(e)) for s, e in rows}.items())) for kind, rows in (after or {}).items()}
+
+    def costs(after):
+        return {kind: tuple(sorted({float(s): max(0.0, float(e)) for s, e in rows}.items())) for kind, rows in (after or {}).items()}
+
+    late, late_alone = costs(after), costs(after_alone)
     for kind, kind_points in points.items():
         links[kind], worst = fit_link(kind_points, *alpha_beta(kind, world))
         shown = ", ".join(f"{b // 1024} KiB {t * 1e3:.3f} ms" for b, t in kind_points)
@@ -584,8 +597,9 @@ def network_profile(
         log(f"    {shown}")
         if kind in shares:
             log(f"    share of the compute in flight: {', '.join(f'{b // 1024:.0f} KiB {s:.2f}' for b, s in shares[kind])}")
-        if kind in late:
-            log(f"    after compute: {', '.join(f'{s * 1e3:.2f} ms +{e * 1e3:.3f} ms' for s, e in late[kind])}")
+        for label, kind_costs in (("after compute", late), ("after compute, one rank computing", late_alone)):
+            if kind in kind_costs:
+                log(f"    {label}: {', '.join(f'{s * 1e3:.2f} ms +{e * 1e3:.3f} ms' for s, e in kind_costs[kind])}")
     a2a = links["all_to_all_single"]
     return NetworkProfile(
         f"{backend}-w{world}",
@@ -596,6 +610,7 @@ def network_profile(
         kinds=links,
         compute_share=shares,
         after_compute=late,
+        after_compute_alone=late_alone,
     )
 
 
@@ -840,8 +855,9 @@ def main() -> None:
     log = print if rank == 0 else (lambda *_: None)
     log(f"# {args.backend}, world {world}, torch {torch.__version__}, {platform.machine()}, {torch.get_num_threads()} threads per rank")
     points, cpu = measure_network(args.reps)
-    after = measure_after_compute(args.reps) if cpu and world > 1 else None
-    network = network_profile(points, world, args.backend, log, cpu, after)
+    measured = cpu and world > 1
+    after, alone = (measure_after_compute(args.reps), measure_after_compute(args.reps, alone=True)) if measured else (None, None)
+    network = network_profile(points, world, args.backend, log, cpu, after, alone)
     per_collective = not collectives_wait_behind_compute(args.backend, args.realtime_gloo)
     device_profile(measure_device(args.reps), network, world, log, per_collective, (cpu or {}).get("cores", 0))
     dist.destroy_process_group()

@@ -193,6 +193,7 @@ def measure_run(
     record["network"], record["network_cpu"] = measure_network(profile_reps)
     if record["network_cpu"] and world > 1:  # ranks on the cores the collectives' threads use
         record["after_compute"] = measure_after_compute(profile_reps)
+        record["after_compute_alone"] = measure_after_compute(profile_reps, alone=True)
     mesh = init_device_mesh(rank_device().type, (world,))
     for name in names:
         steps, probes, fixed = measure_interleaved(
@@ -450,8 +451,10 @@ def compute_costs(record: dict) -> dict:
     """``network_profile``'s arguments of what the collectives cost the ranks' compute, as
     ``record`` measured them before the steps: the shares of the compute they take in
     flight (``network_cpu``; runs saved before 2026-11-27's evening have none) and their
-    cost after a stretch of compute (``after_compute``; none before 2026-11-28)."""
-    return {"cpu": record.get("network_cpu"), "after": record.get("after_compute")}
+    cost after a stretch of compute (``after_compute``; none before 2026-11-28), and with one
+    rank computing (``after_compute_alone``; none before 2026-11-28's morning)."""
+    return {"cpu": record.get("network_cpu"), "after": record.get("after_compute"),
+            "after_alone": record.get("after_compute_alone")}
 
 
 def recorded_device(record: dict, network: NetworkProfile, log) -> DeviceProfile:

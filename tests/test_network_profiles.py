@@ -78,6 +78,20 @@ def test_a_collectives_cost_after_compute_is_linear_from_none_and_flat_beyond_it
             dataclasses.replace(NET, after_compute={"all_reduce": bad})
 
 
+
+def test_a_collectives_cost_after_compute_lies_between_one_rank_computing_and_every_rank():
+    kind = "all_to_all_single"
+    net = dataclasses.replace(NET, after_compute={kind: ((1e-3, 4e-4),)}, after_compute_alone={kind: ((1e-3, 1e-4),)})
+    assert net.after(kind, 1e-3) == pytest.approx(4e-4)  # every rank computing, as before
+    assert net.after(kind, 1e-3, 3, 3) == pytest.approx(4e-4)
+    assert net.after(kind, 1e-3, 1, 3) == pytest.approx(1e-4)  # one rank computing
+    assert net.after(kind, 1e-3, 2, 3) == pytest.approx(2.5e-4)  # linear in the ranks between
+    assert net.after(kind, 5e-4, 1, 3) == pytest.approx(5e-5)  # from none after none
+    # without the one-rank figure, every rank's, however few computed
+    assert dataclasses.replace(net, after_compute_alone={}).after(kind, 1e-3, 1, 3) == pytest.approx(4e-4)
+    with pytest.raises(ValueError, match="after_compute_alone\\['all_reduce'\\] must be points of increasing positive"):
+        dataclasses.replace(NET, after_compute_alone={"all_reduce": ((1e-3, -1e-4),)})
+
 def test_published_profile_orders_links():
     net = profile("nvlink-ib")
     assert net.seconds("all_gather_into_tensor", 64e6, 8) < net.seconds("all_gather_into_tensor", 64e6, 16)

@@ -131,6 +131,21 @@ def test_a_collective_after_a_stretch_of_compute_costs_the_network_profiles_figu
     assert predict(one, 0, _device(True), other) == predict(one, 0, _device(True), NET)
 
 
+def test_a_collective_after_one_ranks_compute_costs_the_one_rank_figure():
+    """The one-bucket all_to_all step whose single matrix rank 0 owns, the costs after
+    compute flat at ``x`` with every rank computing and ``y`` with one: its first
+    collective follows the update and the packing, alike on both ranks (``x``), its
+    return collective the compute stage, rank 0's alone (``y``); without the one-rank
+    figure, ``x`` both."""
+    x, y = 3e-5, 1e-5
+    late = dataclasses.replace(NET, after_compute={"all_to_all_single": ((1e-12, x),)})
+    alone = dataclasses.replace(late, after_compute_alone={"all_to_all_single": ((1e-12, y),)})
+    one = DistPlan((_bucket(owners=(0,)),), (), {})
+    before, every, some = (predict(one, 0, _device(True), net) for net in (NET, late, alone))
+    assert every.total == pytest.approx(tuple(t + 2 * x for t in before.total))
+    assert some.total == pytest.approx(tuple(t + x + y for t in before.total))
+
+
 def test_ranks_sharing_cores_compute_faster_where_fewer_of_them_compute():
     """Three one-thread ranks on two cores: the profile's rates are those of all three
     computing at once (2/3 of a core each); a rank computing alone, or with one other,
