@@ -166,6 +166,11 @@ MATCHED_WHEN_RECORDED = {
     # at both worlds
     "2026-11-28-world3-kept": 8,
     "2026-11-28-world2-kept": 8,
+    # with the cost after a stretch by the ranks computing it: every ranking as measured
+    "2026-11-28-world3-alone": 8,
+    # world 2 after it: the one-bucket small-14 pairs, ties predicted 2.7% apart, measured
+    # 0.1% and 0.6% apart the other way (the rounds unresolved)
+    "2026-11-28-world2-alone": 6,
 }
 # runs whose steps were timed in turns: rankings that the rounds resolve (sign test at 5%)
 # against the prediction, when recorded (world3-concat: a ten-bucket small-14 pair of 15 rounds)
@@ -245,6 +250,8 @@ PAIRED_DIFFERS_WHEN_RECORDED = {
     "2026-11-28-world2-amx": 0,
     "2026-11-28-world3-kept": 0,
     "2026-11-28-world2-kept": 0,
+    "2026-11-28-world3-alone": 0,
+    "2026-11-28-world2-alone": 0,
 }
 # rankings whose medians lie further apart than two arms of one plan measured (the
 # report's "the same plan's" spread) against the prediction, when the spread was first
@@ -307,6 +314,8 @@ SCHEDULED_RUNS = {
     "2026-11-28-world2-amx",
     "2026-11-28-world3-kept",
     "2026-11-28-world2-kept",
+    "2026-11-28-world3-alone",
+    "2026-11-28-world2-alone",
 }
 
 
