@@ -541,7 +541,7 @@ def keep_freed_memory() -> None:
     come from the heap, and the heap is never trimmed. By default glibc hands the memory of
     large freed blocks back to the OS (the top of its heap above a trim threshold, and
     blocks above an mmap threshold), and a compiled CPU step that frees its buffers at the
-    end faults them back in page by page in the next: a gpt-small step at world 2 ran 12%
+    end faults them back in page by page in the next: a gpt-small step at world 2 ran 11%
     slower so (docs/benchmarks.md, "Page faults in every step"), a cost of the host's
     allocator that a GPU's step does not pay. Raises RuntimeError where the C library has
     no ``mallopt`` (not glibc) or refuses a setting."""
