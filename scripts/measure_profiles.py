@@ -563,7 +563,7 @@ def measure_after_compute(reps: int, alone: bool = False) -> dict[str, list[tupl
         # every rank calibrates the products (a collective); the waiting ones run none
         works = [products(gap) for gap in AFTER_GAPS]
         rows = [after_compute(call, work if rank == 0 or not alone else _nothing, reps) for work in works]
-        measured[kind] = [(took, after - alone) for alone, took, after in rows]
+        measured[kind] = [(took, after - back_to_back) for back_to_back, took, after in rows]
     return measured
 
 

@@ -78,7 +78,6 @@ def test_a_collectives_cost_after_compute_is_linear_from_none_and_flat_beyond_it
             dataclasses.replace(NET, after_compute={"all_reduce": bad})
 
 
-
 def test_a_collectives_cost_after_compute_lies_between_one_rank_computing_and_every_rank():
     kind = "all_to_all_single"
     net = dataclasses.replace(NET, after_compute={kind: ((1e-3, 4e-4),)}, after_compute_alone={kind: ((1e-3, 1e-4),)})
@@ -91,6 +90,7 @@ def test_a_collectives_cost_after_compute_lies_between_one_rank_computing_and_ev
     assert dataclasses.replace(net, after_compute_alone={}).after(kind, 1e-3, 1, 3) == pytest.approx(4e-4)
     with pytest.raises(ValueError, match="after_compute_alone\\['all_reduce'\\] must be points of increasing positive"):
         dataclasses.replace(NET, after_compute_alone={"all_reduce": ((1e-3, -1e-4),)})
+
 
 def test_published_profile_orders_links():
     net = profile("nvlink-ib")
