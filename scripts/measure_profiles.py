@@ -56,12 +56,12 @@ its rates are the ones that hold while they all run.
   arms, each strategy) on FSDP2 matrices of 8 to 31 columns, of one shape or of many, in
   one bucket or in one bucket each, all compiled first and then timed in turns with the
   probes, as the validation times its steps, for :data:`ARM_SECONDS` of the slowest or
-  :data:`FIXED_COST_ROUNDS` rounds (:func:`measure_arms`), less what the cost model
-  predicts for their arithmetic and collectives, fitted to
-  ``step + parameters * per_parameter + NS calls * per_call + buckets * per_bucket``
-  seconds: guards, DTensor unwrapping, the runtime wrapper, kernel launches, the
-  collectives' dispatch and waits in the compiled graph: what the step costs beyond its
-  arithmetic and its collectives' transfer.
+  :data:`FIXED_COST_ROUNDS` rounds (:func:`measure_arms`), priced by the cost model with
+  ``step + parameters * per_parameter + NS calls * per_call + buckets * per_bucket
+  + collectives * per_collective`` seconds more, those fitted for the model to price
+  them as measured (:func:`_fixed_costs`): guards, DTensor unwrapping, the runtime
+  wrapper, kernel launches, the collectives' dispatch and waits in the compiled graph:
+  what the step costs beyond its arithmetic and its collectives' transfer.
 
 :func:`measure_network` and :func:`measure_device` return the raw figures (plain data, JSON
 as it is), :func:`network_profile` and :func:`device_profile` the profiles fitted to them as
@@ -129,6 +129,10 @@ FIXED_COST_ROUNDS = 40
 # compiled instances of each fixed-cost step, before the steps (measure_device) and in
 # turns with them (validate_step_cost)
 FIXED_COST_INSTANCES = 1
+# the fit of the fixed costs (_fixed_costs): rounds at most, and the change in every cost
+# (seconds) below which it has settled
+FIT_ROUNDS = 50
+FIT_SETTLED = 1e-8
 # calls of each arm whose host time measure_arms records on a GPU, at most
 HOST_ROUNDS = 50
 MATMUL_SIZES = (32, 64, 128, 256, 512, 1024)
@@ -741,13 +745,23 @@ def _fixed_costs(
 ) -> dict[str, float]:
     """The seconds of each of the cost model's
     :data:`~muon_compile.step_cost.FIXED_COSTS` (per step, parameter, NS call, bucket and
-    collective) of the compiled Muon step beyond its arithmetic and its collectives' transfer:
-    the measured ``fixed`` steps (see :data:`FIXED_COST_WORKLOADS`) less what the cost model
-    predicts for their plans without fixed costs, fitted by least squares on the plans'
-    :func:`~muon_compile.step_cost.overhead_counts`, a negative term then set to 0 and the
-    others kept. That is not the best non-negative fit: refitting the others without the
-    negative term prices less per NS call and predicts the validation's steps worse
-    (docs/benchmarks.md, "A collective after compute"). The cost per collective is told
+    collective) of the compiled Muon step beyond its arithmetic and its collectives' transfer,
+    fitted so that the cost model with them prices the measured ``fixed`` steps (see
+    :data:`FIXED_COST_WORKLOADS`) as measured, in least squares. The model's price of a step
+    is not its price without fixed costs plus the costs: they lengthen the stretches of
+    compute after which a collective starts late
+    (:meth:`~muon_compile.network_profiles.NetworkProfile.after`), and ranks that share
+    cores end them at other times. So the fit starts from none and refits, by least
+    squares on the plans' :func:`~muon_compile.step_cost.overhead_counts`, what the model
+    with the costs so far still misses, until no cost moves by :data:`FIT_SETTLED` (at most
+    :data:`FIT_ROUNDS` rounds); a term that goes negative is set to 0 and the others kept.
+    Fitted once to the steps less their price without fixed costs (before 2026-11-28), the
+    costs held the delay after their own stretches, which the model then charged again: it
+    priced the very steps they were fitted to 6-49% high at world 3 (docs/benchmarks.md,
+    "Fixed costs fitted to the model's own price"). Setting a negative term to 0 is not the
+    best non-negative fit: refitting the others without it prices less per NS call and
+    predicts the validation's steps worse (docs/benchmarks.md, "A collective after
+    compute"). The cost per collective is told
     apart from the cost per bucket by the steps of both strategies (an ``all_to_all``
     bucket issues two collectives, an ``all_gather`` one); without ``per_collective``
     (:func:`collectives_wait_behind_compute`), or with one rank (no collective), it is not
@@ -759,17 +773,22 @@ def _fixed_costs(
     as the fixed-cost workloads' matrices of 8 to 31 rows have on a GPU
     (docs/benchmarks.md, "GPU"). With ``host``, ``fixed`` holds the steps' host times
     (``fixed_host``) and the fit is to the model's host seconds, whatever the device's share."""
-    counts, beyond, shown = [], [], []
+    plans, measured, shown = [], [], []
     for name, (shapes, mb) in FIXED_COST_WORKLOADS.items():
         for strategy in STRATEGY_ARMS:
-            plan = plan_for(shapes, world, strategy, mb)
-            cost = predict(plan, Config.prefetch, arithmetic, network)
-            extra = fixed[name][strategy.value] - (max(cost.host) if host else cost.step)
-            counts.append(dict(zip(FIXED_COSTS, overhead_counts(plan))))
-            beyond.append(extra)
-            shown.append(f"{name} {strategy.value} {extra * 1e3:.3f} ms")
+            plans.append(plan_for(shapes, world, strategy, mb))
+            measured.append(fixed[name][strategy.value])
+            shown.append(f"{name} {strategy.value}")
+
+    def priced(costs: dict[str, float]) -> list[float]:  # the model's seconds of each step with ``costs``
+        device = dataclasses.replace(arithmetic, **costs)
+        return [max(c.host) if host else c.step for c in (predict(p, Config.prefetch, device, network) for p in plans)]
+
+    costs = dict.fromkeys(FIXED_COSTS, 0.0)
+    bare = priced(costs)
     what = "compiled Muon step's host time" if host else "compiled Muon step"
-    log(f"{what} beyond its arithmetic: {', '.join(shown)}")
+    log(f"{what} beyond its arithmetic: {', '.join(f'{s} {(m - b) * 1e3:.3f} ms' for s, m, b in zip(shown, measured, bare))}")
+    counts = [dict(zip(FIXED_COSTS, overhead_counts(plan))) for plan in plans]
     fit_collectives = per_collective and any(c["collective_overhead"] for c in counts)
     # one rank's steps make one NS call per bucket (plan_for's local_plan): priced per call
     fit_buckets = any(c["bucket_overhead"] != c["call_overhead"] for c in counts)
@@ -778,9 +797,22 @@ def _fixed_costs(
         if (fit_collectives or name != "collective_overhead") and (fit_buckets or name != "bucket_overhead")
     ]
     rows = torch.tensor([[float(c[term]) for term in terms] for c in counts], dtype=torch.float64)
-    solution = least_squares(rows, torch.tensor(beyond, dtype=torch.float64)[:, None])
-    fitted = dict(zip(terms, solution))
-    return {name: max(fitted.get(name, 0.0), 0.0) for name in FIXED_COSTS}
+    # the costs lengthen the stretches of compute before the collectives, which then start
+    # later (NetworkProfile.after): refit what the model with them still misses
+    for _ in range(FIT_ROUNDS):
+        missed = torch.tensor([m - p for m, p in zip(measured, priced(costs))], dtype=torch.float64)[:, None]
+        change = dict(zip(terms, least_squares(rows, missed)))
+        moved = {name: max(costs[name] + change.get(name, 0.0), 0.0) for name in FIXED_COSTS}
+        settled = all(abs(moved[name] - costs[name]) < FIT_SETTLED for name in FIXED_COSTS)
+        costs = moved
+        if settled:
+            break
+    else:
+        log(f"fixed costs: still moving after {FIT_ROUNDS} rounds of the fit")
+    errors = [p / m - 1 for p, m in zip(priced(costs), measured)]
+    log(f"{what} as priced with its fixed costs: median |error| {statistics.median(map(abs, errors)):.1%}, "
+        f"worst {max(errors, key=abs):+.1%}")
+    return costs
 
 
 def rates_of(figures: dict, kind: str, dtypes: tuple[torch.dtype, ...], source: str, log=print) -> MatmulRates:

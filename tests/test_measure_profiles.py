@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 import bench_distributed  # noqa: E402
 import measure_profiles  # noqa: E402
 import validate_step_cost  # noqa: E402
-from muon_compile.config import Config  # noqa: E402
+from muon_compile.config import Config, Strategy  # noqa: E402
 from muon_compile.matmul_rates import LONG_INNER, LONG_OUTER  # noqa: E402
 from muon_compile.network_profiles import Link, NetworkProfile, alpha_beta  # noqa: E402
 from muon_compile.plan import plan_for  # noqa: E402
@@ -361,16 +361,15 @@ def test_device_profile_prices_non_square_products_where_the_figures_time_them()
 
 
 def _fixed_figures_of(figures: dict, network: NetworkProfile, world: int, costs: dict[str, float]) -> dict:
-    """``figures`` with fixed-cost steps that take the cost model's price without fixed
-    costs plus ``costs`` (seconds per :data:`~muon_compile.step_cost.FIXED_COSTS` term)."""
+    """``figures`` with fixed-cost steps that take the cost model's price with ``costs``
+    (seconds per :data:`~muon_compile.step_cost.FIXED_COSTS` term)."""
     bare = measure_profiles.device_profile(figures, network, world, log=lambda *_: None).without_fixed_costs()
+    device = dataclasses.replace(bare, **costs)
     fixed = {}
     for name, (shapes, mb) in measure_profiles.FIXED_COST_WORKLOADS.items():
         for strategy in measure_profiles.STRATEGY_ARMS:
             plan = plan_for(shapes, world, strategy, mb)
-            counts = dict(zip(FIXED_COSTS, overhead_counts(plan)))
-            extra = sum(costs[term] * counts[term] for term in FIXED_COSTS)
-            fixed.setdefault(name, {})[strategy.value] = predict(plan, Config.prefetch, bare, network).step + extra
+            fixed.setdefault(name, {})[strategy.value] = predict(plan, Config.prefetch, device, network).step
     return dict(figures, fixed=fixed)
 
 
@@ -395,6 +394,30 @@ def test_fixed_cost_fit_recovers_a_cost_per_collective_only_where_one_is_constan
     # one rank issues no collective: nothing to fit per collective
     alone = measure_profiles.device_profile(_fixed_figures_of(figures, network, 1, costs), network, 1, log=lambda *_: None)
     assert alone.collective_overhead == 0
+
+
+def test_fixed_cost_fit_prices_its_own_steps_where_the_costs_delay_the_collectives_after_them():
+    # a collective after a stretch of compute starts later (NetworkProfile.after), and the
+    # fixed costs lengthen the stretches: fitted to the steps less their price without
+    # fixed costs, the costs would hold that delay and the model would charge it again
+    figures = json.loads(SAVED.read_text())["device"]
+    after = {kind: ((1e-3, 0.4e-3), (4e-3, 1.2e-3)) for kind in ("all_to_all_single", "all_gather_into_tensor")}
+    network = NetworkProfile("flat", "test", intra=Link(1e-4, 1e9), inter=Link(1e-4, 1e9), ranks_per_node=3,
+                             after_compute=after)
+    costs = dict(zip(FIXED_COSTS, (1200e-6, 90e-6, 200e-6, 20e-6, 100e-6)))
+    steps = _fixed_figures_of(figures, network, 3, costs)
+    lines = []
+    fitted = measure_profiles.device_profile(steps, network, 3, log=lines.append)
+    assert {term: getattr(fitted, term) for term in FIXED_COSTS} == pytest.approx(costs, abs=1e-7)
+    assert any("as priced with its fixed costs: median |error| 0.0%, worst" in line for line in lines), lines
+    bare = fitted.without_fixed_costs()
+    delayed = 0
+    for shapes, mb in measure_profiles.FIXED_COST_WORKLOADS.values():
+        plan = plan_for(shapes, 3, Strategy.ALL_TO_ALL, mb)
+        counts = dict(zip(FIXED_COSTS, overhead_counts(plan)))
+        linear = predict(plan, Config.prefetch, bare, network).step + sum(costs[t] * counts[t] for t in FIXED_COSTS)
+        delayed += predict(plan, Config.prefetch, fitted, network).step > linear + 1e-4
+    assert delayed  # the costs delay collectives beyond their own seconds: a fit that ignored it would miss
 
 
 def arms_timed_as_on_a_gpu(rank, world):
