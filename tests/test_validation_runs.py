@@ -175,6 +175,10 @@ MATCHED_WHEN_RECORDED = {
     # world 2 after it: the one-bucket small-14 pairs, ties predicted 2.7% apart, measured
     # 0.1% and 0.6% apart the other way (the rounds unresolved)
     "2026-11-28-world2-alone": 6,
+    # the AMX VM, out of sample, once the fixed costs were fitted to the model's own price
+    # of their steps: every ranking as measured at both worlds
+    "2026-11-28-world3-selffit": 8,
+    "2026-11-28-world2-selffit": 8,
 }
 # runs whose steps were timed in turns: rankings that the rounds resolve (sign test at 5%)
 # against the prediction, when recorded (world3-concat: a ten-bucket small-14 pair of 15 rounds)
@@ -262,6 +266,8 @@ PAIRED_DIFFERS_WHEN_RECORDED = {
     "2026-11-28-world2-kept": 0,
     "2026-11-28-world3-alone": 0,
     "2026-11-28-world2-alone": 0,
+    "2026-11-28-world3-selffit": 0,
+    "2026-11-28-world2-selffit": 0,
 }
 # rankings whose medians lie further apart than two arms of one plan measured (the
 # report's "the same plan's" spread) against the prediction, when the spread was first
@@ -330,6 +336,8 @@ SCHEDULED_RUNS = {
     "2026-11-28-world2-kept",
     "2026-11-28-world3-alone",
     "2026-11-28-world2-alone",
+    "2026-11-28-world3-selffit",
+    "2026-11-28-world2-selffit",
 }
 
 
