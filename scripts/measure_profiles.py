@@ -129,10 +129,11 @@ FIXED_COST_ROUNDS = 40
 # compiled instances of each fixed-cost step, before the steps (measure_device) and in
 # turns with them (validate_step_cost)
 FIXED_COST_INSTANCES = 1
-# the fit of the fixed costs (_fixed_costs): rounds at most, and the change in every cost
-# (seconds) below which it has settled
+# the fit of the fixed costs (fit_by_rounds): rounds at most, the change in every cost
+# (seconds) below which it has settled, and the halvings of a round's change at most
 FIT_ROUNDS = 50
 FIT_SETTLED = 1e-8
+FIT_HALVINGS = 10
 # calls of each arm whose host time measure_arms records on a GPU, at most
 HOST_ROUNDS = 50
 MATMUL_SIZES = (32, 64, 128, 256, 512, 1024)
@@ -734,6 +735,43 @@ def collectives_wait_behind_compute(backend: str, realtime_gloo: bool) -> bool:
     return backend == "gloo" and not realtime_gloo
 
 
+def fit_by_rounds(
+    price: Callable[[dict[str, float]], list[float]], counts: torch.Tensor, measured: list[float], terms: list[str], log
+) -> tuple[dict[str, float], list[float]]:
+    """The non-negative seconds of each of ``terms``, from none, for which ``price`` (of
+    ``{term: seconds}``, each step's seconds) comes close to ``measured``, and its prices.
+    Each round solves, by least squares on ``counts`` (a row per step, a column per term),
+    for what ``price`` at the terms so far still misses, sets a term that goes negative to
+    0 and keeps the others, and halves that change until the steps are priced closer in
+    squares (:data:`FIT_HALVINGS` times at most; never closer: the fit has settled); the
+    fit stops when no term moves by :data:`FIT_SETTLED`, after :data:`FIT_ROUNDS` rounds
+    at most (logged). Without the halving, a price that rises faster than the counts say
+    (a collective starting later after the longer stretch) overshoots: four saved runs swung between two fits until the last round."""
+
+    def missed(values: list[float]) -> float:
+        return sum((m - v) ** 2 for m, v in zip(measured, values))
+
+    costs = dict.fromkeys(terms, 0.0)
+    prices = price(costs)
+    for _ in range(FIT_ROUNDS):
+        gap = torch.tensor([m - p for m, p in zip(measured, prices)], dtype=torch.float64)[:, None]
+        change = dict(zip(terms, least_squares(counts, gap)))
+        for _ in range(FIT_HALVINGS + 1):
+            trial = {t: max(c + change[t], 0.0) for t, c in costs.items()}
+            values = price(trial)
+            if missed(values) < missed(prices):
+                break
+            change = {t: c / 2 for t, c in change.items()}
+        else:
+            return costs, prices
+        moved = max(abs(trial[t] - costs[t]) for t in terms)
+        costs, prices = trial, values
+        if moved < FIT_SETTLED:
+            return costs, prices
+    log(f"fixed costs: still moving after {FIT_ROUNDS} rounds of the fit")
+    return costs, prices
+
+
 def _fixed_costs(
     fixed: dict[str, dict[str, float]],
     arithmetic: DeviceProfile,
@@ -753,8 +791,8 @@ def _fixed_costs(
     (:meth:`~muon_compile.network_profiles.NetworkProfile.after`), and ranks that share
     cores end them at other times. So the fit starts from none and refits, by least
     squares on the plans' :func:`~muon_compile.step_cost.overhead_counts`, what the model
-    with the costs so far still misses, until no cost moves by :data:`FIT_SETTLED` (at most
-    :data:`FIT_ROUNDS` rounds); a term that goes negative is set to 0 and the others kept.
+    with the costs so far still misses, round after round (:func:`fit_by_rounds`); a term
+    that goes negative is set to 0 and the others kept.
     Fitted once to the steps less their price without fixed costs (before 2026-11-28), the
     costs held the delay after their own stretches, which the model then charged again: it
     priced the very steps they were fitted to 6-49% high at world 3 (docs/benchmarks.md,
@@ -784,8 +822,7 @@ def _fixed_costs(
         device = dataclasses.replace(arithmetic, **costs)
         return [max(c.host) if host else c.step for c in (predict(p, Config.prefetch, device, network) for p in plans)]
 
-    costs = dict.fromkeys(FIXED_COSTS, 0.0)
-    bare = priced(costs)
+    bare = priced({})
     what = "compiled Muon step's host time" if host else "compiled Muon step"
     log(f"{what} beyond its arithmetic: {', '.join(f'{s} {(m - b) * 1e3:.3f} ms' for s, m, b in zip(shown, measured, bare))}")
     counts = [dict(zip(FIXED_COSTS, overhead_counts(plan))) for plan in plans]
@@ -796,20 +833,10 @@ def _fixed_costs(
         name for name in FIXED_COSTS
         if (fit_collectives or name != "collective_overhead") and (fit_buckets or name != "bucket_overhead")
     ]
-    rows = torch.tensor([[float(c[term]) for term in terms] for c in counts], dtype=torch.float64)
-    # the costs lengthen the stretches of compute before the collectives, which then start
-    # later (NetworkProfile.after): refit what the model with them still misses
-    for _ in range(FIT_ROUNDS):
-        missed = torch.tensor([m - p for m, p in zip(measured, priced(costs))], dtype=torch.float64)[:, None]
-        change = dict(zip(terms, least_squares(rows, missed)))
-        moved = {name: max(costs[name] + change.get(name, 0.0), 0.0) for name in FIXED_COSTS}
-        settled = all(abs(moved[name] - costs[name]) < FIT_SETTLED for name in FIXED_COSTS)
-        costs = moved
-        if settled:
-            break
-    else:
-        log(f"fixed costs: still moving after {FIT_ROUNDS} rounds of the fit")
-    errors = [p / m - 1 for p, m in zip(priced(costs), measured)]
+    counted = torch.tensor([[float(c[term]) for term in terms] for c in counts], dtype=torch.float64)
+    fitted, prices = fit_by_rounds(priced, counted, measured, terms, log)
+    costs = {name: fitted.get(name, 0.0) for name in FIXED_COSTS}
+    errors = [p / m - 1 for p, m in zip(prices, measured)]
     log(f"{what} as priced with its fixed costs: median |error| {statistics.median(map(abs, errors)):.1%}, "
         f"worst {max(errors, key=abs):+.1%}")
     return costs

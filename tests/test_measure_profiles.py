@@ -420,6 +420,27 @@ def test_fixed_cost_fit_prices_its_own_steps_where_the_costs_delay_the_collectiv
     assert delayed  # the costs delay collectives beyond their own seconds: a fit that ignored it would miss
 
 
+def test_fit_by_rounds_halves_a_round_that_overshoots_and_keeps_a_negative_term_at_zero():
+    # each step's price rises 2.5 times as fast as its counts say: a whole round's change
+    # overshoots further each round, and the fit settles only by halving it
+    counts = torch.tensor([[1.0, 1.0, 0.0], [1.0, 3.0, 0.0], [1.0, 5.0, 1.0], [1.0, 2.0, 2.0]], dtype=torch.float64)
+    terms = ["step", "param", "extra"]
+    truth = {"step": 2e-3, "param": 1e-4, "extra": 0.0}
+
+    def price(costs):
+        return [2.5 * sum(float(n) * costs[t] for n, t in zip(row, terms)) for row in counts]
+
+    measured = [p - 1e-5 * (i == 3) for i, p in enumerate(price(truth))]  # the last step asks for a negative extra
+    lines = []
+    fitted, prices = measure_profiles.fit_by_rounds(price, counts, measured, terms, lines.append)
+    assert not lines  # settled within the rounds
+    assert fitted["extra"] == 0.0
+    assert fitted["step"] == pytest.approx(truth["step"], rel=1e-2)
+    assert fitted["param"] == pytest.approx(truth["param"], rel=5e-2)
+    assert prices == price(fitted)
+    assert sum((m - p) ** 2 for m, p in zip(measured, prices)) < 1e-10
+
+
 def arms_timed_as_on_a_gpu(rank, world):
     """measure_arms on gloo ranks with its GPU branch taken and each arm a plain function
     (no compile): its results, and how many calls each arm had."""
