@@ -746,7 +746,8 @@ def fit_by_rounds(
     squares (:data:`FIT_HALVINGS` times at most; never closer: the fit has settled); the
     fit stops when no term moves by :data:`FIT_SETTLED`, after :data:`FIT_ROUNDS` rounds
     at most (logged). Without the halving, a price that rises faster than the counts say
-    (a collective starting later after the longer stretch) overshoots: four saved runs swung between two fits until the last round."""
+    (a collective starting later after the longer stretch) overshoots: four saved runs
+    swung between two fits until the last round."""
 
     def missed(values: list[float]) -> float:
         return sum((m - v) ** 2 for m, v in zip(measured, values))
