@@ -735,6 +735,12 @@ def collectives_wait_behind_compute(backend: str, realtime_gloo: bool) -> bool:
     return backend == "gloo" and not realtime_gloo
 
 
+def summary(errors: list[float]) -> str:
+    """The median, worst and count within :data:`TOLERANCE` of absolute relative errors."""
+    return (f"median |error| {statistics.median(errors):.1%}, worst {max(errors):.1%}, "
+            f"within {TOLERANCE:.0%}: {sum(e <= TOLERANCE for e in errors)}/{len(errors)}")
+
+
 def fit_by_rounds(
     price: Callable[[dict[str, float]], list[float]], counts: torch.Tensor, measured: list[float], terms: list[str], log
 ) -> tuple[dict[str, float], list[float]]:
@@ -757,10 +763,11 @@ def fit_by_rounds(
     for _ in range(FIT_ROUNDS):
         gap = torch.tensor([m - p for m, p in zip(measured, prices)], dtype=torch.float64)[:, None]
         change = dict(zip(terms, least_squares(counts, gap)))
+        before = missed(prices)
         for _ in range(FIT_HALVINGS + 1):
             trial = {t: max(c + change[t], 0.0) for t, c in costs.items()}
             values = price(trial)
-            if missed(values) < missed(prices):
+            if missed(values) < before:
                 break
             change = {t: c / 2 for t, c in change.items()}
         else:
@@ -837,9 +844,7 @@ def _fixed_costs(
     counted = torch.tensor([[float(c[term]) for term in terms] for c in counts], dtype=torch.float64)
     fitted, prices = fit_by_rounds(priced, counted, measured, terms, log)
     costs = {name: fitted.get(name, 0.0) for name in FIXED_COSTS}
-    errors = [p / m - 1 for p, m in zip(prices, measured)]
-    log(f"{what} as priced with its fixed costs: median |error| {statistics.median(map(abs, errors)):.1%}, "
-        f"worst {max(errors, key=abs):+.1%}")
+    log(f"{what} as priced with its fixed costs: {summary([abs(p / m - 1) for p, m in zip(prices, measured)])}")
     return costs
 
 

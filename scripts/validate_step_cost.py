@@ -68,7 +68,6 @@ from measure_profiles import (
     FIXED_COST_INSTANCES,
     PROBE_SIZE,
     STRATEGY_ARMS,
-    TOLERANCE,
     by_kind,
     collectives_wait_behind_compute,
     device_profile,
@@ -78,6 +77,7 @@ from measure_profiles import (
     measure_device,
     measure_network,
     network_profile,
+    summary,
 )
 from step_split import predicted_split
 
@@ -401,12 +401,6 @@ def same_plan_spread(steps: dict, name: str, world: int, interleaved: bool, log)
             log(f"{name} {strategy.value} {mb:g} MiB: prefetch 0 and 1 run the same schedule, "
                 f"medians {medians[0] * 1e3:.2f} and {medians[1] * 1e3:.2f} ms, {apart:.1%} apart{rounds}")
     return widest
-
-
-def summary(errors: list[float]) -> str:
-    """The median, worst and count within measure_profiles' ``TOLERANCE`` of absolute relative errors."""
-    return (f"median |error| {statistics.median(errors):.1%}, worst {max(errors):.1%}, "
-            f"within {TOLERANCE:.0%}: {sum(e <= TOLERANCE for e in errors)}/{len(errors)}")
 
 
 def probe_rates(record: dict, name: str) -> tuple[float, float] | None:
