@@ -4,11 +4,10 @@ own shape and time; square products are priced alike by both rules; the totals a
 rows up."""
 
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from script_runs import python
 
 ROOT = Path(__file__).resolve().parents[1]
 NUMBER = r"\s+([0-9.]+)"
@@ -19,10 +18,8 @@ TOTAL = re.compile(r"^Newton–Schulz products per run: measured ([0-9.]+) ms; c
 
 @pytest.mark.slow
 def test_each_product_is_priced_by_both_rules_against_the_tables_of_the_same_run():
-    out = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "bench_product_shapes.py"), "--workload", "small-14", "--reps", "2"],
-        capture_output=True, text=True, timeout=600, check=True,
-    ).stdout
+    out = python(str(ROOT / "scripts" / "bench_product_shapes.py"), "--workload", "small-14", "--reps", "2",
+                 timeout=600).stdout
     assert "# matmul bf16 GFLOP/s, long inner (x4), by short side: " in out, out
     assert "# matmul bf16 GFLOP/s, long outer (x4), by short side: " in out, out
     rows = [tuple(float(g) for g in m.groups()) for m in map(ROW.match, out.splitlines()) if m]

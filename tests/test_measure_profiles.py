@@ -8,15 +8,13 @@ import dataclasses
 import json
 import math
 import os
-import subprocess
-import sys
 import threading
 from pathlib import Path
 
 import pytest
 import torch
 from dist_harness import run_world
-from script_runs import torchrun
+from script_runs import python, torchrun
 from torch._inductor.utils import fresh_cache
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -678,10 +676,7 @@ def test_validate_step_cost_runs_end_to_end_on_one_rank(tmp_path):
             assert split["matmul"] > 0 and split["wall"] > split["matmul"] + split["collectives"]
             assert sum(split[k] for k in ("matmul", "kernels", "collectives", "rest")) == pytest.approx(split["wall"])
     assert out.count("profiled in turns ") == 8 and "(alone " in out and "(NS " in out and "+ fixed " in out
-    reloaded = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "validate_step_cost.py"), "--load", str(saved)],
-        capture_output=True, text=True, timeout=300, check=True,
-    ).stdout
+    reloaded = python(str(ROOT / "scripts" / "validate_step_cost.py"), "--load", str(saved), timeout=300).stdout
     assert reloaded.splitlines()[-4:] == out.splitlines()[-4:]  # a saved run reports as measured
 
 
@@ -718,8 +713,7 @@ def test_freed_memory_kept_spares_each_step_faulting_its_buffers_back_in():
     trims its heap's freed top; kept, the block comes from the heap, the heap keeps its end
     once the step's buffers are freed, and steps after the first few fault no page in."""
     def run(mode):
-        out = subprocess.run([sys.executable, "-c", STEP_FAULTS, str(ROOT / "scripts"), mode],
-                             capture_output=True, text=True, timeout=120, check=True).stdout.split()
+        out = python("-c", STEP_FAULTS, str(ROOT / "scripts"), mode, timeout=120).stdout.split()
         return out[0] == "True", int(out[1]), int(out[2]), int(out[3])
 
     assert not run("default")[0]

@@ -3,13 +3,11 @@ made to follow its allocations, and, in the slow tier, the script end to end on 
 rank."""
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from script_runs import torchrun
+from script_runs import python, torchrun
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -46,8 +44,7 @@ print(json.dumps({"untouched before": before, "transient": growth(transient), "u
 
 def test_the_resident_set_follows_allocations_once_told_to():
     """In a process of its own, as mallopt's settings last for the process."""
-    out = subprocess.run([sys.executable, "-c", GROWTHS, str(ROOT / "scripts")],
-                         capture_output=True, text=True, timeout=120, check=True).stdout
+    out = python("-c", GROWTHS, str(ROOT / "scripts"), timeout=120).stdout
     growth = {k: v / MiB for k, v in json.loads(out).items()}
     short = measure_step_memory.RESIDENT_SET_SHORTFALL / MiB
     assert growth["untouched before"] < 8, growth  # glibc alone: the unwritten 32 MiB is not resident

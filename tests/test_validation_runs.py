@@ -10,11 +10,10 @@ measurements worse fails here); the count of rankings predicted further apart th
 ``step_cost.TIE`` agrees with the report's lines."""
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from script_runs import python
 
 from validate_step_cost import UNSCHEDULED_NOTE, report  # scripts/, on the path (conftest.py)
 
@@ -403,12 +402,12 @@ def test_compare_runs_counts_medians_beyond_20_percent_of_the_cross_run_median(t
     runs = [_saved_run(tmp_path / f"r{i}.json", 2, {"all_to_all": a, "all_gather": g})
             for i, (a, g) in enumerate([(1.0, 2.0), (1.0, 2.1), (1.5, 1.9)])]
     script = str(ROOT / "scripts" / "compare_runs.py")
-    out = subprocess.run([sys.executable, script, *map(str, runs)], capture_output=True, text=True, timeout=60, check=True).stdout
+    out = python(script, *map(str, runs), timeout=60).stdout
     assert "all_to_all prefetch 0: medians 1000.00 1000.00 1500.00 ms, max/min 50%, furthest from their median 50%" in out
     assert "all_gather prefetch 0: medians 2000.00 2100.00 1900.00 ms, max/min 11%, furthest from their median 5%" in out
     assert "w: 1 of 6 run medians lie more than 20% from the arm's median across the runs" in out
     other = _saved_run(tmp_path / "w3.json", 3, {"all_to_all": 1.0})
-    failed = subprocess.run([sys.executable, script, str(runs[0]), str(other)], capture_output=True, text=True, timeout=60)
+    failed = python(script, str(runs[0]), str(other), timeout=60, check=False)
     assert failed.returncode != 0 and "different world sizes [2, 3]" in failed.stderr
 
 
