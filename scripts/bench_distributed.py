@@ -52,6 +52,8 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 from torch._inductor.utils import fresh_cache
 
+from bench_single_device import cpu_model
+
 import muon_compile
 from muon_compile import config
 from muon_compile.ns_cost import ns_flops
@@ -365,8 +367,9 @@ def row(result: dict) -> str:
 
 
 def machine() -> str:
-    """The CPU, and under NCCL the GPU and CUDA version, of this rank."""
-    cpu = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cpus"
+    """The CPU (its model, so that runs on different machines tell apart), and under NCCL
+    the GPU and CUDA version, of this rank."""
+    cpu = f"{cpu_model()}, {os.cpu_count()} cpus"
     if not on_gpu():
         return cpu
     return f"{cpu}, GPU {torch.cuda.get_device_name()} x{torch.cuda.device_count()}, CUDA {torch.version.cuda}"

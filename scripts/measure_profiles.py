@@ -77,7 +77,6 @@ import contextlib
 import dataclasses
 import math
 import os
-import platform
 import random
 import statistics
 from collections.abc import Callable
@@ -95,6 +94,7 @@ from bench_distributed import (
     cpu_seconds,
     failure,
     group_threads,
+    machine,
     on_gpu,
     rank_device,
     sharded_params,
@@ -918,7 +918,7 @@ def main() -> None:
     start_backend(parser, args)
     world, rank = dist.get_world_size(), dist.get_rank()
     log = print if rank == 0 else (lambda *_: None)
-    log(f"# {args.backend}, world {world}, torch {torch.__version__}, {platform.machine()}, {torch.get_num_threads()} threads per rank")
+    log(f"# {args.backend}, world {world}, torch {torch.__version__}, {machine()}, {torch.get_num_threads()} threads per rank")
     points, cpu = measure_network(args.reps)
     measured = cpu and world > 1
     after, alone = (measure_after_compute(args.reps), measure_after_compute(args.reps, alone=True)) if measured else (None, None)
