@@ -13,9 +13,10 @@
 #                step predicted and measured, and the host's time to issue it)
 #                                                                 -> validate_world1.txt/.json
 #   host         scripts/profile_step.py --host, one rank, NCCL: the host's side of
-#                gpt-small's step at 64 and 4 MiB buckets and of the "24 shapes"
-#                fixed-cost step (self time per op, kernel launches per step), each in a
-#                process of its own                              -> host.txt
+#                gpt-small's step at 64 and 4 MiB buckets, and of the "24 shapes"
+#                fixed-cost step as it is and with every side 16 times as long (the
+#                same parameters and buckets, larger tensors): self time per op, kernel
+#                launches per step, each in a process of its own -> host.txt
 #   bench        scripts/bench_single_device.py on CUDA (CUDA-event times): gpt-small and
 #                llama-1b, arms eager torch.optim.Muon, muon, bmm roofline
 #                                                                 -> bench_single.txt/.json
@@ -92,12 +93,12 @@ if wanted validate; then
 fi
 
 if wanted host; then
-  step "the host's side of three steps, torchrun with one rank, NCCL"
+  step "the host's side of four steps, torchrun with one rank, NCCL"
   : > "$REPORT/host.txt"
-  for config in "gpt-small|64" "gpt-small|4" "24 shapes|64"; do
-    IFS='|' read -r workload mb <<< "$config"
+  for config in "gpt-small|64|1" "gpt-small|4|1" "24 shapes|64|1" "24 shapes|64|16"; do
+    IFS='|' read -r workload mb scale <<< "$config"
     bounded "$PY" -m torch.distributed.run --nproc-per-node 1 scripts/profile_step.py --backend nccl \
-      --workload "$workload" --bucket-mb "$mb" --host --rows 40 >> "$REPORT/host.txt" 2>> "$REPORT/host.log" || status=1
+      --workload "$workload" --bucket-mb "$mb" --scale "$scale" --host --rows 40 >> "$REPORT/host.txt" 2>> "$REPORT/host.log" || status=1
   done
   grep "^host: " "$REPORT/host.txt" >&2
 fi

@@ -19,7 +19,11 @@ the kernel launches per step (the CUDA runtime's and driver's launch calls, and 
 kernels the GPU ran), what the cost model's fixed costs stand for on a GPU, where the host
 issues the step ahead of the device. ``--trace FILE`` writes the profile as a Chrome
 trace. ``--workload`` also takes the fixed-cost steps of scripts/measure_profiles.py
-(``"24 shapes"``; its bucket size comes from ``--bucket-mb``).
+(``"24 shapes"``; its bucket size comes from ``--bucket-mb``). ``--scale K`` multiplies
+every matrix's rows and columns by ``K``: a step of the same parameters and buckets with
+larger tensors, to see whether the host's time per launch follows the tensors' size (on one
+H200 gpt-small's launches cost the host about 1.5 times those of the "24 shapes" step,
+docs/benchmarks.md, "GPU: a second H200 lease").
 
 Under gloo it also prints every rank's split of the profiled steps
 (scripts/step_split.py: the wall time per step, the self time of its matmuls, of
@@ -59,9 +63,11 @@ from muon_compile.plan import plan_for
 LAUNCH_CALL = "LaunchKernel"
 
 
-def workload_shapes(name: str) -> list[tuple[int, int]]:
-    """The matrices of a workload of scripts/bench_distributed.py or of a fixed-cost step."""
-    return WORKLOADS[name] if name in WORKLOADS else FIXED_COST_WORKLOADS[name][0]
+def workload_shapes(name: str, scale: int = 1) -> list[tuple[int, int]]:
+    """The matrices of a workload of scripts/bench_distributed.py or of a fixed-cost step,
+    each side multiplied by ``scale``."""
+    shapes = WORKLOADS[name] if name in WORKLOADS else FIXED_COST_WORKLOADS[name][0]
+    return [(rows * scale, cols * scale) for rows, cols in shapes]
 
 
 def launches(events, steps: int) -> tuple[int, int]:
@@ -77,6 +83,7 @@ def main() -> None:
     parser.add_argument("--strategy", choices=[s.value for s in Strategy], default=Strategy.ALL_TO_ALL.value)
     parser.add_argument("--bucket-mb", type=float, default=config.Config.bucket_mb)
     parser.add_argument("--prefetch", type=int, default=config.Config.prefetch)
+    parser.add_argument("--scale", type=int, default=1, help="every matrix's rows and columns times this (default 1)")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--rows", type=int, default=30, help="rows of the printed table")
     parser.add_argument("--rank", type=int, default=0, help="the rank whose profile is printed")
@@ -90,12 +97,16 @@ def main() -> None:
     world = dist.get_world_size()
     if not 0 <= args.rank < world:
         parser.error(f"--rank {args.rank}: the run has ranks 0 to {world - 1}")
+    if args.scale < 1:
+        parser.error(f"--scale {args.scale}: must be 1 or more")
+    shapes = workload_shapes(args.workload, args.scale)
+    workload = args.workload + (f" (x{args.scale} sizes)" if args.scale > 1 else "")
     mesh = init_device_mesh(mesh_device, (world,))
     gpu = args.backend == "nccl"
     inductor_config.cpp.enable_kernel_profile = True
     settings = config.override(strategy=args.strategy, bucket_mb=args.bucket_mb, prefetch=args.prefetch)
     with fresh_cache(), settings:
-        step = torch.compile(our_muon(sharded_params(workload_shapes(args.workload), mesh)), backend="muon")
+        step = torch.compile(our_muon(sharded_params(shapes, mesh)), backend="muon")
         median = statistics.median(timed_steps(step, 3, 7))
         issued = statistics.median(timed_host(step) for _ in range(7)) if args.host else None
         activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if gpu else [])
@@ -108,12 +119,12 @@ def main() -> None:
     if not gpu:  # under NCCL the CPU's self time is not the step's
         dist.all_gather_object(splits, split(prof.events(), args.steps, wall))
     if dist.get_rank() == 0 and not gpu:
-        print_splits(splits, args, world)
+        print_splits(splits, args, world, workload, shapes)
     if dist.get_rank() == args.rank and args.trace:
         prof.export_chrome_trace(args.trace)
     if dist.get_rank() == args.rank:
         print(
-            f"# {args.workload}, {args.strategy}, bucket {args.bucket_mb:g} MiB, prefetch {args.prefetch}, "
+            f"# {workload}, {args.strategy}, bucket {args.bucket_mb:g} MiB, prefetch {args.prefetch}, "
             f"world {world} ({dist.get_backend()}), muon_compile {muon_compile.__version__}, torch {torch.__version__}"
         )
         print(f"step: median {median * 1e3:.2f} ms (slowest rank); rank {args.rank}'s profile of {args.steps} steps, ms per step:")
@@ -132,10 +143,10 @@ def main() -> None:
     dist.destroy_process_group()
 
 
-def print_splits(splits: list[dict[str, float]], args, world: int) -> None:
+def print_splits(splits: list[dict[str, float]], args, world: int, workload: str, shapes: list[tuple[int, int]]) -> None:
     """Each rank's measured split (:func:`split`) and, with ``--predict-from``, the cost
-    model's (:func:`predicted_split`), ms per step."""
-    print(f"# {args.workload}, {args.strategy}, bucket {args.bucket_mb:g} MiB, prefetch {args.prefetch}: "
+    model's (:func:`predicted_split`) of ``shapes``, ms per step; ``workload`` names them."""
+    print(f"# {workload}, {args.strategy}, bucket {args.bucket_mb:g} MiB, prefetch {args.prefetch}: "
           f"each rank's profiled step, ms per step")
     print("rank  " + "  ".join(f"{k:>11}" for k in PARTS))
     for r, parts in enumerate(splits):
@@ -147,7 +158,7 @@ def print_splits(splits: list[dict[str, float]], args, world: int) -> None:
     if record["world"] != world:
         raise SystemExit(f"--predict-from {args.predict_from}: a run at world {record['world']}, this one is at {world}")
     device, network = workload_profiles(record, args.workload)
-    plan = plan_for(workload_shapes(args.workload), world, Strategy(args.strategy), args.bucket_mb)
+    plan = plan_for(shapes, world, Strategy(args.strategy), args.bucket_mb)
     print(f"# the cost model, profiles of {args.predict_from}, ms per step")
     print("rank  " + "  ".join(f"{k:>11}" for k in PREDICTED))
     for r, parts in enumerate(predicted_split(plan, args.prefetch, device, network)):

@@ -9,7 +9,9 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from profile_step import launches
+from bench_distributed import WORKLOADS
+from measure_profiles import FIXED_COST_WORKLOADS
+from profile_step import launches, workload_shapes
 from script_runs import torchrun
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,13 +51,20 @@ def test_launches_counts_the_host_launch_calls_and_the_device_kernels_per_step()
     assert launches(events, 3) == (5, 5)
 
 
+def test_scale_multiplies_every_side_of_a_workload():
+    assert workload_shapes("24 shapes") == FIXED_COST_WORKLOADS["24 shapes"][0]
+    assert workload_shapes("24 shapes", 16) == [(16 * r, 16 * c) for r, c in FIXED_COST_WORKLOADS["24 shapes"][0]]
+    assert workload_shapes("small-14", 2)[0] == tuple(2 * side for side in WORKLOADS["small-14"][0])
+
+
 @pytest.mark.slow
 def test_profile_step_host_view_of_a_fixed_cost_step_and_its_trace(tmp_path):
     trace = tmp_path / "trace.json"
     out = torchrun(
-        "profile_step.py", "--workload", "1 x 8x8", "--host", "--steps", "2", "--trace", str(trace), world=1, timeout=600,
+        "profile_step.py", "--workload", "1 x 8x8", "--scale", "4", "--host", "--steps", "2", "--trace", str(trace),
+        world=1, timeout=600,
     ).stdout
-    assert "# 1 x 8x8, all_to_all" in out, out
+    assert "# 1 x 8x8 (x4 sizes), all_to_all" in out, out
     # the CPU launches no kernels: Inductor's C++ kernels are calls of the host
     assert "0 kernel launch calls, 0 device kernels per step" in out, out
     assert "TorchDynamo Cache Lookup" in out  # the host's self time per op, not the kernels'

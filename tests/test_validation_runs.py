@@ -184,6 +184,11 @@ MATCHED_WHEN_RECORDED = {
     # 4.7% apart, measured 2.5% apart the other way (the rounds unresolved)
     "2026-11-28-world3-halved": 6,
     "2026-11-28-world2-halved": 7,
+    # the AMX VM again, out of sample, the model unchanged since halved, the header naming
+    # the CPU: world 3, the one-bucket small-14 pairs, a tie predicted 1.3% apart, measured
+    # all_to_all 9.6% and 12.2% ahead; world 2, every ranking as measured
+    "2026-11-28-world3-noon": 6,
+    "2026-11-28-world2-noon": 8,
 }
 # runs whose steps were timed in turns: rankings that the rounds resolve (sign test at 5%)
 # against the prediction, when recorded (world3-concat: a ten-bucket small-14 pair of 15 rounds)
@@ -276,6 +281,9 @@ PAIRED_DIFFERS_WHEN_RECORDED = {
     # the one-bucket small-14 pairs (all_to_all faster in 73 and 69 of 97 rounds)
     "2026-11-28-world3-halved": 2,
     "2026-11-28-world2-halved": 0,
+    # the one-bucket small-14 pairs (all_to_all faster in 75 and 84 of 94 rounds)
+    "2026-11-28-world3-noon": 2,
+    "2026-11-28-world2-noon": 0,
 }
 # rankings whose medians lie further apart than two arms of one plan measured (the
 # report's "the same plan's" spread) against the prediction, when the spread was first
@@ -328,6 +336,8 @@ RESOLVED_DIFFERS = {
     "2026-11-28-world3-amx": 2,
     # the one-bucket small-14 pairs, 7.4% and 8.1% apart against 1.4%
     "2026-11-28-world3-halved": 2,
+    # the one-bucket small-14 pairs, 9.6% and 12.2% apart against 1.7%
+    "2026-11-28-world3-noon": 2,
 }
 
 
@@ -350,6 +360,8 @@ SCHEDULED_RUNS = {
     "2026-11-28-world2-selffit",
     "2026-11-28-world3-halved",
     "2026-11-28-world2-halved",
+    "2026-11-28-world3-noon",
+    "2026-11-28-world2-noon",
 }
 
 
