@@ -826,8 +826,10 @@ def _fixed_costs(
             measured.append(fixed[name][strategy.value])
             shown.append(f"{name} {strategy.value}")
 
+    none = arithmetic.without_fixed_costs()  # the terms left out of the fit stay 0, as returned
+
     def priced(costs: dict[str, float]) -> list[float]:  # the model's seconds of each step with ``costs``
-        device = dataclasses.replace(arithmetic, **costs)
+        device = dataclasses.replace(none, **costs)
         return [max(c.host) if host else c.step for c in (predict(p, Config.prefetch, device, network) for p in plans)]
 
     bare = priced({})
