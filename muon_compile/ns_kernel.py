@@ -1,27 +1,28 @@
 """The Newton–Schulz math, pure and tiny: the op's eager implementation and the
-function the ``lower`` pass traces into the graph, so both compute the same thing."""
+function the ``lower`` pass traces into the graph, so both compute the same thing. It
+reads no configuration: everything it depends on is an argument."""
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
 
-from . import config
 from .ns_args import AUTO, GRAM, NSArgs
 from .ns_cost import choose, iteration_dtype, segments
 from .rounding_cast import opaque_cast, to_low_precision
 
 
-def algorithm_for(x: Tensor, args: NSArgs) -> str:
+def algorithm_for(x: Tensor, args: NSArgs, policy: str = AUTO) -> str:
     """The concrete algorithm :func:`orthogonalize` runs on ``x``: ``args.algorithm``, or
-    for ``auto`` :func:`muon_compile.ns_cost.choose` under the configured policy."""
+    for ``auto`` :func:`muon_compile.ns_cost.choose` under ``policy`` (the op passes
+    ``MUON_COMPILE_NS_ALGORITHM``'s)."""
     if args.algorithm != AUTO:
         return args.algorithm
     rows, cols = x.shape[-2:]
-    return choose(rows, cols, args.steps, args.compute_dtype, x.device.type, policy=config.current().ns_algorithm).algorithm
+    return choose(rows, cols, args.steps, args.compute_dtype, x.device.type, policy=policy).algorithm
 
 
-def orthogonalize(x: Tensor, args: NSArgs) -> Tensor:
+def orthogonalize(x: Tensor, args: NSArgs, policy: str = AUTO) -> Tensor:
     """Approximate the orthogonal polar factor of each matrix in ``x`` (2-D, or 3-D batched).
 
     1. A tall matrix (rows > cols) is transposed so the Gram matrix is the small one.
@@ -31,7 +32,8 @@ def orthogonalize(x: Tensor, args: NSArgs) -> Tensor:
        where a torch version's fusion would drop it), then ``X0 = X / (||X||_F * norm_scale + eps)``
        (or ``/ max(||X||_F * norm_scale, eps)`` when ``clamp_eps``), evaluated in at
        least fp32 and, for the textbook iteration, rounded once to ``compute_dtype``.
-    3. The iteration, by the algorithm :func:`algorithm_for` names:
+    3. The iteration, by the algorithm :func:`algorithm_for` names (``auto`` resolved
+       under ``policy``):
 
        * ``textbook``, for each iteration's ``(a, b, c)``: ``A = X X^T; B = c A A + b A + a I;
          X = B X``: three plain bmm and one small (rows x rows) pointwise step, summed in
@@ -52,7 +54,7 @@ def orthogonalize(x: Tensor, args: NSArgs) -> Tensor:
     compute_dtype = args.compute_dtype
     acc = torch.promote_types(compute_dtype, torch.float32)
     X, norm, denom = normalized(batch, args)
-    if algorithm_for(X, args) == GRAM:
+    if algorithm_for(X, args, policy) == GRAM:
         X = gram_iteration(X, args, acc, norm / args.norm_scale / denom)
     else:
         X = X.to(compute_dtype)

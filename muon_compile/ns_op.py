@@ -1,4 +1,5 @@
-"""``muon_compile::newton_schulz``: the op that the optimizers emit and the passes rewrite.
+"""``muon_compile::newton_schulz``: the op that the optimizers emit and the passes rewrite,
+and :func:`newton_schulz`, the public function that calls it.
 
 Schema::
 
@@ -18,6 +19,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from . import coefficients as coeffs
+from . import config
 from .ns_args import NSArgs
 from .ns_kernel import orthogonalize
 
@@ -39,7 +42,7 @@ torch.library.define(_QUALNAME, f"(Tensor x, {NSArgs.SCHEMA}) -> Tensor")
 def _newton_schulz_impl(x: Tensor, *flat: object) -> Tensor:
     args = NSArgs.from_op(flat)
     check_input(x)
-    return orthogonalize(x, args)
+    return orthogonalize(x, args, config.current().ns_algorithm)
 
 
 @torch.library.register_fake(_QUALNAME)
@@ -89,3 +92,39 @@ def _register_sharding() -> None:
 
 if torch.distributed.is_available():
     _register_sharding()
+
+
+def newton_schulz(
+    x: Tensor,
+    coefficients: coeffs.CoefficientSpec = "keller",
+    steps: int = 5,
+    *,
+    eps: float | None = None,
+    compute_dtype: torch.dtype = torch.bfloat16,
+    clamp_eps: bool = False,
+    algorithm: str = "auto",
+) -> Tensor:
+    """Orthogonalise ``x`` (a matrix or a batch of matrices) by Newton–Schulz iteration.
+
+    Args:
+        x: 2-D matrix or 3-D batch; a tall matrix is handled through its transpose. A
+            DTensor is handled by its layout (see :mod:`muon_compile.routing`); the
+            result has the same placements.
+        coefficients: a preset name (:mod:`muon_compile.coefficients`), one ``(a, b, c)``
+            triple, or a list of per-iteration triples (the last one repeats).
+        steps: number of iterations.
+        eps: added to the scaled Frobenius norm before dividing (default: the preset's).
+        compute_dtype: dtype of the iteration's matmuls (bf16 by default; fp32 allowed).
+        clamp_eps: divide by ``max(norm, eps)`` instead of ``norm + eps``.
+        algorithm: ``"textbook"`` (iterate on ``X``), ``"gram"`` (iterate on ``X X^T``, fewer
+            FLOPs for wide matrices) or ``"auto"`` (the cheaper one for the shape, dtype
+            and device, see :mod:`muon_compile.ns_cost`; ``MUON_COMPILE_NS_ALGORITHM``
+            overrides it).
+
+    Returns:
+        A tensor with ``x``'s shape and dtype.
+    """
+    from .routing import newton_schulz_any  # routing picks among this module's op and the sharded one
+
+    args = coeffs.ns_args(coefficients, steps, eps=eps, compute_dtype=compute_dtype, clamp_eps=clamp_eps, algorithm=algorithm)
+    return newton_schulz_any(x, args)

@@ -29,7 +29,7 @@ from . import stacks as stacks_mod
 from .ns_args import NSArgs, check_algorithm
 from .qk_clip import QKClip
 from .routing import Kind, layout_of
-from .stats import counters
+from .counters import counters
 from .updates import (
     ADJUST_LR_MODES,
     adamw_update,

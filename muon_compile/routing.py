@@ -16,11 +16,9 @@ from __future__ import annotations
 import dataclasses
 import enum
 
-import torch
 from torch import Tensor
 from torch.distributed.tensor import DTensor, Replicate
 
-from . import coefficients as coeffs
 from .compat import is_shard
 from .ns_args import NSArgs
 from .ns_op import newton_schulz_op
@@ -88,37 +86,3 @@ def newton_schulz_routed(x: Tensor, *flat: object) -> Tensor:
     """:func:`newton_schulz_any` with the op's flat arguments: the call ``canonicalize``
     puts in a Dynamo graph for a DTensor (graph arguments stay plain values)."""
     return newton_schulz_any(x, NSArgs.from_op(flat))
-
-
-def newton_schulz(
-    x: Tensor,
-    coefficients: coeffs.CoefficientSpec = "keller",
-    steps: int = 5,
-    *,
-    eps: float | None = None,
-    compute_dtype: torch.dtype = torch.bfloat16,
-    clamp_eps: bool = False,
-    algorithm: str = "auto",
-) -> Tensor:
-    """Orthogonalise ``x`` (a matrix or a batch of matrices) by Newton–Schulz iteration.
-
-    Args:
-        x: 2-D matrix or 3-D batch; a tall matrix is handled through its transpose. A
-            DTensor is handled by its layout (see :mod:`muon_compile.routing`); the
-            result has the same placements.
-        coefficients: a preset name (:mod:`muon_compile.coefficients`), one ``(a, b, c)``
-            triple, or a list of per-iteration triples (the last one repeats).
-        steps: number of iterations.
-        eps: added to the scaled Frobenius norm before dividing (default: the preset's).
-        compute_dtype: dtype of the iteration's matmuls (bf16 by default; fp32 allowed).
-        clamp_eps: divide by ``max(norm, eps)`` instead of ``norm + eps``.
-        algorithm: ``"textbook"`` (iterate on ``X``), ``"gram"`` (iterate on ``X X^T``, fewer
-            FLOPs for wide matrices) or ``"auto"`` (the cheaper one for the shape, dtype
-            and device, see :mod:`muon_compile.ns_cost`; ``MUON_COMPILE_NS_ALGORITHM``
-            overrides it).
-
-    Returns:
-        A tensor with ``x``'s shape and dtype.
-    """
-    args = coeffs.ns_args(coefficients, steps, eps=eps, compute_dtype=compute_dtype, clamp_eps=clamp_eps, algorithm=algorithm)
-    return newton_schulz_any(x, args)

@@ -25,7 +25,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor
 
-from .ns_args import NSArgs
+from . import config
+from .ns_args import AUTO, NSArgs
 from .ns_kernel import orthogonalize
 from .ns_op import check_input, register_no_derivative
 
@@ -63,20 +64,20 @@ def group_rank(group_name: str) -> int:
     return dist.get_rank(group)
 
 
-def gather_orthogonalize_slice(local: Tensor, group: ShardGroup, rank: int, args: NSArgs) -> Tensor:
+def gather_orthogonalize_slice(local: Tensor, group: ShardGroup, rank: int, args: NSArgs, policy: str = AUTO) -> Tensor:
     """The reference algorithm, one collective per matrix (the passes batch it).
 
     1. Cast the shard to the compute dtype (Newton–Schulz's own first step, so the
        transport is half as wide in bf16 and the result is unchanged) and zero-pad it to
        ``ceil(rows / W)`` rows.
     2. All-gather the padded shards, trim the padding rows.
-    3. Orthogonalise the whole matrix; return this rank's rows in the shard's dtype.
+    3. Orthogonalise the whole matrix (``auto`` resolved under ``policy``); return this rank's rows in the shard's dtype.
     """
     shard = row_shard(group.global_rows, group.group_size, rank)
     padded = F.pad(local.to(args.compute_dtype), (0, 0, 0, shard.rows_per_shard - local.size(0)))
     gathered = torch.ops._c10d_functional.all_gather_into_tensor(padded, group.group_size, group.group_name)
     full = torch.ops._c10d_functional.wait_tensor(gathered)[: group.global_rows]
-    ortho = orthogonalize(full, args)
+    ortho = orthogonalize(full, args, policy)
     return ortho[shard.start : shard.start + shard.local_rows].to(local.dtype)
 
 
@@ -108,7 +109,7 @@ def _sharded_impl(local: Tensor, *rest: object) -> Tensor:
     rank = group_rank(group.group_name)
     check_shard(local, group, rank)
     check_input(local)
-    out = gather_orthogonalize_slice(local, group, rank, args)
+    out = gather_orthogonalize_slice(local, group, rank, args, config.current().ns_algorithm)
     # a tensor of its own, as the fake implementation says: a rank's rows start inside the
     # whole result (where the dtype already matches) and Inductor, calling this op as a
     # fallback kernel, checks that its output is aligned

@@ -1,4 +1,4 @@
-"""Rank agreement (muon_compile.rank_agreement, passes/fingerprint.py): the first
+"""Rank agreement (muon_compile.rank_agreement: its exchange and its fingerprint): the first
 difference between ranks as a sentence, parameter names, the fingerprint of a step graph,
 and on real gloo ranks: each way one rank's step can differ raises the same error on every
 rank, by the exchange, not its timeout; ranks that diverge after compiling end with an error naming the
@@ -9,8 +9,9 @@ import torch
 
 import muon_compile
 from muon_compile import config, rank_agreement
+from muon_compile.rank_agreement import exchange
 from muon_compile.rank_agreement import first_difference
-from muon_compile.passes.fingerprint import parameter_label
+from muon_compile.rank_agreement.fingerprint import parameter_label
 
 from dist_harness import fake_rank, run_world
 from dist_workers import AGREE_SHAPES, device_mesh, diverge_after_compile, divergent_step, sharded_stack
@@ -164,8 +165,8 @@ def test_one_compilation_is_agreed_once(monkeypatch):
     import torch.distributed as dist
 
     published = []
-    publish = rank_agreement._Exchange.publish
-    monkeypatch.setattr(rank_agreement._Exchange, "publish", lambda self: (published.append(self.n), publish(self)))
+    publish = exchange._Exchange.publish
+    monkeypatch.setattr(exchange._Exchange, "publish", lambda self: (published.append(self.n), publish(self)))
     dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
     try:
         group = dist.group.WORLD.group_name
