@@ -4,12 +4,12 @@ The passes run inside Inductor as a ``CustomGraphPass``, whose ``uuid()`` enters
 graph and AOTAutograd cache keys. It must change whenever the passes could produce
 another graph: when any source file of this package changes (:func:`package_sources`,
 found from the package's own directories, so a new module is covered without a list to
-keep), when the configuration changes, and from one rank to another (:func:`rank_key`).
+keep; the cluster planner, :data:`NOT_COMPILED`, is left out), when the configuration
+changes, and from one rank to another (:func:`rank_key`).
 """
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
@@ -19,24 +19,23 @@ import torch.distributed as dist
 from torch._inductor.custom_graph_pass import get_hash_for_files
 from torch.distributed.tensor import DTensor
 
+# subpackages that nothing on the compile path imports: their sources are not in the key
+NOT_COMPILED = ("planner",)
 
-def package_sources(package: ModuleType) -> tuple[str, ...]:
-    """Every ``.py`` file under the directories of ``package`` and of its imported
-    subpackages, sorted.
 
-    A subpackage may live outside its parent's directory (this project maps the top-level
-    ``passes/`` folder to ``muon_compile.passes``; an editable install keeps that layout,
-    a wheel does not), so the directories are read from the packages' ``__path__``.
-    """
-    prefix = package.__name__ + "."
-    packages = [package] + [m for name, m in list(sys.modules.items()) if name.startswith(prefix)]
-    dirs = {Path(d).resolve() for m in packages for d in getattr(m, "__path__", ())}
-    return tuple(sorted({str(f) for d in dirs for f in d.rglob("*.py")}))
+def package_sources(package: ModuleType, leave_out: Sequence[str] = ()) -> tuple[str, ...]:
+    """Every ``.py`` file under ``package``'s directories, subpackages included, except
+    those under its subpackages named in ``leave_out``; sorted."""
+    dirs = [Path(d).resolve() for d in package.__path__]
+    skipped = [d / name for d in dirs for name in leave_out]
+    files = {f for d in dirs for f in d.rglob("*.py") if not any(f.is_relative_to(s) for s in skipped)}
+    return tuple(sorted(str(f) for f in files))
 
 
 def sources_hash(package: ModuleType) -> bytes:
-    """A hash of the contents of :func:`package_sources` (cached per set of files)."""
-    return get_hash_for_files(package_sources(package))
+    """A hash of the contents of :func:`package_sources`, the planner left out (nothing
+    on the compile path imports it); cached per set of files."""
+    return get_hash_for_files(package_sources(package, NOT_COMPILED))
 
 
 def rank_key(example_inputs: Sequence[Any]) -> tuple:

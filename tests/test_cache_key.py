@@ -1,15 +1,15 @@
 """The FX-graph-cache key of the passes: every source file of the package, found from the
-package itself (a module added to a package changes it, also in a subpackage that lives
-outside its parent's folder, as muon_compile.passes does in this repository)."""
+package itself (a module added to the package or a subpackage changes it), the planner
+left out."""
 
-import importlib.util
 import sys
 from pathlib import Path
 
 import muon_compile
 import muon_compile.passes
 from muon_compile import config
-from muon_compile.cache_key import package_sources, sources_hash
+from muon_compile.cache_key import NOT_COMPILED, package_sources, sources_hash
+from torch._inductor.custom_graph_pass import get_hash_for_files
 from muon_compile.passes import pipeline
 
 
@@ -21,39 +21,33 @@ def test_every_source_file_of_the_package_is_hashed():
     assert str(Path(pipeline.__file__).resolve()) in files
 
 
-def _package_with_a_mapped_subpackage(root: Path):
-    """``pkg`` in ``root/pkg`` and its subpackage ``pkg.sub`` in ``root/elsewhere``."""
-    (root / "pkg").mkdir()
-    (root / "pkg" / "__init__.py").write_text("")
-    (root / "pkg" / "a.py").write_text("A = 1\n")
-    (root / "elsewhere").mkdir()
-    (root / "elsewhere" / "__init__.py").write_text("")
-    spec = importlib.util.spec_from_file_location("pkg", root / "pkg" / "__init__.py", submodule_search_locations=[str(root / "pkg")])
-    pkg = importlib.util.module_from_spec(spec)
-    sys.modules["pkg"] = pkg
-    spec.loader.exec_module(pkg)
-    sub_spec = importlib.util.spec_from_file_location(
-        "pkg.sub", root / "elsewhere" / "__init__.py", submodule_search_locations=[str(root / "elsewhere")]
-    )
-    sub = importlib.util.module_from_spec(sub_spec)
-    sys.modules["pkg.sub"] = sub
-    sub_spec.loader.exec_module(sub)
-    return pkg
-
-
 def test_a_module_added_to_the_package_changes_the_key(tmp_path):
-    try:
-        pkg = _package_with_a_mapped_subpackage(tmp_path)
-        before = sources_hash(pkg)
-        (tmp_path / "pkg" / "b.py").write_text("B = 2\n")
-        after_parent = sources_hash(pkg)
-        (tmp_path / "elsewhere" / "c.py").write_text("C = 3\n")
-        after_sub = sources_hash(pkg)
-        assert len({before, after_parent, after_sub}) == 3
-        assert str((tmp_path / "elsewhere" / "c.py").resolve()) in package_sources(pkg)
-    finally:
-        sys.modules.pop("pkg", None)
-        sys.modules.pop("pkg.sub", None)
+    """A module added to the package or to a subpackage changes the key; one added to a
+    subpackage left out does not."""
+    (tmp_path / "pkg" / "sub").mkdir(parents=True)
+    (tmp_path / "pkg" / "skipped").mkdir()
+    pkg = type(sys)("pkg")
+    pkg.__path__ = [str(tmp_path / "pkg")]
+    (tmp_path / "pkg" / "a.py").write_text("A = 1\n")
+
+    def key():
+        return get_hash_for_files(package_sources(pkg, ("skipped",)))
+
+    before = key()
+    (tmp_path / "pkg" / "b.py").write_text("B = 2\n")
+    after_parent = key()
+    (tmp_path / "pkg" / "sub" / "c.py").write_text("C = 3\n")
+    after_sub = key()
+    (tmp_path / "pkg" / "skipped" / "d.py").write_text("D = 4\n")
+    assert len({before, after_parent, after_sub}) == 3
+    assert key() == after_sub
+    assert str((tmp_path / "pkg" / "sub" / "c.py").resolve()) in package_sources(pkg)
+
+
+def test_the_planner_is_not_in_the_key():
+    files = package_sources(muon_compile, NOT_COMPILED)
+    assert files and not any("/planner/" in f for f in files)
+    assert set(files) < set(package_sources(muon_compile))
 
 
 def test_the_pass_uuid_holds_the_sources_hash_and_the_configuration(monkeypatch):
