@@ -7,12 +7,12 @@ per-parameter Muon step into a bucketed, fully Inductor-compiled one.
 
 from . import config, tracing
 from .coefficients import PRESETS
+from .counters import counters
 from .ns_op import newton_schulz
 from .optimizers import Muon, MuonAdamW
 from .param_groups import muon_param_groups
 from .qk_clip import QKClip, QKClipLayer
 from .rank_agreement import RankDivergenceError
-from .counters import counters
 
 __all__ = [
     "PRESETS",

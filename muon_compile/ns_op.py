@@ -1,5 +1,7 @@
-"""``muon_compile::newton_schulz``: the op that the optimizers emit and the passes rewrite,
-and :func:`newton_schulz`, the public function that calls it.
+"""``muon_compile::newton_schulz``: the op that the optimizers emit and the passes rewrite;
+:func:`newton_schulz_any`, which calls it or the row-sharded op
+(:mod:`muon_compile.sharded_ns`) as the input's layout needs (:mod:`muon_compile.routing`);
+and :func:`newton_schulz`, the public function.
 
 Schema::
 
@@ -18,21 +20,17 @@ from collections.abc import Sequence
 
 import torch
 from torch import Tensor
+from torch.distributed.tensor import DTensor
 
 from . import coefficients as coeffs
 from . import config
 from .ns_args import NSArgs
 from .ns_kernel import orthogonalize
+from .op_support import check_input, register_no_derivative
+from .routing import Kind, layout_of, wrap_like
+from .sharded_ns import ShardGroup, sharded_newton_schulz_op
 
 _QUALNAME = "muon_compile::newton_schulz"
-
-
-def check_input(x: Tensor) -> None:
-    """Raise ``ValueError`` for an input the op does not define a result for."""
-    if x.dim() not in (2, 3):
-        raise ValueError(f"newton_schulz expects a 2-D matrix or a 3-D batch, got shape {tuple(x.shape)}")
-    if not x.dtype.is_floating_point:
-        raise ValueError(f"newton_schulz expects a real floating-point tensor, got {x.dtype}")
 
 
 torch.library.define(_QUALNAME, f"(Tensor x, {NSArgs.SCHEMA}) -> Tensor")
@@ -50,16 +48,6 @@ def _newton_schulz_fake(x: Tensor, *flat: object) -> Tensor:
     NSArgs.from_op(flat)
     check_input(x)
     return torch.empty_like(x, memory_format=torch.contiguous_format)
-
-
-def register_no_derivative(qualname: str) -> None:
-    """Make backpropagating through op ``qualname`` an error (it has no derivative)
-    instead of autograd's silent fallback."""
-
-    def backward(ctx: object, grad: Tensor) -> None:
-        raise RuntimeError(f"{qualname} has no derivative: Newton–Schulz is applied to optimizer updates, not backpropagated")
-
-    torch.library.register_autograd(qualname, backward, setup_context=lambda ctx, inputs, output: None)
 
 
 register_no_derivative(_QUALNAME)
@@ -94,6 +82,25 @@ if torch.distributed.is_available():
     _register_sharding()
 
 
+def newton_schulz_any(x: Tensor, args: NSArgs) -> Tensor:
+    """``newton_schulz`` of ``x`` with the op its layout needs; the result has ``x``'s layout."""
+    layout = layout_of(x)
+    if not isinstance(x, DTensor) or layout.kind is Kind.DTENSOR:
+        return newton_schulz_op(x, args)
+    local = x.to_local()
+    if layout.kind is Kind.LOCAL:
+        out = newton_schulz_op(local, args)
+    else:
+        out = sharded_newton_schulz_op(local, ShardGroup(x.shape[0], layout.group_name, layout.group_size), args)
+    return wrap_like(out, x)
+
+
+def newton_schulz_routed(x: Tensor, *flat: object) -> Tensor:
+    """:func:`newton_schulz_any` with the op's flat arguments: the call ``canonicalize``
+    puts in a Dynamo graph for a DTensor (graph arguments stay plain values)."""
+    return newton_schulz_any(x, NSArgs.from_op(flat))
+
+
 def newton_schulz(
     x: Tensor,
     coefficients: coeffs.CoefficientSpec = "keller",
@@ -124,7 +131,5 @@ def newton_schulz(
     Returns:
         A tensor with ``x``'s shape and dtype.
     """
-    from .routing import newton_schulz_any  # routing picks among this module's op and the sharded one
-
     args = coeffs.ns_args(coefficients, steps, eps=eps, compute_dtype=compute_dtype, clamp_eps=clamp_eps, algorithm=algorithm)
     return newton_schulz_any(x, args)

@@ -26,10 +26,10 @@ from . import coefficients as coeffs
 from . import offload
 from . import qk_clip as qk_clip_mod
 from . import stacks as stacks_mod
+from .counters import counters
 from .ns_args import NSArgs, check_algorithm
 from .qk_clip import QKClip
 from .routing import Kind, layout_of
-from .counters import counters
 from .updates import (
     ADJUST_LR_MODES,
     adamw_update,

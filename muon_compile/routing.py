@@ -1,4 +1,5 @@
-"""Pick the Newton–Schulz op for a tensor: plain, row-sharded (FSDP2), or DTensor's own.
+"""How a tensor's matrices are laid out across ranks, which picks its Newton–Schulz op
+(:func:`muon_compile.ns_op.newton_schulz_any`): plain, row-sharded (FSDP2), or DTensor's own.
 
 * a plain tensor, a replicated DTensor, or a 3-D DTensor sharded on its batch (expert)
   dimension: every matrix is whole on this rank -> ``newton_schulz`` on the local tensor;
@@ -20,9 +21,6 @@ from torch import Tensor
 from torch.distributed.tensor import DTensor, Replicate
 
 from .compat import is_shard
-from .ns_args import NSArgs
-from .ns_op import newton_schulz_op
-from .sharded_ns import ShardGroup, sharded_newton_schulz_op
 
 
 class Kind(enum.Enum):
@@ -67,22 +65,3 @@ def wrap_like(local: Tensor, like: Tensor) -> Tensor:
     if not isinstance(like, DTensor):
         return local
     return DTensor.from_local(local, like.device_mesh, like.placements, run_check=False, shape=like.shape, stride=like.stride())
-
-
-def newton_schulz_any(x: Tensor, args: NSArgs) -> Tensor:
-    """``newton_schulz`` of ``x`` with the op its layout needs; the result has ``x``'s layout."""
-    layout = layout_of(x)
-    if not isinstance(x, DTensor) or layout.kind is Kind.DTENSOR:
-        return newton_schulz_op(x, args)
-    local = x.to_local()
-    if layout.kind is Kind.LOCAL:
-        out = newton_schulz_op(local, args)
-    else:
-        out = sharded_newton_schulz_op(local, ShardGroup(x.shape[0], layout.group_name, layout.group_size), args)
-    return wrap_like(out, x)
-
-
-def newton_schulz_routed(x: Tensor, *flat: object) -> Tensor:
-    """:func:`newton_schulz_any` with the op's flat arguments: the call ``canonicalize``
-    puts in a Dynamo graph for a DTensor (graph arguments stay plain values)."""
-    return newton_schulz_any(x, NSArgs.from_op(flat))

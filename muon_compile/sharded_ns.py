@@ -28,7 +28,7 @@ from torch import Tensor
 from . import config
 from .ns_args import AUTO, NSArgs
 from .ns_kernel import orthogonalize
-from .ns_op import check_input, register_no_derivative
+from .op_support import check_input, register_no_derivative
 
 _QUALNAME = "muon_compile::sharded_newton_schulz"
 

@@ -15,7 +15,7 @@ from torch import Tensor
 from torch.distributed.tensor import DTensor
 
 from .ns_args import NSArgs
-from .routing import newton_schulz_any
+from .ns_op import newton_schulz_any
 
 ADJUST_LR_MODES = ("original", "match_rms_adamw", "spectral", "none")
 

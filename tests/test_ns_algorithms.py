@@ -11,8 +11,8 @@ from torch.utils.flop_counter import FlopCounterMode
 import muon_compile
 from muon_compile import config, matmul_rates, ns_cost
 from muon_compile.coefficients import ns_args
-from muon_compile.ns_kernel import orthogonalize
 from muon_compile.counters import counters
+from muon_compile.ns_kernel import orthogonalize
 
 from helpers import MIXED_SHAPES, compare_steps, make_params, set_grads
 from numerics import NS_RTOL

@@ -9,8 +9,7 @@ import torch
 
 import muon_compile
 from muon_compile import config, rank_agreement
-from muon_compile.rank_agreement import exchange
-from muon_compile.rank_agreement import first_difference
+from muon_compile.rank_agreement import exchange, first_difference
 from muon_compile.rank_agreement.fingerprint import parameter_label
 
 from dist_harness import fake_rank, run_world

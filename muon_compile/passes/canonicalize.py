@@ -24,7 +24,7 @@ Algorithm:
      iteration; otherwise a :class:`Rejection` with the reason.
   5. Plan, then apply: each recognised chain becomes one op call, right after the
      division, on the node holding ``M`` (a DTensor goes through
-     :func:`muon_compile.routing.newton_schulz_routed`, which picks the op for its layout)
+     :func:`muon_compile.ns_op.newton_schulz_routed`, which picks the op for its layout)
      with the read-off coefficients, step count, eps, norm scale and dtype; the escapes
      read the op's result (transposed / scaled as they were); the loop's nodes are erased,
      and with them the norm and its in-place arithmetic when nothing else reads them.
@@ -52,10 +52,10 @@ import torch
 import torch.fx as fx
 from torch.distributed.tensor import DTensor
 
-from muon_compile import explain, routing
-from muon_compile.ns_args import NSArgs
-from muon_compile.ns_op import NEWTON_SCHULZ
+from muon_compile import explain
 from muon_compile.counters import counters
+from muon_compile.ns_args import NSArgs
+from muon_compile.ns_op import NEWTON_SCHULZ, newton_schulz_routed
 
 from .graph_utils import local_value
 from .ns_algebra import ONE, Odd, next_iterate, poly_trim
@@ -151,7 +151,7 @@ def apply_canonical(graph: fx.Graph, matches: list[Match]) -> None:
             x = chain.source
             if example_value(x).dtype != chain.dtype:
                 x = _call(graph, "call_method", "to", (x, chain.dtype))
-            target = routing.newton_schulz_routed if isinstance(example_value(x), DTensor) else NEWTON_SCHULZ
+            target = newton_schulz_routed if isinstance(example_value(x), DTensor) else NEWTON_SCHULZ
             ns = _call(graph, "call_function", target, (x, *match.args.to_op()))
             ns.meta["stack_trace"] = chain.start.meta.get("stack_trace")  # the user's line, for explain
         made: dict[tuple[bool, float], fx.Node] = {}

@@ -44,9 +44,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from muon_compile.config import Strategy
+from muon_compile.counters import counters
 from muon_compile.ns_args import NSArgs
 from muon_compile.ns_op import newton_schulz_op
-from muon_compile.counters import counters
 
 from .graph_utils import splice_trace, stable_topological_sort
 from .plan_distributed import DistBucket, DistMember, DistPlan

@@ -23,7 +23,7 @@ from muon_compile.sharded_ns import SHARDED_NEWTON_SCHULZ, ShardGroup
 NS_TARGETS = (NEWTON_SCHULZ, SHARDED_NEWTON_SCHULZ)
 # In a Dynamo graph, canonicalize routes a DTensor's Newton–Schulz through this call,
 # which picks the op for the layout when AOTAutograd traces it.
-TORCH_NS_TARGETS = NS_TARGETS + (routing.newton_schulz_routed,)
+TORCH_NS_TARGETS = NS_TARGETS + (ns_op.newton_schulz_routed,)
 
 __all__ = [
     "NS_TARGETS",
@@ -72,7 +72,7 @@ def ns_call(node: fx.Node) -> NSCall:
     if node.target is SHARDED_NEWTON_SCHULZ:
         x, group, args = sharded_ns.split_args(node.args)
         return NSCall(x, args, group)  # type: ignore[arg-type]
-    if node.target is routing.newton_schulz_routed:
+    if node.target is ns_op.newton_schulz_routed:
         x, args = node.args[0], NSArgs.from_op(node.args[1:])
         value = x.meta["example_value"]
         layout = routing.layout_of(value)

@@ -27,9 +27,9 @@ from collections.abc import Callable
 import torch
 import torch.fx as fx
 
+from muon_compile.counters import counters
 from muon_compile.ns_kernel import orthogonalize
 from muon_compile.sharded_ns import gather_orthogonalize_slice, group_rank
-from muon_compile.counters import counters
 
 from .graph_utils import NSCall, ns_call, ns_nodes, splice_trace
 from .plan_algorithms import AlgorithmPlan

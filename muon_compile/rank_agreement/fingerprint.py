@@ -45,8 +45,8 @@ from torch.distributed.tensor import DTensor, Replicate
 import muon_compile
 from muon_compile import config as config_mod
 from muon_compile.cache_key import sources_hash
-from muon_compile.ns_op import NEWTON_SCHULZ
-from muon_compile.routing import Kind, layout_of, newton_schulz_routed
+from muon_compile.ns_op import NEWTON_SCHULZ, newton_schulz_routed
+from muon_compile.routing import Kind, layout_of
 
 from ..passes.find import NSSite, find_ns_sites
 from ..passes.graph_utils import ns_call
