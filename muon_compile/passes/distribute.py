@@ -86,8 +86,8 @@ def _scatter_rows(groups: Sequence[tuple[Sequence[DistMember], Tensor]], world: 
     world 2). The padding rows are a result row times 0, not constant zeros: Inductor
     computes a constant with the step's first kernel, and the concatenation's buffer
     would then be held from the step's start (5 MiB more per rank with 4 MiB buckets).
-    They are never read back. docs/benchmarks.md, "The cut-back by layout, and the result
-    buffers"."""
+    They are never read back. (Measured with the lab kept at tag
+    ``costmodel-lab-2026-11-28``.)"""
     blocks = []
     for members, ortho in groups:
         start = 0
@@ -128,8 +128,8 @@ def _received_groups(grid: Tensor, order: Sequence[DistMember]) -> list[tuple[li
     concatenation. Inductor's C++ code reads the block in a vectorised loop. A reshape per
     matrix, stacked, merges the world and row dimensions in each matrix's index, and is read
     with a division and a modulo per element in a scalar loop (six 1536x384 matrices at
-    world 2: 6.5 ms against 1.6, ``scripts/bench_reassembly.py``; docs/benchmarks.md, "The
-    reassembly by layout").
+    world 2: 6.5 ms against 1.6, ``scripts/bench_reassembly.py`` at tag
+    ``costmodel-lab-2026-11-28``).
     """
     world = grid.size(0)
     groups: dict[tuple[int, int], tuple[list[DistMember], list[Tensor]]] = {}

@@ -23,7 +23,7 @@ Algorithm, per compilation, for every process group of the fingerprint at once:
   did not arrive.
 
 On the fast path a rank makes about 6 store requests per group, waits included, whatever
-the world size; the cost is measured in docs/benchmarks.md ("Rank agreement").
+the world size; its cost is in docs/benchmarks.md ("Rank agreement").
 """
 
 from __future__ import annotations
