@@ -50,9 +50,10 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 import torch
+
+from bench_common import Clock, markdown_row, markdown_rule, positive_int, time_steps
 
 SHAPES = ((64, 64), (64, 128), (128, 64), (96, 96), (128, 128))
 ARMS = {
@@ -108,16 +109,11 @@ def child(arm: str, n: int, reps: int) -> dict:
     step = torch.compile(opt.step, backend=backend)
     torch._dynamo.utils.compilation_time_metrics.clear()
     pass_seconds.clear()
-    start = time.perf_counter()
-    step()
-    first = time.perf_counter() - start
+    clock = Clock()  # the step runs on the CPU
+    first = clock.wall_s(step)
     metrics = {k: list(v) for k, v in torch._dynamo.utils.compilation_time_metrics.items()}
     phases = _phases(metrics, dict(pass_seconds), first)
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
+    times = time_steps(step, 0, reps, clock)
     graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     files = len(metrics.get("compile_file", ()))
     cpu_s = sum(metrics.get("compile_file", ()))
@@ -148,7 +144,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="24,96,500,2000", help="comma-separated matrix counts")
     parser.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, of {list(ARMS)}")
-    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--reps", type=positive_int, default=5)
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per process")
     parser.add_argument("--child", nargs=2, metavar=("ARM", "N"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -161,18 +157,21 @@ def main() -> None:
         parser.error(f"unknown arms {unknown}; known: {list(ARMS)}")
     sizes = [int(s) for s in args.sizes.split(",")]
     print(f"torch {torch.__version__}, os.cpu_count()={os.cpu_count()}, shapes {SHAPES} cycling; seconds unless marked")
-    print("| arm | N | cold first call | warm first call | graphs | step ms | " + " | ".join(PHASES) + " | kernel files | compile cpu-s |")
-    print("|---|---:|---:|---:|---:|---:|" + "---:|" * (len(PHASES) + 2))
+    print(markdown_row(["arm", "N", "cold first call", "warm first call", "graphs", "step ms", *PHASES, "kernel files", "compile cpu-s"]))
+    print(markdown_rule("lrrrrr" + "r" * (len(PHASES) + 2)))
     for arm in arms:
         for n in sizes:
             with tempfile.TemporaryDirectory(prefix="bench_compile_") as cache:
                 cold = run_child(arm, n, args.reps, cache, args.timeout)
                 warm = run_child(arm, n, args.reps, cache, args.timeout) if "error" not in cold else {"error": "-"}
-            work = [cold["phases"][p] for p in PHASES] + [cold["kernel_files"], cold["compile_cpu_s"]] if "error" not in cold else None
-            phases = " | ".join(f"{v:.1f}" if isinstance(v, float) else str(v) for v in work) if work else " | ".join(["-"] * (len(PHASES) + 2))
-            graphs = cold.get("graphs", "-")
-            step = f"{cold['step_ms']:.1f}" if "error" not in cold else "-"
-            print(f"| {arm} | {n} | {_cell(cold, 'first_call')} | {_cell(warm, 'first_call')} | {graphs} | {step} | {phases} |", flush=True)
+            if "error" in cold:
+                work, step = ["-"] * (len(PHASES) + 2), "-"
+            else:
+                values = [cold["phases"][p] for p in PHASES] + [cold["kernel_files"], cold["compile_cpu_s"]]
+                work = [f"{v:.1f}" if isinstance(v, float) else str(v) for v in values]
+                step = f"{cold['step_ms']:.1f}"
+            row = [arm, str(n), _cell(cold, "first_call"), _cell(warm, "first_call"), str(cold.get("graphs", "-")), step, *work]
+            print(markdown_row(row), flush=True)
 
 
 if __name__ == "__main__":

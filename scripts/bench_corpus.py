@@ -3,7 +3,7 @@ entry, one optimizer step of its own code run eagerly, compiled with Inductor (t
 default backend) and compiled with ``backend="muon"``.
 
 What is measured, per entry and arm (timing, matmul counting and cold compiles are
-those of ``scripts/bench_single_device.py``, whose helpers this script uses):
+``scripts/bench_common.py``'s, as in ``scripts/bench_single_device.py``):
 
 * the median of ``--reps`` timed steps after ``--warmup`` untimed ones;
 * matmul kernel calls per step (``aten::mm/bmm/addmm/baddbmm`` profiler events): the
@@ -32,7 +32,10 @@ from pathlib import Path
 import torch
 
 import muon_compile
-from bench_single_device import Arm, ArmResult, Workload, _fmt, machine_info, machine_line, measure
+
+from bench_common import (
+    Arm, ArmResult, cell, machine_info, machine_line, markdown_row, markdown_rule, measure, non_negative_int, positive_int,
+)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from muon_corpus import CORPUS, Entry  # noqa: E402  (the corpus lives with the tests)
@@ -62,12 +65,11 @@ def make_step(entry: Entry, device: torch.device, eager: bool):
 
 def bench_entry(entry: Entry, device: torch.device, warmup: int, reps: int) -> tuple[list[ArmResult], bool]:
     """The three arms' results, and whether ``backend="muon"`` recognised every loop."""
-    workload = Workload(entry.name, SHAPES)
     results, recognised = [], False
     for name in ARM_NAMES:
-        arm = Arm(name, name, lambda w, d, eager=name == "eager": make_step(entry, d, eager), None if name == "eager" else name)
+        arm = Arm(name, name, lambda e, d, eager=name == "eager": make_step(e, d, eager), None if name == "eager" else name)
         muon_compile.counters.clear()
-        results.append(measure(arm, workload, device, warmup, reps))
+        results.append(measure(arm, entry, device, warmup, reps))
         if name == "muon":  # measure compiles twice (cold, then warm): each compile canonicalises
             c = muon_compile.counters
             recognised = c["canonicalize.matched"] == 2 * entry.loops(SHAPES) and c["canonicalize.rejected"] == 0
@@ -75,21 +77,19 @@ def bench_entry(entry: Entry, device: torch.device, warmup: int, reps: int) -> t
 
 
 def report(rows: list[tuple[Entry, list[ArmResult], bool]]) -> str:
-    head = (
-        "| entry | eager ms | inductor ms | muon ms | muon / inductor | matmuls eager / inductor / muon "
-        "| first call s inductor / muon | recognised |"
-    )
-    lines = [head, "|---|---:|---:|---:|---:|---:|---:|---|"]
+    head = ["entry", "eager ms", "inductor ms", "muon ms", "muon / inductor", "matmuls eager / inductor / muon",
+            "first call s inductor / muon", "recognised"]
+    lines = [markdown_row(head), markdown_rule("lrrrrrrl")]
     for entry, (eager, inductor, muon), recognised in rows:
         ms = [r.median_s * 1e3 if r.median_s is not None else None for r in (eager, inductor, muon)]
         ratio = ms[2] / ms[1] if None not in ms[1:] else None
         errors = "; ".join(f"{r.key}: {r.error}" for r in (eager, inductor, muon) if r.error)
-        lines.append(
-            f"| {entry.name} | {_fmt(ms[0], '.1f')} | {_fmt(ms[1], '.1f')} | {_fmt(ms[2], '.1f')} | {_fmt(ratio, '.2f')} "
-            f"| {' / '.join(_fmt(r.matmul_calls, 'd') for r in (eager, inductor, muon))} "
-            f"| {_fmt(inductor.cold_compile_s, '.1f')} / {_fmt(muon.cold_compile_s, '.1f')} "
-            f"| {'yes' if recognised else 'NO'}{' (' + errors + ')' if errors else ''} |"
-        )
+        lines.append(markdown_row([
+            entry.name, cell(ms[0], ".1f"), cell(ms[1], ".1f"), cell(ms[2], ".1f"), cell(ratio, ".2f"),
+            " / ".join(cell(r.matmul_calls, "d") for r in (eager, inductor, muon)),
+            f"{cell(inductor.cold_compile_s, '.1f')} / {cell(muon.cold_compile_s, '.1f')}",
+            ("yes" if recognised else "NO") + (f" ({errors})" if errors else ""),
+        ]))
     return "\n".join(lines)
 
 
@@ -97,8 +97,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--entries", default="all", help="comma-separated corpus entry names (default: all)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--reps", type=int, default=7)
+    parser.add_argument("--warmup", type=non_negative_int, default=2)
+    parser.add_argument("--reps", type=positive_int, default=7)
     args = parser.parse_args()
     names = list(CORPUS) if args.entries == "all" else args.entries.split(",")
     unknown = [n for n in names if n not in CORPUS]

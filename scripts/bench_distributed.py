@@ -20,27 +20,25 @@ run, each on fresh parameters:
 An arm that fails (unmodified torch.optim.Muon cannot update a matrix with fewer rows
 than ranks) is reported with its error and measured again on the workload without such
 matrices. Per arm: the median over ``--reps`` steps (after ``--warmup``) of the slowest
-rank's step time (a barrier before each step; on CUDA the wall clock from the barrier to
-the end of a ``torch.cuda.synchronize()`` after the step, so queued GPU work counts), the
+rank's step time (a barrier before each step, then the wall clock to the step's end; on
+CUDA to the end of a ``torch.cuda.synchronize()`` after it, so queued GPU work counts), the
 cold compile time (timed the same way), and from one profiled step on every rank (CPU-side
 events): the backend's collectives per step (its ``gloo:``/``nccl:`` profiler events,
 barriers excepted), bytes each rank sends per step (all_to_all: the rows it sends to other
 ranks; all_gather: its input times W-1; all_reduce: 2(W-1)/W of its input;
 reduce_scatter: (W-1)/W; "-" where a collective of another kind, or one recorded without
-its inputs, such as ``nccl:coalesced``, makes the total unknown), and matmul FLOPs per rank.
+its inputs, such as ``nccl:coalesced``, makes the total unknown), and matmul FLOPs per rank
+(``2 * batch * m * k * n`` of each ``aten::mm/bmm/addmm/baddbmm`` event's operands).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import math
 import os
-import platform
 import statistics
 import sys
-import time
 import traceback
 from collections.abc import Callable
 
@@ -49,14 +47,16 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
-from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.distributed.tensor import distribute_tensor
 from torch._inductor.utils import fresh_cache
-
-from bench_single_device import cpu_model
 
 import muon_compile
 from muon_compile import config
 from muon_compile.ns_cost import ns_flops
+
+from bench_common import (
+    MATMUL_OPERANDS, Clock, Step, cell, error_summary, machine_info, non_negative_int, positive_int, time_steps,
+)
 
 KELLER = (3.4445, -4.7750, 2.0315)
 LR, MOMENTUM, NS_STEPS = 0.02, 0.95, 5
@@ -72,20 +72,28 @@ WORKLOADS: dict[str, list[Shape]] = {
 
 
 # ---------------------------------------------------------------------------- devices
-def on_gpu() -> bool:
-    """Whether this run communicates with NCCL, each rank on its own GPU."""
-    return dist.get_backend() == "nccl"
-
-
 def rank_device() -> torch.device:
     """Where this rank's tensors live: its GPU under NCCL, else the CPU."""
-    return torch.device("cuda", torch.cuda.current_device()) if on_gpu() else torch.device("cpu")
+    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
 
 
-def sync() -> None:
-    """Wait for this rank's queued GPU work (nothing is queued on the CPU)."""
-    if on_gpu():
-        torch.cuda.synchronize()
+class SlowestRankClock(Clock):
+    """Times a call on every rank by the wall clock, from a barrier with this rank's device
+    idle to the end of the device work the call queued; a time is the slowest rank's."""
+
+    def __init__(self) -> None:
+        self.device = rank_device()
+
+    def synchronize(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+
+    def wall_s(self, fn: Step) -> float:
+        self.synchronize()
+        dist.barrier()
+        seconds = torch.tensor(super().wall_s(fn), dtype=torch.float64, device=self.device)
+        dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
+        return seconds.item()
 
 
 # ------------------------------------------------------------------------- parameters
@@ -201,54 +209,11 @@ ARMS: dict[str, tuple[str, Callable, str | None, str | None]] = {
 
 
 # -------------------------------------------------------------------------- measuring
-def slowest(value: float) -> float:
-    """The largest ``value`` over the ranks (an all-reduce on this rank's device)."""
-    t = torch.tensor(value, dtype=torch.float64, device=rank_device())
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return t.item()
-
-
-def _issued_and_done(step) -> tuple[float, float]:
-    """This rank's seconds from a call of ``step``, after a barrier with its device idle,
-    to the call's return and to the end of the GPU work it queued (the same on the CPU)."""
-    sync()
-    dist.barrier()
-    start = time.perf_counter()
-    step()
-    issued = time.perf_counter() - start
-    sync()
-    return issued, time.perf_counter() - start
-
-
-def timed(step) -> float:
-    """Seconds of one ``step`` on the slowest rank, GPU work included, after a barrier."""
-    return slowest(_issued_and_done(step)[1])
-
-
-def timed_host(step) -> float:
-    """Seconds the slowest rank's host takes to issue one ``step``, after a barrier, its
-    device idle at the call: on a GPU, from the call to its return, the kernels it queued
-    possibly still running (waited for before the next timing); on the CPU, the step."""
-    return slowest(_issued_and_done(step)[0])
-
-
-def timed_steps(step, warmup: int, reps: int) -> list[float]:
-    for _ in range(warmup):
-        step()
-    return [timed(step) for _ in range(reps)]
-
-
 _ELEMENT = {"float": 4, "c10::BFloat16": 2, "c10::Half": 2, "double": 8}
-MATMUL_OPERANDS = {"aten::mm": (0, 1), "aten::bmm": (0, 1), "aten::addmm": (1, 2), "aten::baddbmm": (1, 2)}
 # the kind of a collective from its profiler event name after "<backend>:", lower case and
 # without underscores: "_all_gather_base", "allgather", "all_gather_into_tensor_coalesced"
 # are all all_gather ("all_reduce_barrier", a barrier, is dropped before)
 _KINDS = {"alltoall": "all_to_all", "allgather": "all_gather", "reducescatter": "reduce_scatter", "allreduce": "all_reduce"}
-
-
-def event_prefix() -> str:
-    """The prefix of the backend's own collective events in the profiler: "gloo:" or "nccl:"."""
-    return f"{dist.get_backend()}:"
 
 
 def collective_kind(name: str, prefix: str) -> str | None:
@@ -285,14 +250,14 @@ def _sent_bytes(kind: str | None, nbytes: int | None, splits: list[int] | None, 
     return (world - 1) / world * nbytes  # reduce_scatter
 
 
-def profile_step(step, world: int, rank: int) -> dict:
-    """Collectives, bytes sent (NaN: unknown) and matmul FLOPs of one step on this rank."""
+def count_step(step, world: int, rank: int, clock: Clock) -> dict:
+    """Collectives, bytes sent (NaN: unknown) and matmul FLOPs of one profiled step on this rank."""
     # the CPU-side events carry everything counted here, also under NCCL
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as prof:
         step()
-    sync()
+    clock.synchronize()
     events = sorted(prof.events(), key=lambda e: e.time_range.start)
-    prefix = event_prefix()
+    prefix = f"{dist.get_backend()}:"  # the backend's own collective events: "gloo:..." or "nccl:..."
     collectives = [e for e in events if e.name.startswith(prefix) and "barrier" not in e.name]
     # the backend's own events carry the sizes; all_to_all splits are on the c10d call, in the same order
     splits = iter([e.concrete_inputs[4] for e in events if e.name == "c10d::alltoall_base_"])
@@ -310,14 +275,10 @@ def profile_step(step, world: int, rank: int) -> dict:
     return {"collectives": len(collectives), "sent": sent, "flops": flops}
 
 
-def failure(exc: Exception) -> str:
-    """An arm's failure as its table row shows it: the exception's type and first line."""
-    return f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:160]}"
-
-
 def measure(key: str, shapes: list[Shape], mesh, warmup: int, reps: int) -> dict:
     name, build, backend, strategy = ARMS[key]
     world, rank = dist.get_world_size(), dist.get_rank()
+    clock = SlowestRankClock()
     result = {"arm": name}
     cache = fresh_cache() if backend else contextlib.nullcontext()
     strat = config.override(strategy=strategy) if strategy else contextlib.nullcontext()
@@ -327,9 +288,9 @@ def measure(key: str, shapes: list[Shape], mesh, warmup: int, reps: int) -> dict
             step = build(sharded_params(shapes, mesh))
             if backend:
                 step = torch.compile(step, backend=backend)
-                result["compile_s"] = timed(step)
-            result["times"] = timed_steps(step, warmup, reps)
-            stats = profile_step(step, world, rank)
+                result["compile_s"] = clock.wall_s(step)
+            result["times"] = time_steps(step, warmup, reps, clock)
+            stats = count_step(step, world, rank, clock)
         values = [stats["collectives"], stats["sent"], stats["flops"]]
         totals = torch.tensor(values, dtype=torch.float64, device=rank_device())
         per_rank = [torch.zeros_like(totals) for _ in range(world)]
@@ -338,7 +299,7 @@ def measure(key: str, shapes: list[Shape], mesh, warmup: int, reps: int) -> dict
         result["sent_mb"] = [t[1].item() / 2**20 for t in per_rank]
         result["gflop"] = [t[2].item() / 1e9 for t in per_rank]
     except Exception as exc:  # report and go on: the table shows the failure
-        result["error"] = failure(exc)
+        result["error"] = error_summary(exc, limit=160)
         if rank == 0:
             traceback.print_exc(file=sys.stderr)
     finally:
@@ -360,19 +321,18 @@ def row(result: dict) -> str:
     if "error" in result:
         return f"{result['arm']:<44} failed: {result['error']}"
     median = statistics.median(result["times"]) * 1e3
-    compile_s = f"{result['compile_s']:.1f}" if "compile_s" in result else "-"
+    compile_s = cell(result.get("compile_s"), ".1f")
     sent = "/".join("-" if math.isnan(m) else f"{m:.3f}" for m in result["sent_mb"])
     flops = "/".join(f"{g:.2f}" for g in result["gflop"])
     return f"{result['arm']:<44} {median:9.2f} {min(result['times']) * 1e3:9.2f} {compile_s:>9} {result['collectives']:>6} {sent:>17} {flops:>17}"
 
 
-def machine() -> str:
-    """The CPU (its model, so that runs on different machines tell apart), and under NCCL
-    the GPU and CUDA version, of this rank."""
-    cpu = f"{cpu_model()}, {os.cpu_count()} cpus"
-    if not on_gpu():
-        return cpu
-    return f"{cpu}, GPU {torch.cuda.get_device_name()} x{torch.cuda.device_count()}, CUDA {torch.version.cuda}"
+def machine_text() -> str:
+    """This rank's machine: the CPU model (so that runs on different machines tell apart),
+    under NCCL the GPU and the CUDA version, torch, and the threads each rank computes on."""
+    info = machine_info(rank_device())
+    gpu = f", GPU {info['gpu']} x{torch.cuda.device_count()}, CUDA {info['cuda']}" if "gpu" in info else ""
+    return f"{info['cpu']}, {info['cpu_count']} cpus{gpu}, torch {info['torch']}, {info['threads']} threads per rank"
 
 
 def report(name: str, shapes: list[Shape], results: list[dict], reps: int, warmup: int) -> str:
@@ -381,8 +341,7 @@ def report(name: str, shapes: list[Shape], results: list[dict], reps: int, warmu
     ns = sum(ns_flops(r, c, NS_STEPS) for r, c in shapes) / 1e9
     lines = [
         f"=== {name}: {len(shapes)} fp32 matrices, {ns:.2f} GFLOP of NS per step, world {world} ({dist.get_backend()}) ===",
-        f"machine: {machine()}, torch {torch.__version__}, "
-        f"{torch.get_num_threads()} threads per rank; median of {reps} steps after {warmup} warm-up (slowest rank)",
+        f"machine: {machine_text()}; median of {reps} steps after {warmup} warm-up (slowest rank)",
         f"2(W-1)/W of each rank's local Muon-param bytes in bf16: {'/'.join(f'{m:.3f}' for m in expected)} MiB",
         "",
         f"{'arm':<44} {'step ms':>9} {'min ms':>9} {'compile s':>9} {'colls':>6} {'sent MiB/rank':>17} {'GFLOP/rank':>17}",
@@ -413,150 +372,6 @@ def nccl_problem() -> str | None:
     return None
 
 
-def add_backend_argument(parser: argparse.ArgumentParser) -> None:
-    """``--backend``: gloo on the CPU or nccl with one GPU per rank (default:
-    :func:`default_backend`), and ``--realtime-gloo`` (:func:`prioritize_gloo_threads`);
-    :func:`start_backend` starts them."""
-    parser.add_argument(
-        "--backend",
-        choices=["gloo", "nccl"],
-        default=default_backend(),
-        help="gloo on the CPU, or nccl with one GPU per rank (default here: %(default)s)",
-    )
-    parser.add_argument(
-        "--realtime-gloo",
-        action="store_true",
-        help="run gloo's threads at real-time priority, so that compute never delays them "
-        "(needs root or CAP_SYS_NICE; docs/benchmarks.md, \"Gloo's threads behind compute\")",
-    )
-    parser.add_argument(
-        "--keep-freed-memory",
-        action="store_true",
-        help="have the C allocator keep the memory each step frees for the next, as the CUDA caching "
-        "allocator does (glibc only; docs/benchmarks.md, \"Page faults in every step\")",
-    )
-
-
-def start_backend(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str:
-    """:func:`init_backend` for ``args.backend``, after a usage error naming why NCCL cannot
-    run here when it is nccl and it cannot; then, with ``args.realtime_gloo``,
-    :func:`prioritize_gloo_threads` on the threads the group started (a usage error where
-    it cannot), and with ``args.keep_freed_memory``, :func:`keep_freed_memory` first (a
-    usage error where it cannot); the mesh's device."""
-    if args.backend == "nccl" and (problem := nccl_problem()):
-        parser.error(f"--backend nccl: {problem}; use --backend gloo")
-    if args.realtime_gloo and args.backend != "gloo":
-        parser.error("--realtime-gloo: only with --backend gloo")
-    if args.keep_freed_memory:
-        try:
-            keep_freed_memory()
-        except RuntimeError as error:
-            parser.error(f"--keep-freed-memory: {error}")
-    before = _threads()
-    device = init_backend(args.backend)
-    note_group_threads(before)
-    if args.realtime_gloo:
-        try:
-            prioritize_gloo_threads(group_threads())
-        except (PermissionError, RuntimeError) as error:
-            parser.error(f"--realtime-gloo: {error}")
-    return device
-
-
-# the threads that start_backend's process group started in this process: {id: name}
-_GROUP_THREADS: dict[int, str] = {}
-
-
-def note_group_threads(before: dict[int, str]) -> None:
-    """Note as the process group's threads (:func:`group_threads`) those of this process
-    not in ``before`` (:func:`_threads` taken before the group started), once every rank's
-    are running (after a barrier)."""
-    dist.barrier()
-    _GROUP_THREADS.update((tid, name) for tid, name in _threads().items() if tid not in before)
-
-
-def group_threads() -> dict[int, str]:
-    """The threads the process group started in this process (``{thread id: name}``:
-    gloo's TCP event loop and ProcessGroupGloo's workers), as :func:`note_group_threads`
-    (which :func:`start_backend` calls) found them; empty before."""
-    return dict(_GROUP_THREADS)
-
-
-def cpu_seconds(threads) -> float:
-    """The seconds this process's ``threads`` (ids) have run on a core so far, by the
-    kernel's scheduler statistics (nanoseconds; a thread that has ended counts 0)."""
-    total = 0
-    for tid in threads:
-        try:
-            with open(f"/proc/self/task/{tid}/schedstat") as f:
-                total += int(f.read().split()[0])
-        except FileNotFoundError:
-            continue
-    return total / 1e9
-
-
-GLOO_PRIORITY = 1  # SCHED_FIFO's lowest: above every ordinary thread
-
-
-def _threads() -> dict[int, str]:
-    """This process's threads: ``{thread id: name}``."""
-    names = {}
-    for tid in sorted(int(t) for t in os.listdir("/proc/self/task")):
-        with open(f"/proc/self/task/{tid}/comm") as f:
-            names[tid] = f.read().strip()
-    return names
-
-
-def realtime_threads() -> list[str]:
-    """The names of this process's threads in ``SCHED_FIFO``, as the kernel reports them."""
-    return [name for tid, name in _threads().items() if os.sched_getscheduler(tid) == os.SCHED_FIFO]
-
-
-def prioritize_gloo_threads(started: dict[int, str]) -> None:
-    """Put the threads the gloo group ``started`` (:func:`group_threads`: gloo's TCP event
-    loop and ProcessGroupGloo's workers) in ``SCHED_FIFO`` at :data:`GLOO_PRIORITY`, so that one
-    preempts compute as soon as it wakes (:func:`realtime_threads` reads them back).
-    Every collective passes through these threads, and with two ranks on two cores the
-    kernel's scheduler otherwise lets them wait behind compute: a collective after 0.2-1
-    ms of compute then costs 0.14-0.45 ms more than back to back, and 0.04-0.15 ms more
-    with them raised (docs/benchmarks.md, "Gloo's threads behind compute"). A diagnostic
-    of the host, which NCCL's threads on a GPU machine do not share. All of them or none:
-    with one left out, a collective ran slower than with none raised. Raises
-    PermissionError without root or CAP_SYS_NICE, and RuntimeError when the group
-    started no thread."""
-    if not started:
-        raise RuntimeError(f"the process group started no thread in this process (torch {torch.__version__})")
-    for tid, name in started.items():
-        try:
-            os.sched_setscheduler(tid, os.SCHED_FIFO, os.sched_param(GLOO_PRIORITY))
-        except PermissionError as error:
-            raise PermissionError(f"cannot raise thread {tid} ({name}) to SCHED_FIFO: {error.strerror}; "
-                                  "needs root or CAP_SYS_NICE") from error
-
-
-# glibc's mallopt parameters (malloc.h) and its largest mmap threshold on 64-bit
-M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, MMAP_THRESHOLD_MAX = -1, -3, 32 * 2**20
-
-
-def keep_freed_memory() -> None:
-    """Have glibc's malloc keep what this process frees for its next allocations, as the
-    CUDA caching allocator keeps a GPU's memory: blocks up to :data:`MMAP_THRESHOLD_MAX`
-    come from the heap, and the heap is never trimmed. By default glibc hands the memory of
-    large freed blocks back to the OS (the top of its heap above a trim threshold, and
-    blocks above an mmap threshold), and a compiled CPU step that frees its buffers at the
-    end faults them back in page by page in the next: a gpt-small step at world 2 ran 11%
-    slower so (docs/benchmarks.md, "Page faults in every step"), a cost of the host's
-    allocator that a GPU's step does not pay. Raises RuntimeError where the C library has
-    no ``mallopt`` (not glibc) or refuses a setting."""
-    libc = ctypes.CDLL(None)
-    mallopt = getattr(libc, "mallopt", None)
-    if mallopt is None:
-        raise RuntimeError(f"the C library has no mallopt (glibc's), {platform.libc_ver()}")
-    for name, option, value in (("M_MMAP_THRESHOLD", M_MMAP_THRESHOLD, MMAP_THRESHOLD_MAX), ("M_TRIM_THRESHOLD", M_TRIM_THRESHOLD, 2**31 - 1)):
-        if mallopt(option, value) != 1:
-            raise RuntimeError(f"mallopt refused {name} = {value}")
-
-
 def init_backend(backend: str) -> str:
     """Start the process group: NCCL on GPU ``LOCAL_RANK``, or gloo on the CPU; the mesh's device."""
     if backend == "gloo":
@@ -572,11 +387,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workload", choices=[*WORKLOADS, "all"], default="all")
     parser.add_argument("--arms", default=",".join(ARMS), help=f"comma list of {list(ARMS)}")
-    parser.add_argument("--reps", type=int, default=7)
-    parser.add_argument("--warmup", type=int, default=2)
-    add_backend_argument(parser)
+    parser.add_argument("--reps", type=positive_int, default=7)
+    parser.add_argument("--warmup", type=non_negative_int, default=2)
+    parser.add_argument("--backend", choices=["gloo", "nccl"], default=default_backend(),
+                        help="gloo on the CPU, or nccl with one GPU per rank (default here: %(default)s)")
     args = parser.parse_args()
-    mesh_device = start_backend(parser, args)
+    unknown = [key for key in args.arms.split(",") if key not in ARMS]
+    if unknown:
+        parser.error(f"unknown arm(s) {unknown}; choose from {list(ARMS)}")
+    if args.backend == "nccl" and (problem := nccl_problem()):
+        parser.error(f"--backend nccl: {problem}; use --backend gloo")
+    mesh_device = init_backend(args.backend)
     world = dist.get_world_size()
     mesh = init_device_mesh(mesh_device, (world,))
     names = list(WORKLOADS) if args.workload == "all" else [args.workload]

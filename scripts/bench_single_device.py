@@ -91,7 +91,8 @@ with ``torch.profiler`` (host-side events, also on ``cuda``, synchronised before
 profile ends) and counting the events named ``aten::mm``, ``aten::bmm``, ``aten::addmm``
 and ``aten::baddbmm`` (not ``aten::matmul``, which dispatches to those).
 
-An arm that raises is reported with its error and the run goes on.
+An arm that raises is reported with its error and the run goes on. The clocks, the
+compiles and the matmul count are those of ``scripts/bench_common.py``.
 
 Usage::
 
@@ -104,33 +105,25 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import json
-import os
-import platform
-import statistics
-import subprocess
 import sys
-import time
-import traceback
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import torch
-from torch._inductor.utils import fresh_cache
 
 import muon_compile
 from muon_compile.ns_cost import choose, ns_flops, products
+
+from bench_common import Arm, ArmResult, Step, cell, machine_info, machine_line, measure, non_negative_int, positive_int
 
 LR = 0.02
 NS_STEPS = 5  # the default of both optimizers
 NS_DTYPE = torch.bfloat16  # the default of both optimizers
 SEED = 0
-MATMUL_OPS = frozenset({"aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm"})
 
 Shape = tuple[int, int]
-Step = Callable[[], object]
 
 
 # ----------------------------------------------------------------------------- workloads
@@ -331,16 +324,6 @@ def gram_roofline_step(workload: Workload, device: torch.device) -> Step:
     return step
 
 
-@dataclasses.dataclass(frozen=True)
-class Arm:
-    """A way to run the step: ``make_step`` builds it on a device; ``backend`` is the torch.compile backend (None: eager)."""
-
-    key: str
-    name: str
-    make_step: Callable[[Workload, torch.device], Step]
-    backend: str | None = None
-
-
 ARMS = (
     Arm("eager-torch", "eager torch.optim.Muon", torch_muon_step),
     Arm("eager-ours", "eager muon_compile.Muon", our_muon_step),
@@ -360,163 +343,9 @@ MUON_ARM = "muon"
 ROOFLINE_ARM = "roofline"
 
 
-# ---------------------------------------------------------------------------- measuring
-@dataclasses.dataclass
-class ArmResult:
-    """What was measured of one arm; fields stay None where not measured (or the arm failed first)."""
-
-    key: str
-    name: str
-    times_s: list[float] | None = None
-    cold_compile_s: float | None = None
-    warm_compile_s: float | None = None
-    matmul_calls: int | None = None
-    error: str | None = None
-
-    @property
-    def median_s(self) -> float | None:
-        return statistics.median(self.times_s) if self.times_s else None
-
-    @property
-    def min_s(self) -> float | None:
-        return min(self.times_s) if self.times_s else None
-
-
-class Clock:
-    """Times calls on the CPU: ``time.perf_counter`` around the call, which runs to its end before returning."""
-
-    def synchronize(self) -> None:
-        """Wait for all work queued so far (none is left queued on the CPU)."""
-
-    def wall_s(self, fn: Step) -> float:
-        """Wall-clock seconds of ``fn()`` from the end of earlier work to the end of its own (first calls: compile times)."""
-        self.synchronize()
-        start = time.perf_counter()
-        fn()
-        self.synchronize()
-        return time.perf_counter() - start
-
-    def step_s(self, fn: Step) -> float:
-        """Seconds of one timed step ``fn()``."""
-        return self.wall_s(fn)
-
-
-class CudaClock(Clock):
-    """Times calls on CUDA: steps by a pair of CUDA events around the call, first calls by the
-    wall clock up to a ``torch.cuda.synchronize()`` (see the module doc)."""
-
-    def synchronize(self) -> None:
-        torch.cuda.synchronize()
-
-    def step_s(self, fn: Step) -> float:
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) / 1e3  # elapsed_time is in milliseconds
-
-
-def clock_for(device: torch.device) -> Clock:
-    """The clock that times steps on ``device``."""
-    return CudaClock() if device.type == "cuda" else Clock()
-
-
-def time_steps(step: Step, warmup: int, reps: int, clock: Clock) -> list[float]:
-    """Seconds of ``reps`` steps after ``warmup`` untimed ones (and a synchronize)."""
-    for _ in range(warmup):
-        step()
-    clock.synchronize()
-    return [clock.step_s(step) for _ in range(reps)]
-
-
-def count_matmul_calls(step: Step, clock: Clock) -> int:
-    """Matmul kernel calls (``MATMUL_OPS`` profiler events, recorded on the host) of one step."""
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        step()
-        clock.synchronize()
-    return sum(1 for event in prof.events() if event.name in MATMUL_OPS)
-
-
-def compile_cold_then_warm(step: Step, backend: str, result: ArmResult, clock: Clock) -> Step:
-    """Compile ``step`` twice (cold, then warm from the FX graph cache), timing each first call."""
-    torch._dynamo.reset()
-    result.cold_compile_s = clock.wall_s(torch.compile(step, backend=backend))
-    torch._dynamo.reset()
-    compiled = torch.compile(step, backend=backend)
-    result.warm_compile_s = clock.wall_s(compiled)
-    return compiled
-
-
-def error_summary(exc: BaseException) -> str:
-    """``Type: first line of the message`` (compiler errors run to many lines)."""
-    lines = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
-
-
-def measure(arm: Arm, workload: Workload, device: torch.device, warmup: int, reps: int) -> ArmResult:
-    """Run one arm on one workload on ``device``; an exception is recorded in the result, not raised."""
-    result = ArmResult(arm.key, arm.name)
-    clock = clock_for(device)
-    cache = fresh_cache() if arm.backend is not None else contextlib.nullcontext()
-    try:
-        with torch.no_grad(), cache:
-            torch._dynamo.reset()
-            step = arm.make_step(workload, device)
-            if arm.backend is not None:
-                step = compile_cold_then_warm(step, arm.backend, result, clock)
-            result.times_s = time_steps(step, warmup, reps, clock)
-            result.matmul_calls = count_matmul_calls(step, clock)
-    except Exception as exc:  # keep going: report the arm as failed
-        traceback.print_exc(file=sys.stderr)
-        result.error = error_summary(exc)
-    finally:
-        torch._dynamo.reset()
-    return result
-
-
 # ---------------------------------------------------------------------------- reporting
-def cpu_model() -> str:
-    """The CPU model from ``lscpu`` when available, else ``platform.processor()``."""
-    with contextlib.suppress(OSError, subprocess.SubprocessError):
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
-        for line in out.splitlines():
-            if line.startswith("Model name:"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine() or "unknown CPU"
-
-
-def machine_info(device: torch.device) -> dict:
-    """The host, torch and the device the steps run on; on CUDA also the GPU and the CUDA version."""
-    info = {
-        "device": device.type,
-        "cpu": cpu_model(),
-        "cpu_count": os.cpu_count(),
-        "torch": torch.__version__,
-        "threads": torch.get_num_threads(),
-    }
-    if device.type == "cuda":
-        info |= {"gpu": torch.cuda.get_device_name(device), "cuda": torch.version.cuda}
-    return info
-
-
-def machine_line(machine: dict) -> str:
-    """The report's 'machine:' line; on CUDA it starts with the device, the GPU and the CUDA version."""
-    host = (
-        f"{machine['cpu']}, os.cpu_count()={machine['cpu_count']}, torch {machine['torch']}, "
-        f"torch.get_num_threads()={machine['threads']}"
-    )
-    if machine["device"] == "cuda":
-        return f"machine: device cuda, {machine['gpu']}, CUDA {machine['cuda']}; host {host}"
-    return f"machine: {host}"
-
-
 def _ratio(x: float | None, y: float | None) -> float | None:
     return x / y if x is not None and y is not None and y > 0 else None
-
-
-def _fmt(value: float | int | None, spec: str, suffix: str = "") -> str:
-    return "-" if value is None else f"{value:{spec}}{suffix}"
 
 
 def _scaled(value: float | None, factor: float) -> float | None:
@@ -530,14 +359,14 @@ def table_row(result: ArmResult, roofline_s: float | None, muon_s: float | None)
     muon_speedup = None if result.key == MUON_ARM else _ratio(median, muon_s)
     return [
         result.name + (" (FAILED)" if result.error else ""),
-        _fmt(_scaled(median, 1e3), ".2f"),
-        _fmt(_scaled(result.min_s, 1e3), ".2f"),
-        _fmt(vs_roofline, ".2f", "x"),
-        _fmt(None if vs_roofline is None else 100 / vs_roofline, ".1f", "%"),
-        _fmt(muon_speedup, ".2f", "x"),
-        _fmt(result.cold_compile_s, ".1f"),
-        _fmt(result.warm_compile_s, ".1f"),
-        _fmt(result.matmul_calls, "d"),
+        cell(_scaled(median, 1e3), ".2f"),
+        cell(_scaled(result.min_s, 1e3), ".2f"),
+        cell(vs_roofline, ".2f", "x"),
+        cell(None if vs_roofline is None else 100 / vs_roofline, ".1f", "%"),
+        cell(muon_speedup, ".2f", "x"),
+        cell(result.cold_compile_s, ".1f"),
+        cell(result.warm_compile_s, ".1f"),
+        cell(result.matmul_calls, "d"),
     ]
 
 
@@ -604,20 +433,6 @@ def to_json(workload: Workload, results: list[ArmResult]) -> dict:
 
 
 # ---------------------------------------------------------------------------------- CLI
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
-
-
 def _select_arms(text: str | None) -> list[Arm]:
     """The arms named in a comma list (keys or long names), in table order; all when None."""
     if text is None:
@@ -650,8 +465,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--workload", type=_select_workloads, default="all",
                         help=f"comma list of {','.join(WORKLOADS)}, or all (default), which runs the large workloads "
                         f"({', '.join(w.name for w in WORKLOADS.values() if w.large)}) only off the CPU")
-    parser.add_argument("--reps", type=_positive_int, default=7, help="timed steps after warm-up (default 7)")
-    parser.add_argument("--warmup", type=_non_negative_int, default=2, help="untimed steps first (default 2)")
+    parser.add_argument("--reps", type=positive_int, default=7, help="timed steps after warm-up (default 7)")
+    parser.add_argument("--warmup", type=non_negative_int, default=2, help="untimed steps first (default 2)")
     parser.add_argument("--arms", type=_select_arms, default=None,
                         help=f"comma list of arm keys or names (default all): {','.join(a.key for a in ARMS)}")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")

@@ -8,36 +8,24 @@
 #                                                                 -> environment.txt
 #   install      this package into that Python, no dependency resolution, no index (always)
 #                                                                 -> install.log
-#   validate     the cost model against one GPU: scripts/validate_step_cost.py under
-#                torchrun, one rank, NCCL, gpt-small (the GPU's measured profile, then each
-#                step predicted and measured, and the host's time to issue it)
-#                                                                 -> validate_world1.txt/.json
-#   host         scripts/profile_step.py --host, one rank, NCCL: the host's side of
-#                gpt-small's step at 64 and 4 MiB buckets, and of the "24 shapes"
-#                fixed-cost step as it is and with every side 16 times as long (the
-#                same parameters and buckets, larger tensors): self time per op, kernel
-#                launches per step, each in a process of its own -> host.txt
 #   bench        scripts/bench_single_device.py on CUDA (CUDA-event times): gpt-small and
 #                llama-1b, arms eager torch.optim.Muon, muon, bmm roofline
 #                                                                 -> bench_single.txt/.json
 #   tests        the CUDA instances of the device-parametrised tests (pytest -m cuda, 4
 #                workers)                                         -> tests.log, junit.xml
-#   memory       the step's peak memory against the planner's estimate:
-#                scripts/measure_step_memory.py, one rank, NCCL  -> memory_world1.txt
+#   calibrate    the planner's profile of this GPU (python -m muon_compile.planner.calibrate:
+#                its matmul rates and memory bandwidth)           -> profile.json, calibrate.txt
 #   distributed  with 2 or more GPUs: scripts/bench_distributed.py under torchrun, NCCL
 #                                                                 -> bench_distributed.txt
-# and prints a short table last (also summary.txt). On one H100 (2026-11-26) validate took
-# 5.6 min (before the ten fixed-cost steps were compiled again to be timed with the steps,
-# the default since 2026-11-27: an estimated 8 min now; VALIDATE_ARGS with
-# --no-fixed-costs-during-steps skips them), tests about 3, bench 2-4 per workload, most
-# of it compiling: where one command may run 10 minutes, split the steps over several
-# (`... DIR validate`, `... DIR bench`).
+# and prints a short table last (scripts/gpu_summary.py; also summary.txt). On one H100
+# tests took about 3 min, bench 2-4 per workload, most of it compiling: where one command
+# may run 10 minutes, split the steps over several (`... DIR bench`, `... DIR tests`).
 # GPU_CHECK_STEP_SECONDS bounds each step (default 0: unbounded); BENCH_SINGLE_ARGS
 # replaces the benchmark's workload and arms (e.g. "--workload all" for every workload
-# and arm), VALIDATE_ARGS the validation's, BENCH_DIST_ARGS adds to the distributed one's.
+# and arm), BENCH_DIST_ARGS adds to the distributed one's.
 # Exit status: non-zero when a step failed (the later steps still run).
 set -uo pipefail
-KNOWN=(validate host bench tests memory distributed)
+KNOWN=(bench tests calibrate distributed)
 if [ $# -lt 1 ]; then
   echo "usage: bash scripts/gpu_check.sh REPORT_DIR [${KNOWN[*]} ...]" >&2
   exit 2
@@ -68,7 +56,7 @@ if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else '
 fi
 {
   date -u +"date: %Y-%m-%d %H:%M UTC"
-  # two leases of one kind issued the same step 1.7x apart: the host's CPU may differ
+  # the host's CPU too: machines with the same GPU have issued the same step 1.7x apart
   echo "host: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), $(nproc) cpus"
   "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'gpus', torch.cuda.device_count(), torch.cuda.get_device_name())"
   nvidia-smi 2>&1 || true
@@ -81,26 +69,6 @@ if ! "$PY" -m pip install --no-deps --no-build-isolation --no-index -e "$ROOT" >
   echo "gpu_check: installing the package failed, see $REPORT/install.log" >&2
   tail -5 "$REPORT/install.log" >&2
   exit 1
-fi
-
-if wanted validate; then
-  step "cost model against one GPU, torchrun with one rank, NCCL"
-  # shellcheck disable=SC2086
-  bounded "$PY" -m torch.distributed.run --nproc-per-node 1 scripts/validate_step_cost.py --backend nccl \
-    ${VALIDATE_ARGS:---workload gpt-small --instances 1 --reps 10 --profile-reps 5 --split-steps 0} \
-    --save "$REPORT/validate_world1.json" > "$REPORT/validate_world1.txt" 2> "$REPORT/validate_world1.log" || status=1
-  tail -4 "$REPORT/validate_world1.txt" >&2
-fi
-
-if wanted host; then
-  step "the host's side of four steps, torchrun with one rank, NCCL"
-  : > "$REPORT/host.txt"
-  for config in "gpt-small|64|1" "gpt-small|4|1" "24 shapes|64|1" "24 shapes|64|16"; do
-    IFS='|' read -r workload mb scale <<< "$config"
-    bounded "$PY" -m torch.distributed.run --nproc-per-node 1 scripts/profile_step.py --backend nccl \
-      --workload "$workload" --bucket-mb "$mb" --scale "$scale" --host --rows 40 >> "$REPORT/host.txt" 2>> "$REPORT/host.log" || status=1
-  done
-  grep "^host: " "$REPORT/host.txt" >&2
 fi
 
 if wanted bench; then
@@ -118,10 +86,11 @@ if wanted tests; then
   tail -3 "$REPORT/tests.log" >&2
 fi
 
-if wanted memory; then
-  step "peak memory against the planner's estimate, torchrun with one rank, NCCL"
-  bounded "$PY" -m torch.distributed.run --nproc-per-node 1 scripts/measure_step_memory.py --backend nccl \
-    > "$REPORT/memory_world1.txt" 2> "$REPORT/memory_world1.log" || status=1
+if wanted calibrate; then
+  step "calibrate: the planner's profile of this GPU"
+  bounded "$PY" -m muon_compile.planner.calibrate --device cuda --out "$REPORT/profile.json" \
+    > "$REPORT/calibrate.txt" 2>&1 || status=1
+  tail -3 "$REPORT/calibrate.txt" >&2
 fi
 
 if wanted distributed; then

@@ -2,12 +2,19 @@
 
     python scripts/gpu_summary.py REPORT_DIR
 
-Lines: the machine (environment.txt), the CUDA tests' counts (junit.xml), per workload of
-bench_single.json each arm's median step time and its ratio to the ``muon`` arm, and
-whether the distributed benchmark ran (bench_distributed.txt), the cost model's
-summary of its one-GPU validation (validate_world1.txt), and per step of the host step
-(host.txt, scripts/profile_step.py --host) its heading and host times. A missing file is
-reported as missing, not as a failure of this script.
+Lines, in the order of gpu_check.sh's steps:
+
+* the machine: the first three lines of environment.txt (date, host CPU, torch and GPUs);
+* the single-device benchmark (bench_single.json): per workload, each arm's median step
+  time and its ratio to the ``muon`` arm;
+* the CUDA tests' counts (junit.xml);
+* the calibration (profile.json, read as the planner reads it,
+  :func:`muon_compile.planner.profiles.load`): the device's peak bf16 matmul rate over the
+  sizes measured, its memory bandwidth, and the network's links where it has one;
+* the distributed benchmark: the first line of bench_distributed.txt.
+
+A missing file is reported as missing (its step did not run, or failed before writing
+it; the step's log says which), not as a failure of this script.
 """
 
 from __future__ import annotations
@@ -18,24 +25,17 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 
-def tests_line(report: Path) -> str:
-    path = report / "junit.xml"
+def environment_lines(report: Path) -> list[str]:
+    path = report / "environment.txt"
     if not path.exists():
-        return "CUDA tests: no junit.xml (the test step did not run)"
-    root = ET.parse(path).getroot()
-    suite = root if root.tag == "testsuite" else root.find("testsuite")
-    counts = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
-    passed = counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"]
-    return (
-        f"CUDA tests: {passed} passed, {counts['failures']} failed, {counts['errors']} errors, "
-        f"{counts['skipped']} skipped in {float(suite.get('time', 0)):.0f} s"
-    )
+        return ["environment: missing (no environment.txt)"]
+    return path.read_text().splitlines()[:3]  # date, host, torch
 
 
 def bench_lines(report: Path) -> list[str]:
     path = report / "bench_single.json"
     if not path.exists():
-        return ["single-device benchmark: no bench_single.json (see bench_single.log)"]
+        return ["single-device benchmark: missing (no bench_single.json; see bench_single.log)"]
     data = json.loads(path.read_text())
     lines = []
     for workload in data["workloads"]:
@@ -51,12 +51,53 @@ def bench_lines(report: Path) -> list[str]:
     return lines
 
 
-def host_lines(report: Path) -> list[str]:
-    path = report / "host.txt"
+def tests_line(report: Path) -> str:
+    path = report / "junit.xml"
     if not path.exists():
-        return ["host's side: no host.txt (the host step did not run)"]
-    # profile_step.py prints "# <workload>, <strategy>, bucket B MiB, ..." then "host: ..."
-    return [line for line in path.read_text().splitlines() if line.startswith(("# ", "host: "))]
+        return "CUDA tests: missing (no junit.xml; see tests.log)"
+    root = ET.parse(path).getroot()
+    suite = root if root.tag == "testsuite" else root.find("testsuite")
+    counts = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
+    passed = counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"]
+    return (
+        f"CUDA tests: {passed} passed, {counts['failures']} failed, {counts['errors']} errors, "
+        f"{counts['skipped']} skipped in {float(suite.get('time', 0)):.0f} s"
+    )
+
+
+def _link(link) -> str:
+    bandwidth = "unbounded" if link.bandwidth == float("inf") else f"{link.bandwidth / 1e9:.1f} GB/s"
+    return f"latency {link.latency * 1e6:.1f} us, {bandwidth}"
+
+
+def calibrate_lines(report: Path) -> list[str]:
+    path = report / "profile.json"
+    if not path.exists():
+        return ["calibrate: missing (no profile.json; see calibrate.txt)"]
+    import torch
+
+    from muon_compile.planner import profiles
+
+    try:
+        device, network = profiles.load(path)
+    except ValueError as error:
+        return [f"calibrate: profile.json does not load: {error}"]
+    size, rate = max(device.matmul.tables[torch.bfloat16], key=lambda pair: pair[1])
+    lines = [
+        f"calibrate: {device.name}: bf16 peak {rate:.0f} GFLOP/s (at {size}), "
+        f"memory bandwidth {device.memory_bandwidth / 1e9:.1f} GB/s"
+    ]
+    if network is not None:
+        lines.append(f"calibrate: network {network.name}: intra-node {_link(network.intra)}; inter-node {_link(network.inter)}")
+    return lines
+
+
+def distributed_line(report: Path) -> str:
+    path = report / "bench_distributed.txt"
+    if not path.exists():
+        return "distributed: missing (no bench_distributed.txt)"
+    text = path.read_text().strip()
+    return "distributed: " + (text.splitlines()[0] if text else "no output (see bench_distributed.log)")
 
 
 def main(argv: list[str]) -> int:
@@ -64,17 +105,8 @@ def main(argv: list[str]) -> int:
         print(__doc__.strip().splitlines()[2].strip(), file=sys.stderr)
         return 2
     report = Path(argv[0])
-    env = report / "environment.txt"
-    lines = ["=== gpu_check summary ==="]
-    lines += env.read_text().splitlines()[:3] if env.exists() else ["environment: missing"]  # date, host, torch
-    lines.append(tests_line(report))
-    lines += bench_lines(report)
-    dist = report / "bench_distributed.txt"
-    lines.append("distributed: " + (dist.read_text().strip().splitlines()[0] if dist.exists() and dist.read_text().strip() else "no output"))
-    validation = report / "validate_world1.txt"
-    summary = [line for line in validation.read_text().splitlines() if " pairs: median |error|" in line] if validation.exists() else []
-    lines.append("cost model, one GPU: " + (summary[0] if summary else "no summary (see validate_world1.log)"))
-    lines += host_lines(report)
+    lines = ["=== gpu_check summary ===", *environment_lines(report), *bench_lines(report), tests_line(report)]
+    lines += [*calibrate_lines(report), distributed_line(report)]
     print("\n".join(lines))
     return 0
 

@@ -29,7 +29,7 @@ import torch
 
 import muon_compile
 
-# the tests of the scripts import their modules (bench_distributed, measure_profiles, ...)
+# scripts/ on the path: a test may import a script's module (bench_common, ...) as the scripts do
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 
 from helpers import DEVICES, graph_caches_off

@@ -1,6 +1,7 @@
 """scripts/gpu_summary.py: the short table of a gpu_check.sh report folder, here a made-up
-one with the environment, the validation's summary and the host step's lines."""
+one with every step's file (the profile in the planner's file format), and an empty one."""
 
+import json
 from pathlib import Path
 
 from script_runs import python
@@ -8,23 +9,66 @@ from script_runs import python
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "gpu_summary.py"
 
 
-def test_summary_reads_the_machine_the_validation_and_the_host_step(tmp_path):
-    (tmp_path / "environment.txt").write_text(
+def write_report(folder: Path) -> None:
+    """A report folder as gpu_check.sh leaves it after every step, on one GPU."""
+    (folder / "environment.txt").write_text(
         "date: 2026-11-27 13:43 UTC\nhost: Some CPU, 16 cpus\ntorch 2.11.0+cu130 cuda 13.0 gpus 1 NVIDIA H200\nnvidia-smi ...\n"
     )
-    (tmp_path / "validate_world1.txt").write_text("table\n8 pairs: median |error| 25.2%, worst 43.4%, within 20%: 4/8\n")
-    (tmp_path / "host.txt").write_text(
-        "# gpt-small, all_to_all, bucket 64 MiB, prefetch 1, world 1 (nccl)\nstep: median 3.94 ms\n"
-        "host: issued a step in 3.83 ms (median of 7, slowest rank), 7.55 ms per profiled step; 217 kernel launch calls, "
-        "217 device kernels per step\n    1.807      1 calls  ## Call CompiledFxGraph ##\n"
+    arm = {"cold_compile_s": None, "warm_compile_s": None, "matmul_calls": 45, "error": None}
+    (folder / "bench_single.json").write_text(json.dumps({"device": "cuda", "workloads": [{
+        "workload": "gpt-small", "matrices": 24, "ns_gflop": 95.127, "arms": [
+            {**arm, "key": "eager-torch", "name": "eager torch.optim.Muon", "times_s": [0.0154], "median_s": 0.0154},
+            {**arm, "key": "muon", "name": "muon muon_compile.Muon (auto)", "times_s": [0.0035], "median_s": 0.0035},
+            {**arm, "key": "roofline", "name": "roofline", "times_s": None, "median_s": None, "error": "RuntimeError: boom"},
+        ],
+    }]}))
+    (folder / "junit.xml").write_text(
+        '<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" tests="40" failures="1" '
+        'errors="0" skipped="3" time="181.2"></testsuite></testsuites>'
     )
-    out = python(str(SCRIPT), str(tmp_path), timeout=60).stdout
-    lines = out.splitlines()
-    assert lines[1:4] == ["date: 2026-11-27 13:43 UTC", "host: Some CPU, 16 cpus", "torch 2.11.0+cu130 cuda 13.0 gpus 1 NVIDIA H200"]
-    assert "cost model, one GPU: 8 pairs: median |error| 25.2%, worst 43.4%, within 20%: 4/8" in lines
-    assert lines[-2:] == [
-        "# gpt-small, all_to_all, bucket 64 MiB, prefetch 1, world 1 (nccl)",
-        "host: issued a step in 3.83 ms (median of 7, slowest rank), 7.55 ms per profiled step; 217 kernel launch calls, "
-        "217 device kernels per step",
+    (folder / "profile.json").write_text(json.dumps({"version": 1, "device": {
+        "name": "calibrated cuda", "source": "python -m muon_compile.planner.calibrate", "kind": "cuda",
+        "matmul": {"source": "measured", "rates": {
+            "bfloat16": [[1024, 495268.4], [4096, 764093.1]], "float16": [[1024, 487178.7], [4096, 736406.4]],
+        }},
+        "memory_bandwidth": 2.79e12,
+    }, "network": None}))
+    (folder / "bench_distributed.txt").write_text("one GPU: the distributed benchmark needs 2 or more (skipped)\n")
+
+
+def test_summary_reads_every_step_of_a_report(tmp_path):
+    write_report(tmp_path)
+    lines = python(str(SCRIPT), str(tmp_path), timeout=120).stdout.splitlines()
+    assert lines == [
+        "=== gpu_check summary ===",
+        "date: 2026-11-27 13:43 UTC",
+        "host: Some CPU, 16 cpus",
+        "torch 2.11.0+cu130 cuda 13.0 gpus 1 NVIDIA H200",
+        "gpt-small (24 matrices, 95.1 NS GFLOP/step):",
+        f"  {'eager torch.optim.Muon':<42}    15.400 ms    4.40x muon",
+        f"  {'muon muon_compile.Muon (auto)':<42}     3.500 ms    1.00x muon",
+        f"  {'roofline':<42} FAILED: RuntimeError: boom",
+        "CUDA tests: 36 passed, 1 failed, 0 errors, 3 skipped in 181 s",
+        "calibrate: calibrated cuda: bf16 peak 764093 GFLOP/s (at 4096), memory bandwidth 2790.0 GB/s",
+        "distributed: one GPU: the distributed benchmark needs 2 or more (skipped)",
     ]
-    assert "CUDA tests: no junit.xml (the test step did not run)" in lines  # missing: reported, not an error
+
+
+def test_missing_files_are_reported_as_missing(tmp_path):
+    run = python(str(SCRIPT), str(tmp_path), timeout=120)
+    assert run.stdout.splitlines() == [
+        "=== gpu_check summary ===",
+        "environment: missing (no environment.txt)",
+        "single-device benchmark: missing (no bench_single.json; see bench_single.log)",
+        "CUDA tests: missing (no junit.xml; see tests.log)",
+        "calibrate: missing (no profile.json; see calibrate.txt)",
+        "distributed: missing (no bench_distributed.txt)",
+    ]
+
+
+def test_a_profile_the_planner_cannot_load_is_reported_with_why(tmp_path):
+    (tmp_path / "profile.json").write_text(json.dumps({"version": 1, "device": {"name": "x"}}))
+    lines = python(str(SCRIPT), str(tmp_path), timeout=120).stdout.splitlines()
+    assert [line for line in lines if line.startswith("calibrate:")] == [
+        f"calibrate: profile.json does not load: profile {tmp_path / 'profile.json'}: device.kind: missing"
+    ]
