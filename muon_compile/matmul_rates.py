@@ -14,28 +14,29 @@ the rates of products :data:`ASPECT` times longer one way than the others, by th
 of their cube; a product is priced between the square rate and its family's, linearly
 in log aspect, the family's held beyond :data:`ASPECT`. On the project's first VM (AVX-512
 BF16) the cube rule held to about 10%; on an AMX one some of the iteration's long products
-ran at 0.7 of square ones of equal volume (docs/benchmarks.md, "A VM with AMX"). Neither
-rule sees a size the library's kernels do not tile well (383 rows there: 0.3).
+ran at 0.7 of square ones of equal volume (docs/planner.md). Neither rule sees a size the
+library's kernels do not tile well (383 rows there: 0.3).
 
 The rates are those of large batches. A product call also costs a latency that does not
 shrink with its work (dispatch, the BLAS library's setup): on the 2-core VM a bf16 ``bmm``
 of one or two matrices of 37 to 256 rows costs about 10 us beyond its arithmetic, one of
 8 rows about 2 us (another code path). ``latency``, where measured
-(``scripts/measure_profiles.py``), holds those seconds per call by size, interpolated
-linearly in log size and held flat beyond its ends; without it a call costs its
-arithmetic alone.
+(``python -m muon_compile.planner.calibrate`` on a CPU), holds those seconds per call by
+size, interpolated linearly in log size and held flat beyond its ends; without it a call
+costs its arithmetic alone.
 
-Tables:
+Tables (the compile path's ``auto`` choice reads these; the planner can read a profile
+of the user's own device instead, :mod:`muon_compile.planner.calibrate`):
 
-* ``cpu``: measured on the project's 2-core VM (torch 2.13.0+cpu, oneDNN/MKL) with
-  ``python scripts/measure_matmul_rates.py`` (medians of 7 batched products per size).
+* ``cpu``: measured on the project's 2-core VM (torch 2.13.0+cpu, oneDNN/MKL), medians
+  of 7 batched products per size.
 * ``cuda``: measured on one NVIDIA H100 80GB HBM3 (SXM; torch 2.11.0+cu130, CUDA 13.0) on
-  2026-11-26 with the batches and CUDA-event timing of ``scripts/measure_matmul_rates.py``
-  (median of 5 timings), bf16 also in the non-square families (whose batches at 32 rows
-  held 4 times the script's, 65,536 products). fp32 is without TF32,
-  PyTorch's default for matmul. Until then this table was an estimate from NVIDIA's dense
-  peaks, below the measured bf16 rates up to 256 rows (2 against 19 TFLOP/s at 64) and
-  above them from 1024.
+  2026-11-26 with the batches and CUDA-event timing that
+  :mod:`muon_compile.planner.calibrate` uses (median of 5 timings), bf16 also in the
+  non-square families (whose batches at 32 rows held 4 times as many products, 65,536).
+  fp32 is without TF32, PyTorch's default for matmul. Until then this table was an
+  estimate from NVIDIA's dense peaks, below the measured bf16 rates up to 256 rows (2
+  against 19 TFLOP/s at 64) and above them from 1024.
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ def family_product(family: str, s: int) -> tuple[int, int, int]:
     return {LONG_INNER: (s, ASPECT * s, s), LONG_OUTER: (s, s, ASPECT * s)}[family]
 
 
-def cube_size(m: int, k: int, n: int) -> float:
+def _cube_size(m: int, k: int, n: int) -> float:
     """The side of the cube of the product's volume: the size it is priced at."""
     return (m * k * n) ** (1 / 3)
 
@@ -69,7 +70,7 @@ def cube_size(m: int, k: int, n: int) -> float:
 def family_table(family: str, points) -> Table:
     """``family``'s table as :class:`MatmulRates` holds it, ``(cube size, GFLOP/s)``, from
     ``(short side, GFLOP/s)`` points as profiles measure them (:func:`family_product`)."""
-    return tuple((cube_size(*family_product(family, int(s))), float(r)) for s, r in points)
+    return tuple((_cube_size(*family_product(family, int(s))), float(r)) for s, r in points)
 
 
 def _aspect(m: int, k: int, n: int) -> tuple[str, float]:
@@ -109,7 +110,7 @@ class MatmulRates:
         table = self.tables.get(dtype)
         if table is None:
             raise ValueError(f"no {self.device} matmul rates for {dtype}; known: {sorted(map(str, self.tables))}")
-        size = cube_size(m, k, n)
+        size = _cube_size(m, k, n)
         square = interpolate(table, size, log_log=True)
         family, aspect = _aspect(m, k, n)
         long = self.families.get(family, {}).get(dtype)
@@ -122,22 +123,14 @@ class MatmulRates:
         """Seconds one batched ``(m x k) @ (k x n)`` product call costs beyond its
         arithmetic, whatever its batch (see the module docstring); 0 without a latency table."""
         table = self.latency.get(dtype)
-        return interpolate(table, cube_size(m, k, n)) if table else 0.0
-
-    def scaled(self, factor: float, why: str) -> MatmulRates:
-        """These rates times ``factor`` (the latency per call unchanged), ``why`` added to the source."""
-        def scale(tables: Mapping[torch.dtype, Table]) -> dict[torch.dtype, Table]:
-            return {d: tuple((s, r * factor) for s, r in t) for d, t in tables.items()}
-
-        families = {f: scale(t) for f, t in self.families.items()}
-        return dataclasses.replace(self, source=f"{self.source}; x{factor:.3f}: {why}", tables=scale(self.tables), families=families)
+        return interpolate(table, _cube_size(m, k, n)) if table else 0.0
 
     def seconds(self, dtype: torch.dtype, m: int, k: int, n: int, count: int = 1) -> float:
         """Predicted seconds of ``count`` ``(m x k) @ (k x n)`` products in ``dtype``."""
         return count * 2 * m * k * n / (self.rate(dtype, m, k, n) * 1e9)
 
 
-# python scripts/measure_matmul_rates.py, 2026-11-23, the 2-core VM (AMD EPYC; its bf16 products run on AVX-512 BF16).
+# measured on 2026-11-23 on the 2-core VM (AMD EPYC; its bf16 products run on AVX-512 BF16).
 _CPU_BF16: Table = ((32, 109.7), (64, 420.2), (128, 499.6), (256, 664.3), (512, 759.1), (1024, 712.2), (2048, 678.0))
 _CPU_FP16: Table = ((32, 5.2), (64, 5.7), (128, 5.9), (256, 2.5), (512, 2.2), (1024, 1.0), (2048, 0.3))
 _CPU_FP32: Table = ((32, 83.9), (64, 123.2), (128, 169.9), (256, 179.7), (512, 190.3), (1024, 187.6), (2048, 195.0))
@@ -157,12 +150,12 @@ _CUDA_BF16_FAMILIES: dict[str, Table] = {
 PROFILES: dict[str, MatmulRates] = {
     "cpu": MatmulRates(
         "cpu",
-        "measured on the 2-core CI VM, torch 2.13.0+cpu (scripts/measure_matmul_rates.py)",
+        "measured on the 2-core CI VM, torch 2.13.0+cpu",
         {torch.bfloat16: _CPU_BF16, torch.float16: _CPU_FP16, torch.float32: _CPU_FP32, torch.float64: _CPU_FP64},
     ),
     "cuda": MatmulRates(
         "cuda",
-        "measured on an H100 80GB HBM3, torch 2.11.0+cu130 (scripts/measure_matmul_rates.py's batches)",
+        "measured on an H100 80GB HBM3, torch 2.11.0+cu130",
         {torch.bfloat16: _CUDA_BF16, torch.float16: _CUDA_FP16, torch.float32: _CUDA_FP32, torch.float64: _CUDA_FP64},
         families={f: {torch.bfloat16: family_table(f, t)} for f, t in _CUDA_BF16_FAMILIES.items()},
     ),

@@ -1,19 +1,25 @@
-"""The planner (muon_compile/plan.py, muon_compile/model_shapes.py): published model shapes,
-plans from shapes alone at any world size, HSDP layouts, the command line."""
+"""The planner (muon_compile/planner/recommend.py, muon_compile/planner/model_shapes.py):
+published model shapes, plans from shapes alone at any world size, HSDP layouts, the
+command line, the plots' missing dependency; and that the compile path imports none of
+muon_compile.planner."""
 
 import dataclasses
 import re
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
 
 from dist_harness import run_world
 from dist_workers import fsdp_muon, reference_run
+from muon_compile.planner import plots
 from muon_compile.planner import recommend as planner
 from muon_compile.config import Strategy
 from muon_compile.planner.model_shapes import MODELS, model
 from muon_compile.planner.network_profiles import profile
-from muon_compile.planner.step_cost import DEVICES, TIE, overhead_counts
+from muon_compile.planner.step_cost import DEVICES, TIE
 from numerics import NS_RTOL, assert_rel_close
 
 
@@ -49,6 +55,11 @@ def test_plans_from_shapes_balance_owners_at_any_world():
         assert all(b.group_size == world for b in p.buckets)
 
 
+def _ns_calls(plan):
+    """The NS calls of a one-rank plan's step: one per canonical shape of each bucket."""
+    return sum(len({m.canonical for m in b.members}) for b in plan.buckets)
+
+
 @pytest.mark.slow
 def test_one_rank_plan_is_the_compiled_steps():
     """At one rank the FSDP2 step is the single-device path's (a mesh of one rank leaves
@@ -68,9 +79,11 @@ def test_one_rank_plan_is_the_compiled_steps():
     for strategy in Strategy:
         plan = planner.plan_for(shapes, 1, strategy, mb, args)
         assert [[m.site for m in b.members] for b in plan.buckets] == sites
-        assert overhead_counts(plan) == (1, len(shapes), len(sites), len(sites), 0)
+        assert sum(len(b.members) for b in plan.buckets) == len(shapes)
+        assert _ns_calls(plan) == len(plan.buckets) == len(sites)
+        assert all(b.group_size == 1 for b in plan.buckets)  # no collective
     distributed = planner.plan_distributed(planner.sharded_sites(shapes, 1, args), bucket_mb=mb, strategy=Strategy.ALL_TO_ALL)
-    assert overhead_counts(distributed)[2] != len(sites)  # what the model priced before
+    assert _ns_calls(distributed) != len(sites)  # what the model priced before
 
 
 def test_shard_sizes_divide_the_world():
@@ -199,3 +212,38 @@ def test_ties_are_the_other_layouts_and_strategies_predicted_within_the_models_r
     assert "recommended: FSDP, MUON_COMPILE_STRATEGY=all_to_all MUON_COMPILE_BUCKET_MB=1024" in out
     assert [line.split()[1] for line in out.splitlines() if line.startswith("FSDP ")] == ["all_to_all"]
     assert "a tie, within" not in out
+
+
+def test_the_plots_name_their_missing_dependency(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if not installed
+    with pytest.raises(SystemExit, match="pip install matplotlib"):
+        plots.main(["--out", str(tmp_path)])
+
+
+# Compiles and runs a step of muon_compile.Muon on two matrices, then checks the modules loaded.
+_COMPILE_PATH = textwrap.dedent("""
+    import sys
+    import torch
+    import muon_compile
+
+    params = [torch.nn.Parameter(torch.randn(8, 16)), torch.nn.Parameter(torch.randn(16, 8))]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    before = [p.detach().clone() for p in params]
+    opt = muon_compile.Muon(params, lr=0.02)
+    torch.compile(opt.step, backend="muon")()
+    assert all(not torch.equal(p, b) for p, b in zip(params, before)), "the step changed nothing"
+    loaded = sorted(name for name in sys.modules if name.startswith("muon_compile"))
+    assert "muon_compile.backend" in loaded, loaded
+    planner = [name for name in loaded if name.startswith("muon_compile.planner")]
+    assert not planner, f"the compile path imported {planner}"
+""")
+
+
+@pytest.mark.slow
+def test_compiling_a_step_imports_no_planner_module():
+    """The planner is a tool beside the backend: importing muon_compile, compiling a step
+    and running it loads no module of muon_compile.planner (in a fresh interpreter: this
+    one has imported them)."""
+    run = subprocess.run([sys.executable, "-c", _COMPILE_PATH], capture_output=True, text=True, timeout=600, check=False)
+    assert run.returncode == 0, run.stderr[-4000:]

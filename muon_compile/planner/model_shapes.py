@@ -1,5 +1,5 @@
 """The matrices Muon updates in models too large for this machine, from their published
-configurations: the input of the planner (:mod:`muon_compile.plan`).
+configurations: the input of the planner (:mod:`muon_compile.planner.recommend`).
 
 A :class:`ModelShapes` lists its Muon matrices as ``(rows, cols)`` = ``(out, in)``, the
 layout of ``nn.Linear.weight`` that FSDP2 shards by rows, in layer order; embeddings and

@@ -23,10 +23,11 @@ than one link describes. The all-to-all row assumes the uneven split sizes of a 
 cost what even ones of the same total cost.
 
 A link may price messages above a size by a second link (:attr:`Link.large`), as NCCL
-prices each of its protocols by its own latency and bandwidth: on this VM gloo's
-all_gather of 16 MiB per rank takes 6-12 times its 4 MiB time, which no one line
-through the small and the large messages describes (scripts/measure_profiles.py fits
-the two ranges apart where one line misses a measured size by more than 20%).
+prices each of its protocols by its own latency and bandwidth: on this project's VM
+gloo's all_gather of 16 MiB per rank took 6-12 times its 4 MiB time, which no one line
+through the small and the large messages describes (docs/planner.md). A profile file
+may give such a link by hand; :mod:`muon_compile.planner.calibrate` fits one line per
+kind.
 
 Profiles (:data:`PROFILES`):
 
@@ -39,19 +40,18 @@ Profiles (:data:`PROFILES`):
 
 Where a collective's own work runs on the cores the step computes on (gloo's threads on the
 CPU), it takes a share of them while it is in flight: :attr:`NetworkProfile.compute_share`
-gives it per kind and size, measured from the CPU time of the process group's threads
-(scripts/measure_profiles.py); the cost model charges each rank's compute that share of
-the collective's time (:mod:`muon_compile.step_cost`). Where ranks share cores, they also
-end a stretch of the same compute at different times, and every rank waits for the last
-at the next collective: :attr:`NetworkProfile.after_compute` gives what a collective costs
-after a stretch, beyond its time back to back, measured by running products then the
-collective. A GPU's NCCL kernels take a few of its SMs, which no profile here prices (0),
-and its ranks do not share cores.
+gives it per kind and size; the cost model charges each rank's compute that share of
+the collective's time (:mod:`muon_compile.planner.step_cost`). Where ranks share cores,
+they also end a stretch of the same compute at different times, and every rank waits for
+the last at the next collective: :attr:`NetworkProfile.after_compute` gives what a
+collective costs after a stretch, beyond its time back to back. Neither is measured by
+:mod:`muon_compile.planner.calibrate` (a profile it writes has none: docs/planner.md
+says what they changed on this project's VM). A GPU's NCCL kernels take a few of its
+SMs, which no profile here prices (0), and its ranks do not share cores.
 
-A profile of this project's VM (gloo over 127.0.0.1) is measured by
-``scripts/measure_profiles.py``; the validation of the cost model
-(``scripts/validate_step_cost.py``) measures it again in the same run as the steps it
-predicts, because this VM's speed drifts between days.
+A profile of the user's own cluster, one node or more, is measured by
+``torchrun --nproc-per-node N -m muon_compile.planner.calibrate --out PROFILE.json``
+(:mod:`muon_compile.planner.profiles` reads it).
 """
 
 from __future__ import annotations
@@ -128,8 +128,8 @@ class NetworkProfile:
     (:meth:`after`); a kind without points costs nothing more. ``after_compute_alone``:
     the same, where one rank alone computed the stretch and the others waited at the
     collective (a tenth of the other at world 3 on two cores: the three ranks' shares of
-    the cores make the cost, docs/benchmarks.md, "Page faults in every step"); a kind
-    without points costs as ``after_compute`` says, however few ranks computed."""
+    the cores make the cost, docs/planner.md); a kind without points costs as
+    ``after_compute`` says, however few ranks computed."""
 
     name: str
     source: str

@@ -1,18 +1,17 @@
-"""Plot the planner's predictions (muon_compile.plan) for the docs.
+"""Plots of the planner's predictions for the docs.
 
-    pip install matplotlib
-    python scripts/plot_plan.py [--out docs] [--device h100] [--network nvlink-ib]
+    python -m muon_compile.planner.plots [--out docs] [--device h100] [--network nvlink-ib]
         [--tokens 4194304] [--mfu 0.4]
 
-Writes two PNGs:
+Needs matplotlib (``pip install matplotlib``). Writes two PNGs into ``--out``:
 
-* ``plan_step_time.png``: per model, the predicted optimizer step against the world size
-  (8 to 1,024) for each strategy, over FSDP (the whole world one shard group) and over
-  HSDP with shard groups of 8 (one node), each point at its best bucket size and
+* ``planner_step_time.png``: per model, the predicted optimizer step against the world
+  size (8 to 1,024) for each strategy, over FSDP (the whole world one shard group) and
+  over HSDP with shard groups of 8 (one node), each point at its best bucket size and
   prefetch depth among the planner's defaults whose buffers fit in its default share of
   the device's memory;
-* ``plan_overhead_share.png``: per model and world size, the recommended configuration's
-  step as a share of a training step of ``--tokens`` tokens at ``--mfu``.
+* ``planner_overhead_share.png``: per model and world size, the recommended
+  configuration's step as a share of a training step of ``--tokens`` tokens at ``--mfu``.
 """
 
 from __future__ import annotations
@@ -21,16 +20,11 @@ import argparse
 import math
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-from muon_compile.planner import recommend as planner  # noqa: E402
-from muon_compile.config import Strategy  # noqa: E402
-from muon_compile.planner.model_shapes import MODELS  # noqa: E402
-from muon_compile.planner.network_profiles import PROFILES as NETWORKS  # noqa: E402
-from muon_compile.planner.step_cost import DEVICES  # noqa: E402
+from ..config import Strategy
+from . import recommend as planner
+from .model_shapes import MODELS
+from .network_profiles import PROFILES as NETWORKS
+from .step_cost import DEVICES
 
 WORLDS = [8, 16, 32, 64, 128, 256, 512, 1024]
 SHARE_WORLDS = [8, 64, 1024]
@@ -43,17 +37,25 @@ def _step(rows: list, limit: float) -> float:
     return chosen.cost.step if chosen else math.nan
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default="docs")
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m muon_compile.planner.plots", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default="docs", help="the folder the PNGs are written to (default %(default)s)")
     parser.add_argument("--device", default="h100", choices=sorted(DEVICES))
     parser.add_argument("--network", default="nvlink-ib", choices=sorted(NETWORKS))
     parser.add_argument("--tokens", type=int, default=4 * 2**20)
     parser.add_argument("--mfu", type=float, default=0.4)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    try:
+        import matplotlib
+    except ModuleNotFoundError as e:
+        raise SystemExit("python -m muon_compile.planner.plots needs matplotlib: pip install matplotlib") from e
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     device, network = DEVICES[args.device], NETWORKS[args.network]
     limit = planner.memory_limit(device)
     out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
     fig, axes = plt.subplots(2, 2, figsize=(11, 8), sharex=True)
     shares: dict[str, list[float]] = {}
     for ax, (name, shapes) in zip(axes.flat, MODELS.items()):
@@ -81,7 +83,7 @@ def main() -> None:
     axes.flat[0].legend(fontsize=8)
     fig.suptitle(f"Predicted optimizer step, {device.name} / {network.name} (published figures; best bucket and prefetch)")
     fig.tight_layout()
-    fig.savefig(out / "plan_step_time.png", dpi=110)
+    fig.savefig(out / "planner_step_time.png", dpi=110)
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
     width = 0.8 / len(SHARE_WORLDS)
@@ -97,8 +99,8 @@ def main() -> None:
     ax.set_title(f"Muon's share of a step of {args.tokens / 2**20:g}M tokens at {args.mfu:.0%} MFU (recommended configuration)")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(out / "plan_overhead_share.png", dpi=110)
-    print(f"wrote {out / 'plan_step_time.png'} and {out / 'plan_overhead_share.png'}")
+    fig.savefig(out / "planner_overhead_share.png", dpi=110)
+    print(f"wrote {out / 'planner_step_time.png'} and {out / 'planner_overhead_share.png'}")
     for name in names:
         print(f"{name}: " + ", ".join(f"{w} GPUs " + ("none fits" if math.isnan(s) else f"{s:.2f}%") for w, s in zip(SHARE_WORLDS, shares[name])))
 

@@ -2,21 +2,21 @@
 times per strategy, bucket size and prefetch depth, from shapes alone.
 
     python -m muon_compile.planner --model llama-8b --world 8,64,1024 \\
-        [--device h100] [--network nvlink-ib] [--bucket-mb 64,256,1024,4096,16384] \\
+        [--device h100 | --profile FILE] [--network nvlink-ib] [--bucket-mb 64,256,1024,4096,16384] \\
         [--prefetch 0,1,2] [--shard 8,64] [--memory-share 0.25] [--tokens 4194304] [--mfu 0.4]
 
-The matrices of the model (:mod:`muon_compile.model_shapes`) become the sharded
+The matrices of the model (:mod:`muon_compile.planner.model_shapes`) become the sharded
 Newton–Schulz sites an FSDP2 run over ``world`` ranks would have (one process group,
 ``torch.chunk`` rows), planned by the distribute pass's own planner
 (:func:`~muon_compile.passes.plan_distributed.plan_distributed`) and priced by the cost
-model (:func:`muon_compile.step_cost.predict`). Besides FSDP over the whole world, HSDP
+model (:func:`muon_compile.planner.step_cost.predict`). Besides FSDP over the whole world, HSDP
 layouts are tried: Muon's collectives then run within shard groups of ``--shard`` ranks,
 and the replica groups repeat the step without communicating in it (the gradient
 all-reduce across replicas belongs to the backward pass, not priced here). For each
 world size it prints, per layout, strategy and bucket size, at the best prefetch depth,
 the predicted optimizer step, its NS, pointwise, exposed-communication and launch-bound
 (the device waiting for the host) parts and its
-bucket buffers (:func:`~muon_compile.step_cost.buffer_bytes`), and recommends the fastest
+bucket buffers (:func:`~muon_compile.planner.step_cost.buffer_bytes`), and recommends the fastest
 configuration whose buffers fit in ``--memory-share`` of the device's memory (the rest
 holds the model, its gradients, optimizer state and activations) and whose ranks' share of
 the Muon parameters' fp32 weights, gradients and momentum (:func:`state_bytes`) fits in
@@ -28,6 +28,13 @@ of ``W - 1`` (:func:`with_overlapped_exchanges`): the network profile's all-to-a
 latency is the model's least certain figure at hundreds of ranks, and the two
 recommendations bound it.
 
+The device and the network are built-in profiles (``--device``, ``--network``:
+:data:`~muon_compile.planner.step_cost.DEVICES`,
+:data:`~muon_compile.planner.network_profiles.PROFILES`), or those of a profile file
+(``--profile``, :mod:`muon_compile.planner.profiles`) that
+:mod:`muon_compile.planner.calibrate` measured on the user's own machine: its device in
+place of ``--device``, and where it has one, its network in place of ``--network``.
+
 Bucket sizes are swept up to 16 GiB by default: a bucket gives work to as many owners
 as it has matrices, so a model of large matrices over many ranks needs large buckets
 (``llama-70b``'s FFN matrices are 448 MiB each in bf16).
@@ -37,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from pathlib import Path
 
 import torch
 
@@ -50,6 +58,7 @@ from ..passes.find import NSSite, Sharding
 from ..passes.plan_buckets import plan_buckets
 from ..passes.plan_distributed import DistBucket, DistMember, DistPlan, plan_distributed
 from ..sharded_ns import row_shard
+from . import profiles
 from .step_cost import DEVICES, TIE, DeviceProfile, StepCost, buffer_bytes, predict, tied
 
 # muon_compile.Muon's defaults: Keller's quintic, 5 steps, bf16, the algorithm chosen per shape
@@ -89,7 +98,7 @@ def plan_for(shapes: list[tuple[int, int]], world: int, strategy: Strategy, buck
 
 def local_plan(shapes: list[tuple[int, int]], bucket_mb: float, args: NSArgs = DEFAULT_ARGS) -> DistPlan:
     """The single-device step's plan of ``shapes``, as a plan of groups of one rank. A mesh
-    of one rank lays a parameter out as a local tensor (:func:`muon_compile.routing.layout`),
+    of one rank lays a parameter out as a local tensor (:func:`muon_compile.routing.layout_of`),
     so the step of a one-rank run is the bucket pass's
     (:func:`~muon_compile.passes.plan_buckets.plan_buckets`): buckets of one shape, one NS
     call each, no collective, the same step whatever the strategy: its buckets are
@@ -122,7 +131,7 @@ class Prediction:
     prefetch: int
     buckets: int
     cost: StepCost
-    buffers: int  # bytes, see muon_compile.step_cost.buffer_bytes
+    buffers: int  # bytes, see muon_compile.planner.step_cost.buffer_bytes
     state_fits: bool = True  # whether the state fits in the device's memory (unknown: it does)
 
     @property
@@ -199,7 +208,7 @@ def with_overlapped_exchanges(
 ) -> list[Prediction]:
     """``predictions`` (one world size's :func:`sweep`) with the ``all_to_all`` rows priced
     again as if every all-to-all overlapped all its peer exchanges: one latency instead
-    of ``W - 1`` (:attr:`~muon_compile.network_profiles.NetworkProfile.exchanges_in_flight`),
+    of ``W - 1`` (:attr:`~muon_compile.planner.network_profiles.NetworkProfile.exchanges_in_flight`),
     the bound opposite the default's. NCCL overlaps some; no published figure says how many."""
     world = predictions[0].world
     overlapped = dataclasses.replace(network, exchanges_in_flight=world)
@@ -217,7 +226,7 @@ def best(predictions: list[Prediction], max_buffers: float = 0.0) -> Prediction 
 def ties(predictions: list[Prediction], chosen: Prediction, max_buffers: float = 0.0) -> list[Prediction]:
     """The fastest configuration of each other layout and strategy whose buffers fit in
     ``max_buffers`` bytes and whose step is predicted within
-    :data:`~muon_compile.step_cost.TIE` of ``chosen``'s: the model cannot rank them
+    :data:`~muon_compile.planner.step_cost.TIE` of ``chosen``'s: the model cannot rank them
     against it (time both where it matters)."""
     keys = dict.fromkeys((p.shard, p.strategy) for p in predictions)
     keys.pop((chosen.shard, chosen.strategy), None)
@@ -281,8 +290,12 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--model", required=True, choices=sorted(MODELS))
     parser.add_argument("--world", default="8,64,1024", help="comma list of world sizes (default %(default)s)")
-    parser.add_argument("--device", default="h100", choices=sorted(DEVICES))
-    parser.add_argument("--network", default="nvlink-ib", choices=sorted(NETWORKS))
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--device", choices=sorted(DEVICES), help="a built-in device profile (default h100)")
+    source.add_argument(
+        "--profile", type=Path, help="a profile file of python -m muon_compile.planner.calibrate: its device, and its network where it has one"
+    )
+    parser.add_argument("--network", choices=sorted(NETWORKS), help="a built-in network profile (default nvlink-ib)")
     parser.add_argument("--bucket-mb", default=_listed(BUCKET_MBS), help="comma list (default %(default)s)")
     parser.add_argument(
         "--shard", default=_listed(SHARDS), help="comma list of HSDP shard group sizes tried besides FSDP over the world (default %(default)s)"
@@ -294,7 +307,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tokens", type=int, default=4 * 2**20, help="tokens per training step (default %(default)s)")
     parser.add_argument("--mfu", type=float, default=0.4, help="forward/backward matmul utilisation (default %(default)s)")
     args = parser.parse_args(argv)
-    shapes, device, network = model(args.model), DEVICES[args.device], NETWORKS[args.network]
+    device, network = DEVICES[args.device or "h100"], NETWORKS[args.network or "nvlink-ib"]
+    if args.profile is not None:
+        try:
+            device, measured = profiles.load(args.profile)
+        except (OSError, ValueError) as e:
+            parser.error(f"--profile: {e}")
+        if measured is not None and args.network is not None:
+            parser.error(f"--network {args.network}: the profile {args.profile} has a network of its own")
+        network = network if measured is None else measured
+    shapes = model(args.model)
     try:
         worlds, mbs, depths = _numbers(args.world, int), _numbers(args.bucket_mb, float), _numbers(args.prefetch, int)
         shards = _numbers(args.shard, int)

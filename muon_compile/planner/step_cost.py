@@ -3,7 +3,7 @@
 Input: the distribution plan (:func:`muon_compile.passes.plan_distributed.plan_distributed`,
 which needs shapes only, so any world size can be planned without a process), the
 prefetch depth, a :class:`DeviceProfile` and a
-:class:`~muon_compile.network_profiles.NetworkProfile`. Output: a :class:`StepCost` per
+:class:`~muon_compile.planner.network_profiles.NetworkProfile`. Output: a :class:`StepCost` per
 rank: Newton–Schulz matmul seconds, pointwise (memory-bound) seconds, communication
 seconds, the part of it not hidden behind compute, the device's wait for its host's
 launches, and the total.
@@ -21,10 +21,9 @@ Work per bucket (docs/design.md, "Distributed layout"):
 * finish (``all_to_all``): wait, unpack;
 * and per parameter, outside the buckets, the momentum and the update: read the
   gradient, read and write the momentum and the parameter;
-* the step's fixed costs (:data:`FIXED_COSTS`, counted by :func:`overhead_counts`): the
-  device's overhead per step, per parameter, per NS call and per bucket, host time
-  (counted as pointwise time where the host computes), and per collective, counted as
-  the collective's time.
+* the step's fixed costs (:data:`FIXED_COSTS`): the device's overhead per step, per
+  parameter, per NS call and per bucket, host time (counted as pointwise time where the
+  host computes), and per collective, counted as the collective's time.
 
 Timeline: the update first (its host costs, the step's guards and the parameters'
 unwrapping, come before any kernel; the packing is fused into it), then the buckets'
@@ -34,16 +33,17 @@ clock, the collectives on one shared communication clock: a collective starts wh
 last rank has issued it and the previous one is done, and a rank that waits for it
 stalls. Where ranks share cores (the CPU), they end a stretch of the same compute at
 different times: a collective starts the network profile's cost after that stretch
-(:meth:`~muon_compile.network_profiles.NetworkProfile.after`, of the longest stretch of
-any rank since its last collective issued or waited for, by how many ranks computed it:
-their stretches' sum over the longest) after the last rank issued it,
-and every rank's compute loses that time, waiting for the last. Where a collective's own
-work runs on the compute cores (the CPU: gloo's threads),
-each rank's compute loses the network profile's share of the collective's time at its
-issue (:meth:`~muon_compile.network_profiles.NetworkProfile.share`, measured from the
-threads' CPU time); on a device that cannot overlap communication with compute at all
-(:attr:`DeviceProfile.overlaps_communication` false: the CPU profiles of runs that did
-not measure the share) a collective holds every rank's compute clock to its end instead.
+(:meth:`~muon_compile.planner.network_profiles.NetworkProfile.after`, of the longest
+stretch of any rank since its last collective issued or waited for, by how many ranks
+computed it: their stretches' sum over the longest) after the last rank issued it, and
+every rank's compute loses that time, waiting for the last. Where a collective's own work
+runs on the compute cores (the CPU: gloo's threads), each rank's compute loses the
+network profile's share of the collective's time at its issue
+(:meth:`~muon_compile.planner.network_profiles.NetworkProfile.share`); on a device that
+cannot overlap communication with compute at all
+(:attr:`DeviceProfile.overlaps_communication` false: a CPU profile without the
+collectives' share, as :mod:`muon_compile.planner.calibrate` writes it) a collective
+holds every rank's compute clock to its end instead.
 Exposed communication is the time a rank's compute waits for collectives or loses to
 them.
 
@@ -84,14 +84,13 @@ UPDATE_ACCESSES = 5
 
 # Two configurations predicted closer than this (relative) are a tie: the model cannot rank
 # them. Measured against steps at three CPU ranks on two cores, it prices the all_gather
-# step 5-10% low against the all_to_all one (docs/benchmarks.md, "A strategy's bias at
-# world 3"); the planner names the ties of its recommendation, and the validation reports
-# on their own the rankings it predicts further apart.
+# step 5-10% low against the all_to_all one (docs/planner.md); the planner names the ties
+# of its recommendation.
 TIE = 0.10
 
 
 # The fixed costs of a compiled step: each a DeviceProfile field (seconds), and what it is
-# counted by (overhead_counts gives the counts in this order).
+# counted by.
 FIXED_COSTS = {
     "step_overhead": "step",
     "param_overhead": "parameter",
@@ -121,12 +120,13 @@ class DeviceProfile:
     ``bucket_overhead`` seconds per bucket (packing, its stages' dispatch) and
     ``collective_overhead`` seconds per collective, beyond its transfer as the network
     profile prices it back to back (on the CPU, gloo's threads woken behind the step's
-    compute: docs/benchmarks.md, "A collective after compute"), counted as the
-    collective's time (:data:`FIXED_COSTS`); ``memory``, its bytes (0: unknown).
+    compute), counted as the collective's time (:data:`FIXED_COSTS`; none of them is
+    measured by :mod:`muon_compile.planner.calibrate`, docs/planner.md); ``memory``, its
+    bytes (0: unknown).
     ``ns_pass_bandwidth``: the bytes/s of the Newton–Schulz calls' own memory-bound passes
     (:func:`~muon_compile.ns_cost.pointwise_bytes`; 0: ``memory_bandwidth``, as a copy): on
     one CPU thread they convert bf16 both ways, divide and build the identity from an index,
-    and ran at 0.67x a copy's bandwidth (docs/benchmarks.md, "Page faults in every step").
+    and ran at 0.67x a copy's bandwidth (docs/planner.md).
     ``shared_cores``: the cores the ranks of a process group share, each rank computing
     on ``rank_threads`` threads (0: each rank has cores of its own): its rates and costs
     are those of every rank computing at once, and where fewer do, each runs faster
@@ -161,11 +161,6 @@ class DeviceProfile:
             return 1.0
         cores = self.shared_cores / self.rank_threads
         return min(1.0, cores / computing) / min(1.0, cores / world)
-
-    def without_fixed_costs(self) -> DeviceProfile:
-        """This device with no fixed costs: a step priced by its arithmetic, its memory
-        traffic and its collectives alone."""
-        return dataclasses.replace(self, **dict.fromkeys(FIXED_COSTS, 0.0))
 
 
 DEVICES: dict[str, DeviceProfile] = {
@@ -219,13 +214,6 @@ class StepCost:
         """The rank whose total is the step (the first of equals)."""
         return self.total.index(self.step)
 
-    def describe(self) -> str:
-        rows = ["rank  total ms  NS ms  pointwise ms  exposed comm ms  launch-bound ms"]
-        for r, (t, n, p, e, h) in enumerate(zip(self.total, self.ns, self.pointwise, self.exposed, self.launch_bound)):
-            rows.append(f"{r:4d}  {t * 1e3:8.3f}  {n * 1e3:5.3f}  {p * 1e3:12.3f}  {e * 1e3:15.3f}  {h * 1e3:15.3f}")
-        rows.append(f"communication {self.communication * 1e3:.3f} ms per rank")
-        return "\n".join(rows)
-
 
 def _ranks(member: DistMember, world: int) -> range | tuple[int]:
     """The ranks that orthogonalise ``member``."""
@@ -242,21 +230,6 @@ def _calls(bucket: DistBucket) -> list[dict[tuple[int, int], DistMember]]:
     return calls
 
 
-def ns_calls(bucket: DistBucket) -> tuple[int, ...]:
-    """How many Newton–Schulz calls each rank makes in ``bucket``."""
-    return tuple(len(c) for c in _calls(bucket))
-
-
-def overhead_counts(plan: DistPlan) -> tuple[int, ...]:
-    """What each of the :data:`FIXED_COSTS` of ``plan``'s step is counted by, in their
-    order: one step, its parameters, the NS calls of its busiest rank, its buckets, its
-    collectives (none in a group of one)."""
-    members = sum(len(b.members) for b in plan.buckets)
-    calls = [sum(c) for c in zip(*(ns_calls(b) for b in plan.buckets))]
-    collectives = sum(len(b.collectives()) for b in plan.buckets if b.group_size > 1)
-    return 1, members, max(calls, default=0), len(plan.buckets), collectives
-
-
 def _owned_elements(bucket: DistBucket) -> list[int]:
     """Elements of the whole matrices each rank orthogonalises in ``bucket``."""
     owned = [0] * bucket.group_size
@@ -269,8 +242,7 @@ def _owned_elements(bucket: DistBucket) -> list[int]:
 def buffer_bytes(plan: DistPlan, prefetch: int) -> int:
     """An estimate of the peak bytes of the step's bucket buffers on its busiest rank,
     beyond the parameters, gradients and momentum, in the compute dtype, as the compiled
-    step holds them (measured in docs/benchmarks.md, "The cut-back by layout, and the result
-    buffers"):
+    step holds them (measured as docs/planner.md describes):
 
     1. From the step's start, every bucket's packed shard, to be sent: Inductor fuses the
        packing into the momentum update, which runs first. It is freed once the bucket's
@@ -347,7 +319,7 @@ class _BucketWork:
     """One bucket's seconds per rank: its stages' (the compute stage's with its NS), its
     NS alone; and each of its collectives' kind and seconds back to back, and of those the
     seconds each rank's compute loses to it
-    (:meth:`~muon_compile.network_profiles.NetworkProfile.share`)."""
+    (:meth:`~muon_compile.planner.network_profiles.NetworkProfile.share`)."""
 
     launch: tuple[Seconds, ...]
     compute: tuple[Seconds, ...]
@@ -400,7 +372,7 @@ def _shared(amounts: list[float], speed) -> list[float]:
     return seconds
 
 
-def stages(plan: DistPlan, prefetch: int) -> list[StageTag]:
+def _stages(plan: DistPlan, prefetch: int) -> list[StageTag]:
     """The order the ``schedule`` pass gives the stages of ``plan``'s buckets at ``prefetch``
     (:func:`~muon_compile.passes.schedule.stage_order`), as :func:`predict` runs them."""
     finish = any(b.strategy is Strategy.ALL_TO_ALL for b in plan.buckets)
@@ -489,7 +461,7 @@ def predict(
     update = UPDATE_ACCESSES * elems * param_itemsize / device.memory_bandwidth
     run((Seconds(device.step_overhead, 0.0),) * world)  # guards and the wrapper, before any launch
     run((Seconds(device.param_overhead * len(members), update),) * world)
-    for tag in stages(plan, prefetch):
+    for tag in _stages(plan, prefetch):
         w = work[tag.bucket]
         if tag.stage is Stage.LAUNCH:
             run(w.launch)
