@@ -11,30 +11,28 @@ peers. A hang or a crash fails the call: the processes are killed after ``timeou
 ``fake_rank(fn, world, rank, *args)`` runs one fake rank in this process (no spawn: the
 fast tier's golden graphs), with the process group torn down afterwards.
 
-The spawned ranks of every call share one Inductor cache directory for the test session
-(:func:`session_cache_dir`) with Inductor's FX graph cache and the AOTAutograd cache off,
-as ``conftest.py`` runs the in-process tests: every compile runs the passes, so the
-counters are exact, while the C++ kernels compiled by one run are reused by the next
-(the four FSDP2 reference runs of test_distributed, in the whole suite: 83.8 s with a
-fresh directory per run, 68.1 s sharing one). A call that names its own ``cache_dir``
-gets the caches on.
+The spawned ranks compile into the Inductor cache directory of the test process
+(:func:`shared_cache_dir`, the one the in-process tests use) with Inductor's FX graph
+cache and the AOTAutograd cache off, as ``conftest.py`` runs the in-process tests: every
+compile runs the passes, so the counters are exact, while a C++ kernel compiled once, by
+a rank or in process, in this session or an earlier one, is not compiled again (the
+kernel cache is keyed by the kernel's source and build command). A call that names its
+own ``cache_dir`` gets the graph caches on.
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import datetime
 import io
 import os
-import shutil
 import socket
-import tempfile
 import traceback
 
 import torch
 import torch._functorch.config
 import torch._inductor.config
+from torch._inductor.runtime import cache_dir_utils
 
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -54,17 +52,10 @@ def _to_bytes(value) -> bytes:
     return buffer.getvalue()
 
 
-_session_cache: str | None = None
-
-
-def session_cache_dir() -> str:
-    """The Inductor cache directory the spawned ranks of this test session share, created
-    on first use and removed when the session ends."""
-    global _session_cache
-    if _session_cache is None:
-        _session_cache = tempfile.mkdtemp(prefix="muon-compile-tests-inductor-")
-        atexit.register(shutil.rmtree, _session_cache, ignore_errors=True)
-    return _session_cache
+def shared_cache_dir() -> str:
+    """This process's Inductor cache directory (``TORCHINDUCTOR_CACHE_DIR``, or Inductor's
+    default), which the spawned ranks share with it."""
+    return cache_dir_utils.cache_dir()
 
 
 def _worker(rank, world, port, fn, args, queue, cache_dir, graph_caches, pg_timeout):
@@ -93,7 +84,7 @@ def run_world(
     """``[fn(0, world, *args), ..., fn(world - 1, world, *args)]``, each on its own gloo rank.
 
     ``cache_dir`` sets TORCHINDUCTOR_CACHE_DIR for every rank, with the graph caches on
-    (default: :func:`session_cache_dir`, the graph caches off);
+    (default: :func:`shared_cache_dir`, the graph caches off);
     ``pg_timeout`` the process group's collective timeout in seconds (default: gloo's).
     """
     return _spawn(fn, world, list(range(world)), args, timeout, cache_dir, fake=False, pg_timeout=pg_timeout)
@@ -143,7 +134,7 @@ def _spawn(fn, world, ranks, args, timeout, cache_dir, fake, pg_timeout=None):
     ctx = _context()
     queue = ctx.Queue()
     port = None if fake else free_port()
-    worker_args = (cache_dir or session_cache_dir(), cache_dir is not None, pg_timeout)
+    worker_args = (cache_dir or shared_cache_dir(), cache_dir is not None, pg_timeout)
     procs = [ctx.Process(target=_worker, args=(r, world, port, fn, args, queue, *worker_args), daemon=True) for r in ranks]
     for p in procs:
         p.start()

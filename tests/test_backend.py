@@ -18,16 +18,24 @@ from numerics import NS_RTOL
 
 
 def _sweep(ns_dtype, preset, nesterov):
-    """Every combination but one in the slow tier (the golden graphs check the default one)."""
+    """One combination in the fast tier (the golden graphs check the default one), the rest slow."""
     fast = ns_dtype is torch.float32 and preset == "polar_express" and nesterov
     name = f"{'fp32' if ns_dtype is torch.float32 else 'bf16'}-{preset}-{'nesterov' if nesterov else 'plain'}"
     return pytest.param(ns_dtype, preset, nesterov, marks=() if fast else pytest.mark.slow, id=name)
 
 
-@pytest.mark.parametrize(
-    "ns_dtype, preset, nesterov",
-    [_sweep(d, p, n) for d in (torch.float32, torch.bfloat16) for p in ("keller", "polar_express") for n in (True, False)],
-)
+# Half of the 2 x 2 x 2 combinations of dtype, preset and Nesterov: every value of each and
+# every pair of values of any two occur (the fraction whose three factors' signs multiply
+# to +1); each combination compiles for about 9 s.
+_HALF_FRACTION = [
+    (torch.float32, "polar_express", True),
+    (torch.float32, "keller", False),
+    (torch.bfloat16, "polar_express", False),
+    (torch.bfloat16, "keller", True),
+]
+
+
+@pytest.mark.parametrize("ns_dtype, preset, nesterov", [_sweep(*combination) for combination in _HALF_FRACTION])
 def test_compiled_matches_eager(device, ns_dtype, preset, nesterov):
     compare_steps(
         muon(lr=0.05, weight_decay=0.1, ns_dtype=ns_dtype, ns_coefficients=preset, nesterov=nesterov),
