@@ -3,12 +3,12 @@
 Every test runs with Inductor's FX graph cache and the AOTAutograd cache switched off, so
 each compile runs the passes and the decision counters (``muon_compile.counters``) hold
 exactly what that compile decided: no assertion needs to accept "0 on a cache hit".
-Compiled C++ kernels are still reused within the session. A test about those caches
+Compiled C++ kernels are still reused (Inductor's cache directory). A test about those caches
 themselves is marked ``graph_cache`` and runs inside its own fresh cache directory
 (``torch._inductor.utils.fresh_cache``) with the caches on.
 
 Markers: ``slow`` for multi-process tests and long compiles (``pytest -m "not slow"`` is
-the two-minute tier), ``graph_cache`` as above, ``cuda`` on every test instance that runs
+the one-minute tier), ``graph_cache`` as above, ``cuda`` on every test instance that runs
 on the GPU (``pytest -m cuda`` runs those only; scripts/gpu_check.sh does).
 
 Order: the ``slow`` tests run first, so that in two workers (``scripts/test.sh``:
@@ -21,16 +21,10 @@ Devices: a test that compiles or runs the op takes the ``device`` fixture and ru
 per available device: ``"cpu"`` always, ``"cuda"`` when ``torch.cuda.is_available()``.
 """
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
 import muon_compile
-
-# scripts/ on the path: a test may import a script's module (bench_common, ...) as the scripts do
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 
 from helpers import DEVICES, graph_caches_off
 
