@@ -65,11 +65,6 @@ def tests_line(report: Path) -> str:
     )
 
 
-def _link(link) -> str:
-    bandwidth = "unbounded" if link.bandwidth == float("inf") else f"{link.bandwidth / 1e9:.1f} GB/s"
-    return f"latency {link.latency * 1e6:.1f} us, {bandwidth}"
-
-
 def calibrate_lines(report: Path) -> list[str]:
     path = report / "profile.json"
     if not path.exists():
@@ -88,7 +83,7 @@ def calibrate_lines(report: Path) -> list[str]:
         f"memory bandwidth {device.memory_bandwidth / 1e9:.1f} GB/s"
     ]
     if network is not None:
-        lines.append(f"calibrate: network {network.name}: intra-node {_link(network.intra)}; inter-node {_link(network.inter)}")
+        lines.append(f"calibrate: network {network.name}: intra-node {network.intra.describe()}; inter-node {network.inter.describe()}")
     return lines
 
 
