@@ -1,6 +1,6 @@
 # Sourced by scripts/demo.sh and scripts/test.sh: create (once) and activate a virtual
-# environment with torch (installed first, so pip never resolves another build of it) and
-# this package.
+# environment with torch (installed first, so the installer never resolves another build of
+# it) and this package, by scripts/installer.sh (uv where it is on PATH, else pip).
 #   MUON_COMPILE_VENV   the environment's folder (default .venv)
 #   MUON_COMPILE_TORCH  the torch version to install (default 2.13.0, a CPU build here;
 #                       PyPI's 2.11.x / 2.15.x are CUDA builds that also run on a CPU)
@@ -13,6 +13,9 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 # shellcheck disable=SC1091
 source "$VENV/bin/activate"
-python -m pip install --quiet --disable-pip-version-check "torch==$TORCH_VERSION"
-python -m pip install --quiet --disable-pip-version-check -e "$ROOT[test]"
+
+# shellcheck source=scripts/installer.sh
+source "$ROOT/scripts/installer.sh"
+install_into "$VENV/bin/python" "torch==$TORCH_VERSION"
+install_into "$VENV/bin/python" -e "$ROOT[test]"
 cd "$ROOT"

@@ -3,6 +3,8 @@ loops in the usual forms) becomes the op, bucketed like muon_compile.Muon; near 
 are left alone with their reason. Compiled results against eager execution of the same
 code, every time."""
 
+import inspect
+
 import pytest
 import torch
 
@@ -51,9 +53,18 @@ def _dynamo_graph(fn, inputs):
     return gm
 
 
+def _own_dtype(form):
+    return inspect.signature(SINGLE_DEVICE_FORMS[form]).parameters["dtype"].default
+
+
+# Each form compiled in the dtype its source iterates in (bf16, fp32 for the cubic), and
+# Keller's in fp32 as well: the dtype is read off the loop's one cast by one rule, and the
+# fast test below plans every form in both dtypes.
+COMPILED_FORMS = [(form, _own_dtype(form)) for form in SINGLE_DEVICE_FORMS] + [("keller", torch.float32)]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("form", SINGLE_DEVICE_FORMS)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize(("form", "dtype"), COMPILED_FORMS, ids=[f"{f}-{str(d)[6:]}" for f, d in COMPILED_FORMS])
 def test_form_becomes_one_op_per_matrix(device, form, dtype, tmp_path):
     shapes = SHAPES_2D + SHAPES_3D
     got, eager, exact, graphs = _compile_form(SINGLE_DEVICE_FORMS[form], shapes, tmp_path, dtype=dtype, device=device)
@@ -67,12 +78,15 @@ def test_form_becomes_one_op_per_matrix(device, form, dtype, tmp_path):
 
 
 @pytest.mark.parametrize("form", SINGLE_DEVICE_FORMS)
-def test_form_is_planned_as_one_match_per_matrix(form):
-    """The recogniser's verdict alone (no compile), fast: one match per matrix, wide, tall and batched."""
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_form_is_planned_as_one_match_per_matrix(form, dtype):
+    """The recogniser's verdict alone (no compile), fast: one match per matrix, wide, tall
+    and batched, with the dtype the loop iterates in."""
     shapes = [(8, 12), (12, 8), (2, 8, 12)]
-    gm = _dynamo_graph(lambda Gs: [SINGLE_DEVICE_FORMS[form](G) for G in Gs], [_inputs(shapes)])
+    gm = _dynamo_graph(lambda Gs: [SINGLE_DEVICE_FORMS[form](G, dtype=dtype) for G in Gs], [_inputs(shapes)])
     matches, rejected = plan_canonical(gm.graph)
     assert len(matches) == len(shapes) and not rejected, [r.reason for r in rejected]
+    assert all(m.args.compute_dtype == dtype for m in matches), [m.args for m in matches]
 
 
 @pytest.mark.parametrize("steps", [pytest.param(1, marks=pytest.mark.slow), 3, pytest.param(8, marks=pytest.mark.slow)])
