@@ -35,13 +35,13 @@ def orthogonalize(x: Tensor, args: NSArgs, policy: str = AUTO) -> Tensor:
     3. The iteration, by the algorithm :func:`algorithm_for` names (``auto`` resolved
        under ``policy``):
 
-       * ``textbook``, for each iteration's ``(a, b, c)``: ``A = X X^T; B = c A A + b A + a I;
-         X = B X``: three plain bmm and one small (rows x rows) pointwise step, summed in
-         at least fp32 and rounded once. Folding ``a X`` into ``B``'s diagonal keeps the
-         big product a plain bmm: on CPU ``baddbmm`` first copies its input into the
-         output and adds an epilogue pass, 15% of a gpt-small step. In low precision the
-         diagonal ``a + B_ii`` rounds relative to its own size, the size of the output it
-         scales, so the rounding error matches ``a X + B X`` rounded once.
+       * ``textbook``, for each iteration's ``(a, b, c)``: ``A = X X^T; B = b A + c A A;
+         X = a X + B X``: three products and nothing else, the scalars in the products'
+         ``beta`` / ``alpha`` (``baddbmm``), so an iteration is three matmul kernels, no
+         pointwise kernel between them (the same code for every iteration of a bucket up
+         to the scalars, which the generated code passes as arguments). The products
+         accumulate in fp32 and round once to ``compute_dtype``, epilogue included, on
+         cuBLAS and on the CPU alike.
        * ``gram`` (:func:`gram_iteration`): the same polynomial on the Gram matrix, the
          result rounded once to ``compute_dtype``.
 
@@ -58,10 +58,10 @@ def orthogonalize(x: Tensor, args: NSArgs, policy: str = AUTO) -> Tensor:
         X = gram_iteration(X, args, acc, norm / args.norm_scale / denom)
     else:
         X = X.to(compute_dtype)
-        eye = identity(X.size(-2), X.device, acc)
-        for coefficients in args.coefficients:
+        for a, b, c in args.coefficients:
             A = torch.bmm(X, X.mT)
-            X = torch.bmm(polynomial(A, torch.bmm(A, A), coefficients, eye, compute_dtype), X)
+            B = torch.baddbmm(A, A, A, beta=b, alpha=c)
+            X = torch.baddbmm(X, B, X, beta=a)
     if tall:
         X = X.mT
     if x.dim() == 2:
@@ -80,14 +80,6 @@ def normalized(batch: Tensor, args: NSArgs) -> tuple[Tensor, Tensor, Tensor]:
         norm = norm * args.norm_scale
     denom = norm.clamp_min(args.eps) if args.clamp_eps else norm + args.eps
     return X / denom, norm, denom
-
-
-def polynomial(A: Tensor, AA: Tensor, coefficients: tuple[float, float, float], eye: Tensor, dtype: torch.dtype) -> Tensor:
-    """The textbook iteration's pointwise step ``B = c A A + b A + a I``, summed in ``eye``'s
-    dtype (at least fp32) and rounded once to ``dtype``; ``AA`` is the product ``A A``."""
-    a, b, c = coefficients
-    acc = eye.dtype
-    return (c * AA.to(acc) + b * A.to(acc) + a * eye).to(dtype)
 
 
 def identity(n: int, device: torch.device, dtype: torch.dtype) -> Tensor:

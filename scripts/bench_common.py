@@ -14,8 +14,9 @@ steps after ``warmup`` untimed ones and a synchronize, so no timed step overlaps
 
 Measuring an arm (:func:`measure`): build its step; for a compiled arm, inside one fresh
 Inductor cache directory, compile it cold (after ``torch._dynamo.reset()``) and warm (reset
-again: the FX graph cache hits), timing each first call; then time the steps on the warm
-compile, and count the matmul kernel calls of one more step profiled with
+again: the FX graph cache hits), timing each first call, and count the launches of the cold
+compile's generated code (:func:`muon_compile.launches.count_launches`: products, generated
+kernels, other op calls); then time the steps on the warm compile, and count the matmul kernel calls of one more step profiled with
 ``torch.profiler`` (host-side events named in :data:`MATMUL_OPERANDS`; not
 ``aten::matmul``, which dispatches to those). An arm that raises is recorded with its
 error (:func:`error_summary`) and the run goes on.
@@ -36,7 +37,9 @@ import traceback
 from collections.abc import Callable, Iterable
 
 import torch
-from torch._inductor.utils import fresh_cache
+from torch._inductor.utils import fresh_cache, run_and_get_code
+
+from muon_compile.launches import Launches, count_launches
 
 Step = Callable[[], object]
 
@@ -152,6 +155,7 @@ class ArmResult:
     cold_compile_s: float | None = None
     warm_compile_s: float | None = None
     matmul_calls: int | None = None
+    launches: Launches | None = None
     error: str | None = None
 
     @property
@@ -172,9 +176,13 @@ def count_matmul_calls(step: Step, clock: Clock) -> int:
 
 
 def compile_cold_then_warm(step: Step, backend: str, result: ArmResult, clock: Clock) -> Step:
-    """Compile ``step`` twice (cold, then warm from the FX graph cache), timing each first call."""
+    """Compile ``step`` twice (cold, then warm from the FX graph cache), timing each first
+    call; the cold compile's generated code gives ``result.launches``."""
     torch._dynamo.reset()
-    result.cold_compile_s = clock.wall_s(torch.compile(step, backend=backend))
+    cold = torch.compile(step, backend=backend)
+    code: list[str] = []
+    result.cold_compile_s = clock.wall_s(lambda: code.extend(run_and_get_code(cold)[1]))
+    result.launches = count_launches(code)
     torch._dynamo.reset()
     compiled = torch.compile(step, backend=backend)
     result.warm_compile_s = clock.wall_s(compiled)

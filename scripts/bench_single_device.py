@@ -91,6 +91,11 @@ with ``torch.profiler`` (host-side events, also on ``cuda``, synchronised before
 profile ends) and counting the events named ``aten::mm``, ``aten::bmm``, ``aten::addmm``
 and ``aten::baddbmm`` (not ``aten::matmul``, which dispatches to those).
 
+Launches per step (compiled arms): the calls of the cold compile's generated code
+(:func:`muon_compile.launches.count_launches`), printed ``products+kernels+ops``: matrix
+products (extern BLAS calls, Triton matmul templates), the other kernels Inductor generated
+(C++ or Triton), and calls into other ops (the stack ops, collectives, aten fallbacks).
+
 An arm that raises is reported with its error and the run goes on. The clocks, the
 compiles and the matmul count are those of ``scripts/bench_common.py``.
 
@@ -114,6 +119,7 @@ from collections.abc import Iterable, Sequence
 import torch
 
 import muon_compile
+from muon_compile.launches import Launches
 from muon_compile.ns_cost import choose, ns_flops, products
 
 from bench_common import Arm, ArmResult, Step, cell, machine_info, machine_line, measure, non_negative_int, positive_int
@@ -367,11 +373,17 @@ def table_row(result: ArmResult, roofline_s: float | None, muon_s: float | None)
         cell(result.cold_compile_s, ".1f"),
         cell(result.warm_compile_s, ".1f"),
         cell(result.matmul_calls, "d"),
+        "-" if result.launches is None else _launch_cell(result.launches),
     ]
 
 
+def _launch_cell(launches: Launches) -> str:
+    return f"{launches.products}+{launches.kernels}+{launches.ops}"
+
+
 HEADER = ["arm", "step ms (median)", "min ms", "vs roofline", "% of roofline",
-          "muon speedup", "cold compile s", "warm compile s", "matmul calls/step"]
+          "muon speedup", "cold compile s", "warm compile s", "matmul calls/step",
+          "launches/step (products+kernels+ops)"]
 
 
 def format_table(rows: list[list[str]]) -> str:

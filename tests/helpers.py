@@ -114,3 +114,8 @@ def compile_with_dump(make_opt, shapes, tmp_path, dtype=torch.float32, device="c
 
 def count_ns_calls(graph_text):
     return graph_text.count("= muon_compile.newton_schulz(")
+
+
+def lowered_products(graph_text):
+    """The batched products (``bmm``, ``baddbmm``) in a dumped graph's text."""
+    return graph_text.count("aten.bmm(") + graph_text.count("aten.baddbmm(")
