@@ -15,7 +15,8 @@ The backend also warns, once per hyper-parameter, when Dynamo recompiles a step 
 time because a Python float in ``param_groups`` changed: an lr scheduler changes it every
 step, and after ``torch._dynamo.config.recompile_limit`` recompiles Dynamo runs the step
 eagerly, silently. (torch 2.13 and later recompile once, then take the number as an
-input; 2.11 recompiles on every change.)
+input; 2.11 recompiles on every change.) It warns, once per process, when a CUDA graph is
+requested for a step whose tensors are not on CUDA (:func:`warn_cuda_graph_off_cuda`).
 """
 
 from __future__ import annotations
@@ -187,5 +188,22 @@ def warn_symbolic_shapes(sites: list[str]) -> None:
         f"compiled for other shapes (another optimizer's step, say); {len(sites)} Newton–Schulz op(s) have symbolic "
         f"shapes ({', '.join(sites)}) and run as the op's own kernel: not bucketed, distributed or lowered. "
         f'Compile the step with torch.compile(step, backend="muon", dynamic=False) to keep its shapes static.',
+        stacklevel=2,
+    )
+
+
+_cuda_graph_warned = False
+
+
+def warn_cuda_graph_off_cuda(devices: list[str]) -> None:
+    """Warn, once per process, that a CUDA graph was asked for (``mode="reduce-overhead"``
+    or ``options={"triton.cudagraphs": True}``) by a step whose tensors are not on CUDA."""
+    global _cuda_graph_warned
+    if _cuda_graph_warned:
+        return
+    _cuda_graph_warned = True
+    warnings.warn(
+        f"muon_compile: a CUDA graph was requested (mode='reduce-overhead' or triton.cudagraphs) for an optimizer "
+        f"step whose tensors are on {', '.join(devices)}, not CUDA; the step is compiled and runs without one.",
         stacklevel=2,
     )

@@ -16,8 +16,9 @@ from muon_compile import config, explain, tracing
 from muon_compile.compat import DYNAMO_SORTS_CONFIG_SETS
 
 import ns_forms
-from helpers import make_params, set_grads
+from helpers import compare_steps, make_params, muon, set_grads
 from muon_corpus import CORPUS
+from numerics import NS_RTOL
 from test_corpus import SHAPES, dynamo_graphs, run_entry
 
 
@@ -104,6 +105,19 @@ def test_a_tensor_lr_compiles_once_and_does_not_warn():
     counters.clear()
     assert _scheduled_steps(torch.tensor(0.02)) == []
     assert counters["stats"]["unique_graphs"] == 1
+
+
+def test_a_cuda_graph_asked_for_on_the_cpu_warns_once_and_runs_without(monkeypatch):
+    """mode="reduce-overhead" (Inductor's CUDA graphs) on a CPU step: one warning naming the
+    device, the step compiled and equal to eager, and no second warning for another graph."""
+    monkeypatch.setattr(explain, "_cuda_graph_warned", False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        compare_steps(muon(ns_dtype=torch.float32), [(8, 12)], rtol=NS_RTOL["cpu"][torch.float32], steps=1, mode="reduce-overhead")
+        compare_steps(muon(ns_dtype=torch.float32), [(12, 8)], rtol=NS_RTOL["cpu"][torch.float32], steps=1, mode="reduce-overhead")
+    messages = [str(w.message) for w in caught if "CUDA graph" in str(w.message)]
+    assert len(messages) == 1, messages
+    assert "on cpu, not CUDA" in messages[0] and "runs without one" in messages[0]
 
 
 # ------------------------------------------------------------ point 6: the explanation
