@@ -16,9 +16,9 @@ Measuring an arm (:func:`measure`): build its step; for a compiled arm, inside o
 Inductor cache directory, compile it cold (after ``torch._dynamo.reset()``) and warm (reset
 again: the FX graph cache hits), timing each first call, and count the launches of the cold
 compile's generated code (:func:`muon_compile.launches.count_launches`: products, generated
-kernels, other op calls); then time the steps on the warm compile, and count the matmul kernel calls of one more step profiled with
-``torch.profiler`` (host-side events named in :data:`MATMUL_OPERANDS`; not
-``aten::matmul``, which dispatches to those). An arm that raises is recorded with its
+kernels, other op calls); then time the steps on the warm compile, and count the matmul
+kernel calls of one more step profiled with ``torch.profiler`` (host-side events named in
+:data:`MATMUL_OPERANDS`; not ``aten::matmul``, which dispatches to those). An arm that raises is recorded with its
 error (:func:`error_summary`) and the run goes on.
 """
 

@@ -39,8 +39,8 @@ def check_against_reference(results, ns_dtype, shapes=FSDP_SHAPES):
 
 @pytest.mark.parametrize("strategy", ["all_to_all", "all_gather"])
 def test_fsdp2_matches_single_process_reference_fp32(strategy):
-    """World 3: shards of uneven size, a world the bucket sizes do not divide (every
-    other test here runs world 2, HSDP world 4)."""
+    """World 3: rows split unevenly (10, 7, 40 and 1 rows over 3 ranks) and owners of
+    unequal shares (every other test here runs world 2, HSDP world 4)."""
     results = run_world(fsdp_muon, 3, FSDP_SHAPES, STEPS, strategy, dict(OPT, ns_dtype=torch.float32))
     check_against_reference(results, torch.float32)
     per_bucket = 2 if strategy == "all_to_all" else 1
