@@ -82,9 +82,10 @@ def muon_backend(
         if mode is not None:
             patches.update(torch._inductor.list_mode_options(mode))
         patches.update(options or {})
-        devices = sorted({t.device.type for t in example_inputs if isinstance(t, torch.Tensor)})
-        if patches.get("triton.cudagraphs") and "cuda" not in devices:
-            explain.warn_cuda_graph_off_cuda(devices)
+        if patches.get("triton.cudagraphs"):
+            devices = sorted({t.device.type for t in example_inputs if isinstance(t, torch.Tensor)})
+            if "cuda" not in devices:
+                explain.warn_cuda_graph_off_cuda(devices)
         user_passes = patches.pop("post_grad_custom_post_pass", torch._inductor.config.post_grad_custom_post_pass)
         patches["post_grad_custom_post_pass"] = MuonGraphPass(cfg, rank_key(example_inputs), dump_name, user_passes)
         compiled = compile_fx(gm, example_inputs, config_patches=patches)
