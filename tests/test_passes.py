@@ -97,11 +97,11 @@ def test_ns_calls_after_bucketing_equal_planned_buckets(device, tmp_path):
     step.assert_close(NS_RTOL[device][torch.bfloat16])
 
 
-def product_calls(rows, cols, device, steps=5):
+def product_calls(rows, cols, device, steps=5, algorithm=None):
     """The batched products of one bucket of ``rows x cols`` bf16 matrices: three per
-    iteration for the textbook algorithm, ``4 T - 1`` for Gram, whichever ``auto`` picks on
-    ``device``."""
-    algorithm = ns_cost.choose(rows, cols, steps, torch.bfloat16, device).algorithm
+    iteration for the textbook algorithm, ``4 T - 1`` for Gram; ``algorithm``, or whichever
+    ``auto`` picks on ``device``."""
+    algorithm = algorithm or ns_cost.choose(rows, cols, steps, torch.bfloat16, device).algorithm
     return sum(p.count for p in ns_cost.products(algorithm, rows, cols, steps, torch.bfloat16))
 
 
@@ -126,7 +126,7 @@ def test_launches_per_step_are_the_algorithms(algorithm):
     _, code = run_and_get_code(torch.compile(opt.step, backend="muon"))
     eager.step()
     launches = count_launches(code)
-    assert launches.products == sum(p.count for p in ns_cost.products(algorithm, 8, 24, 5, torch.bfloat16))
+    assert launches.products == product_calls(8, 24, "cpu", algorithm=algorithm)
     assert (launches.products, launches.kernels, launches.ops) == LAUNCHES[algorithm], launches.describe()
     for p, e in zip(params, eager_params):
         torch.testing.assert_close(p, e, rtol=NS_RTOL["cpu"][torch.bfloat16], atol=1e-3)
