@@ -18,15 +18,25 @@ again: the FX graph cache hits), timing each first call, and count the launches 
 compile's generated code (:func:`muon_compile.launches.count_launches`: products, generated
 kernels, other op calls); then time the steps on the warm compile, and count the matmul
 kernel calls of one more step profiled with ``torch.profiler`` (host-side events named in
-:data:`MATMUL_OPERANDS`; not ``aten::matmul``, which dispatches to those). An arm that raises is recorded with its
-error (:func:`error_summary`) and the run goes on.
+:data:`MATMUL_OPERANDS`; not ``aten::matmul``, which dispatches to those) and, on CUDA, the
+GPU kernels that step ran (the profiler's CUDA events: kernels, copies and fills). An arm
+that raises is recorded with its error (:func:`error_summary`) and the run goes on.
+
+Compiling in parallel (:func:`compile_in_parallel`): the cold compiles of many arms run at
+once, each in a process of its own (``spawn``), all in one Inductor cache directory with the
+FX graph cache on; :func:`measure` then takes the cold compile's seconds and launches from
+that process and compiles the arm once more itself, warm (the FX graph cache hits), before
+timing its steps one arm at a time. A cold compile timed beside others shares the host's
+cores with them: on a host with fewer cores than compiles at once it reads high.
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import contextlib
 import dataclasses
+import multiprocessing
 import os
 import platform
 import statistics
@@ -137,12 +147,16 @@ def time_steps(step: Step, warmup: int, reps: int, clock: Clock) -> list[float]:
 @dataclasses.dataclass(frozen=True)
 class Arm:
     """A way to run the step: ``make_step(workload, device)`` builds it; ``backend`` is the
-    torch.compile backend (None: eager)."""
+    torch.compile backend (None: eager), ``options`` its ``torch.compile(options=...)``."""
 
     key: str
     name: str
     make_step: Callable[[object, torch.device], Step]
     backend: str | None = None
+    options: dict | None = None
+
+    def compile(self, step: Step) -> Step:
+        return torch.compile(step, backend=self.backend, options=self.options)
 
 
 @dataclasses.dataclass
@@ -155,6 +169,7 @@ class ArmResult:
     cold_compile_s: float | None = None
     warm_compile_s: float | None = None
     matmul_calls: int | None = None
+    gpu_kernels: int | None = None
     launches: Launches | None = None
     error: str | None = None
 
@@ -167,24 +182,46 @@ class ArmResult:
         return min(self.times_s) if self.times_s else None
 
 
-def count_matmul_calls(step: Step, clock: Clock) -> int:
-    """Matmul kernel calls (:data:`MATMUL_OPERANDS` profiler events, recorded on the host) of one step."""
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+def count_kernels(step: Step, device: torch.device, clock: Clock) -> tuple[int, int | None]:
+    """Of one profiled step: the matmul calls (:data:`MATMUL_OPERANDS` events, recorded on
+    the host) and, on CUDA, the GPU kernels (the profiler's CUDA events; None elsewhere)."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as prof:
         step()
         clock.synchronize()
-    return sum(1 for event in prof.events() if event.name in MATMUL_OPERANDS)
+    events = prof.events()
+    matmuls = sum(1 for event in events if event.name in MATMUL_OPERANDS)
+    if device.type != "cuda":
+        return matmuls, None
+    return matmuls, sum(1 for event in events if event.device_type == torch.autograd.DeviceType.CUDA)
 
 
-def compile_cold_then_warm(step: Step, backend: str, result: ArmResult, clock: Clock) -> Step:
-    """Compile ``step`` twice (cold, then warm from the FX graph cache), timing each first
-    call; the cold compile's generated code gives ``result.launches``."""
+@dataclasses.dataclass(frozen=True)
+class Compiled:
+    """What a cold compile in a process of its own measured (:func:`compile_in_parallel`)."""
+
+    cold_compile_s: float | None = None
+    launches: Launches | None = None
+    error: str | None = None
+
+
+def compile_cold(arm: Arm, step: Step, clock: Clock) -> tuple[Step, Compiled]:
+    """Compile ``step`` after ``torch._dynamo.reset()`` and time its first call; the
+    generated code gives the launches."""
     torch._dynamo.reset()
-    cold = torch.compile(step, backend=backend)
+    compiled = arm.compile(step)
     code: list[str] = []
-    result.cold_compile_s = clock.wall_s(lambda: code.extend(run_and_get_code(cold)[1]))
-    result.launches = count_launches(code)
+    seconds = clock.wall_s(lambda: code.extend(run_and_get_code(compiled)[1]))
+    return compiled, Compiled(seconds, count_launches(code))
+
+
+def compile_warm(arm: Arm, step: Step, result: ArmResult, clock: Clock) -> Step:
+    """Compile ``step`` again after ``torch._dynamo.reset()`` (the FX graph cache hits) and
+    time its first call."""
     torch._dynamo.reset()
-    compiled = torch.compile(step, backend=backend)
+    compiled = arm.compile(step)
     result.warm_compile_s = clock.wall_s(compiled)
     return compiled
 
@@ -196,26 +233,59 @@ def error_summary(exc: BaseException, limit: int | None = None) -> str:
     return f"{type(exc).__name__}: {lines[0][:limit]}" if lines else type(exc).__name__
 
 
-def measure(arm: Arm, workload: object, device: torch.device, warmup: int, reps: int) -> ArmResult:
+def measure(
+    arm: Arm, workload: object, device: torch.device, warmup: int, reps: int, compiled: Compiled | None = None
+) -> ArmResult:
     """Run one arm on ``workload`` (whatever its ``make_step`` takes) on ``device`` (see the
-    module docstring); an exception is recorded in the result, not raised."""
+    module docstring); an exception is recorded in the result, not raised. ``compiled``: the
+    arm's cold compile, done already in the current Inductor cache (:func:`compile_in_parallel`)."""
     result = ArmResult(arm.key, arm.name)
     clock = clock_for(device)
-    cache = fresh_cache() if arm.backend is not None else contextlib.nullcontext()
+    fresh = arm.backend is not None and compiled is None
     try:
-        with torch.no_grad(), cache:
+        with torch.no_grad(), fresh_cache() if fresh else contextlib.nullcontext():
             torch._dynamo.reset()
             step = arm.make_step(workload, device)
             if arm.backend is not None:
-                step = compile_cold_then_warm(step, arm.backend, result, clock)
+                if compiled is None:
+                    compiled = compile_cold(arm, step, clock)[1]
+                result.cold_compile_s, result.launches = compiled.cold_compile_s, compiled.launches
+                if compiled.error:
+                    raise RuntimeError(f"its cold compile failed: {compiled.error}")
+                step = compile_warm(arm, step, result, clock)
             result.times_s = time_steps(step, warmup, reps, clock)
-            result.matmul_calls = count_matmul_calls(step, clock)
+            result.matmul_calls, result.gpu_kernels = count_kernels(step, device, clock)
     except Exception as exc:  # keep going: report the arm as failed
         traceback.print_exc(file=sys.stderr)
         result.error = error_summary(exc)
     finally:
         torch._dynamo.reset()
     return result
+
+
+def _compile_one(make_arm: Callable[[], tuple[Arm, object]], device_type: str) -> Compiled:
+    """In a compile process: build the arm's step and compile it cold (see :func:`compile_in_parallel`)."""
+    try:
+        arm, workload = make_arm()
+        device = torch.device(device_type)
+        with torch.no_grad():
+            return compile_cold(arm, arm.make_step(workload, device), clock_for(device))[1]
+    except Exception as exc:  # reported by the arm's measure
+        traceback.print_exc(file=sys.stderr)
+        return Compiled(error=error_summary(exc))
+
+
+def compile_in_parallel(jobs: dict, device: torch.device, workers: int) -> dict:
+    """``{key: make_arm}`` -> ``{key: Compiled}``: each ``make_arm()`` (a picklable
+    callable returning ``(arm, workload)``) built and compiled cold in a process of its own,
+    ``workers`` at a time, all in the Inductor cache directory of this process, which must
+    be set (``TORCHINDUCTOR_CACHE_DIR``) for :func:`measure` to find their work."""
+    if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+        raise RuntimeError("compile_in_parallel: set TORCHINDUCTOR_CACHE_DIR, the cache the compiles share")
+    context = multiprocessing.get_context("spawn")  # CUDA cannot be used in a forked child
+    with concurrent.futures.ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+        futures = {key: pool.submit(_compile_one, make_arm, device.type) for key, make_arm in jobs.items()}
+        return {key: future.result() for key, future in futures.items()}
 
 
 # -------------------------------------------------------------------------- tables, CLI

@@ -29,6 +29,9 @@ Workloads (``--workload``):
     llama-1b        16 layers of a 1B-parameter Llama: q, k, v, o 2048x2048; gate, up
                     5632x2048; down 2048x5632 (large: about 43 NS TFLOP per step)
     llama-1b-2l     the same shapes, 2 layers (a CPU step of all 16 takes about a minute)
+    llama-8b-4l     4 layers of Llama 3 8B: q, o 4096x4096; k, v 1024x4096; gate, up
+                    14336x4096; down 4096x14336 (large)
+    tiny            4 small matrices: seconds per arm on a CPU, for checking the script
 
 A large workload takes hours on a CPU: ``--workload all`` runs it only on CUDA and says
 it skipped it on the CPU; naming it (``--workload llama-1b``) runs it on either device.
@@ -41,6 +44,9 @@ Arms (``--arms`` takes the keys, or the long names, comma-separated):
     inductor-ours   inductor muon_compile.Muon   torch.compile(opt.step)
     muon            muon muon_compile.Muon       torch.compile(opt.step, backend="muon"),
                     (auto)                       Newton–Schulz algorithm chosen per bucket
+    muon-cudagraph  ... (auto), CUDA graph       the same, options={"triton.cudagraphs": True}:
+                                                 replayed as a CUDA graph (a CPU step warns
+                                                 and runs without one)
     muon-textbook   ... (textbook)               the same with ns_algorithm="textbook"
     muon-gram       ... (gram)                   the same with ns_algorithm="gram"
     muon-torch      muon torch.optim.Muon        torch.compile(opt.step, backend="muon"):
@@ -52,6 +58,8 @@ Arms (``--arms`` takes the keys, or the long names, comma-separated):
     roofline        roofline                     bare bf16 bmm's of the same NS FLOPs
     roofline-gram   roofline (gram products)     bare bmm's of the Gram algorithm's products,
                                                  in the dtype it iterates in (fp16 for bf16)
+    roofline-auto   roofline (products chosen)   per shape, the bare products of the algorithm
+                                                 the cost model picks there (the muon arm's)
 
 Both optimizers run their defaults otherwise: Keller Jordan's coefficients, 5 Newton–Schulz
 iterations in bf16, Nesterov momentum 0.95.
@@ -67,12 +75,13 @@ one ``torch.compile(fullgraph=True)`` function does Nesterov momentum, Newton–
 the stack and the update, and ``torch._foreach_copy_`` writes the rows back.
 
 ``roofline`` is the floor that bucketing aims at: all matrices of one canonical shape
-(``m x n`` with ``m <= n``; a tall matrix counts as its transpose) stacked into one
-preallocated ``[K, m, n]`` bf16 tensor, and per Newton–Schulz iteration the three
-products ``A = X X^T``, ``A2 = A A``, ``Y = A2 X`` as ``torch.bmm(..., out=...)`` into
-preallocated buffers. That is ``4 m^2 n + 2 m^3`` FLOPs per matrix and iteration
+(``m x n`` with ``m <= n``; a tall matrix counts as its transpose) in one batch, and per
+Newton–Schulz iteration the three products (``X X^T``, ``A A``, ``B X``: ``m x n x m``,
+``m x m x m``, ``m x m x n``) as ``torch.bmm(..., out=...)`` of preallocated bf16 operands
+into preallocated outputs. That is ``4 m^2 n + 2 m^3`` FLOPs per matrix and iteration
 (:func:`muon_compile.ns_cost.ns_flops`), the same matmul work as the optimizers' step,
-without their elementwise work, normalisation or casts.
+without their elementwise work, normalisation or casts. ``roofline-gram`` and
+``roofline-auto`` do the same with the products of :func:`muon_compile.ns_cost.products`.
 
 Each table's header also gives the NS FLOPs of one step by algorithm
 (:func:`muon_compile.ns_cost.ns_flops`): all textbook, all Gram, and ``auto``, what the cost
@@ -83,6 +92,11 @@ Compile time (compiled arms only), all inside one ``torch._inductor.utils.fresh_
 
 * cold: ``torch._dynamo.reset()``, compile, time the first call;
 * warm: ``torch._dynamo.reset()``, compile again, time the first call (the FX graph cache hits).
+
+With ``--compile-workers N`` every compiled arm of every workload first compiles cold in a
+process of its own, N at a time, all in one fresh Inductor cache; each arm then compiles warm
+and is timed in this process, one arm at a time (a GPU host compiles its arms in parallel on
+its cores; a cold compile beside others shares the cores, so it can read high).
 
 A first call is timed by the wall clock (``time.perf_counter``), on ``cuda`` up to a
 ``torch.cuda.synchronize()`` after the call. The steps are then timed on the
@@ -95,6 +109,8 @@ Launches per step (compiled arms): the calls of the cold compile's generated cod
 (:func:`muon_compile.launches.count_launches`), printed ``products+kernels+ops``: matrix
 products (extern BLAS calls, Triton matmul templates), the other kernels Inductor generated
 (C++ or Triton), and calls into other ops (the stack ops, collectives, aten fallbacks).
+GPU kernels per step (every arm, on ``cuda``): the CUDA events (kernels, copies, fills) the
+profiled step ran.
 
 An arm that raises is reported with its error and the run goes on. The clocks, the
 compiles and the matmul count are those of ``scripts/bench_common.py``.
@@ -110,19 +126,33 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import functools
 import json
 import sys
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
 import torch
+from torch._inductor.utils import fresh_cache
 
 import muon_compile
 from muon_compile.launches import Launches
 from muon_compile.ns_cost import choose, ns_flops, products
 
-from bench_common import Arm, ArmResult, Step, cell, machine_info, machine_line, measure, non_negative_int, positive_int
+from bench_common import (
+    Arm,
+    ArmResult,
+    Step,
+    cell,
+    compile_in_parallel,
+    machine_info,
+    machine_line,
+    measure,
+    non_negative_int,
+    positive_int,
+)
 
 LR = 0.02
 NS_STEPS = 5  # the default of both optimizers
@@ -171,6 +201,13 @@ def _llama_shapes(d: int = 2048, hidden: int = 5632, layers: int = 16) -> tuple[
     return ((d, d), (d, d), (d, d), (d, d), (hidden, d), (hidden, d), (d, hidden)) * layers
 
 
+def _llama_8b_shapes(layers: int) -> tuple[Shape, ...]:
+    """Per layer of Llama 3 8B: q and o 4096x4096, k and v 1024x4096 (grouped-query attention),
+    MLP gate and up 14336x4096, down 4096x14336."""
+    d, kv, hidden = 4096, 1024, 14336
+    return ((d, d), (kv, d), (kv, d), (d, d), (hidden, d), (hidden, d), (d, hidden)) * layers
+
+
 def _cycled(shapes: Sequence[Shape], count: int) -> tuple[Shape, ...]:
     return tuple(shapes[i % len(shapes)] for i in range(count))
 
@@ -185,6 +222,8 @@ WORKLOADS = {
         ),
         Workload("llama-1b", _llama_shapes(), large=True),
         Workload("llama-1b-2l", _llama_shapes(layers=2)),
+        Workload("llama-8b-4l", _llama_8b_shapes(layers=4), large=True),
+        Workload("tiny", ((32, 16), (16, 32), (24, 24), (48, 16))),
     )
 }
 
@@ -282,45 +321,24 @@ def canonical_counts(shapes: Iterable[Shape]) -> Counter[Shape]:
     return Counter((min(r, c), max(r, c)) for r, c in shapes)
 
 
-def _roofline_buffers(m: int, n: int, k: int, gen: torch.Generator, device: torch.device) -> tuple[torch.Tensor, ...]:
-    """``X [k, m, n]`` (each matrix of unit Frobenius norm, as NS starts) and the outputs A, A2, Y, on ``device``.
-
-    ``X`` is drawn on the CPU (``gen``) and then moved, as the parameters are.
-    """
-    x = torch.randn(k, m, n, generator=gen).to(device)
-    x = (x / torch.linalg.vector_norm(x, dim=(-2, -1), keepdim=True)).to(NS_DTYPE)
-    gram = torch.empty(k, m, m, dtype=NS_DTYPE, device=device)
-    return x, gram, torch.empty_like(gram), torch.empty_like(x)
-
-
-def roofline_step(workload: Workload, device: torch.device) -> Step:
-    """Bare batched matmuls with the Newton–Schulz FLOPs of ``workload`` (see the module doc)."""
+def products_roofline(workload: Workload, device: torch.device, algorithm: str) -> Step:
+    """Bare batched matmuls of ``algorithm``'s products (:func:`muon_compile.ns_cost.products`:
+    shapes, counts and the dtype it iterates in) for every canonical shape of ``workload``,
+    each shape's matrices in one batch, into preallocated outputs (see the module doc);
+    ``auto``: each shape's products under the algorithm the cost model picks for it on ``device``."""
     gen = torch.Generator().manual_seed(SEED)
-    counts = canonical_counts(workload.shapes)
-    buffers = [_roofline_buffers(m, n, k, gen, device) for (m, n), k in counts.items()]
-    flops = sum(k * ns_flops(m, n, NS_STEPS) for (m, n), k in counts.items())
-    assert flops == workload.flops, (flops, workload.flops)  # transposing keeps the FLOPs
-
-    def step() -> None:
-        for x, a, a2, y in buffers:
-            for _ in range(NS_STEPS):
-                torch.bmm(x, x.mT, out=a)
-                torch.bmm(a, a, out=a2)
-                torch.bmm(a2, x, out=y)
-
-    return step
-
-
-def gram_roofline_step(workload: Workload, device: torch.device) -> Step:
-    """Bare batched matmuls of the Gram algorithm's products (:func:`muon_compile.ns_cost.products`:
-    shapes, counts and the dtype Gram iterates in) for every canonical shape of ``workload``."""
-    gen = torch.Generator().manual_seed(SEED)
-    calls = []
+    calls, flops = [], 0
     for (m, n), k in canonical_counts(workload.shapes).items():
-        for p in products("gram", m, n, NS_STEPS, NS_DTYPE):
+        chosen = algorithm
+        if algorithm == "auto":
+            chosen = choose(m, n, NS_STEPS, NS_DTYPE, device.type, policy="auto").algorithm
+        for p in products(chosen, m, n, NS_STEPS, NS_DTYPE):
             a = torch.randn(k, p.m, p.k, generator=gen).to(device=device, dtype=p.dtype) / p.k
             b = torch.randn(k, p.k, p.n, generator=gen).to(device=device, dtype=p.dtype)
             calls.append((a, b, torch.empty(k, p.m, p.n, dtype=p.dtype, device=device), p.count))
+            flops += k * p.flops
+    want = workload.flops_of(algorithm, device)
+    assert flops == want, (flops, want)  # transposing keeps the FLOPs
 
     def step() -> None:
         for a, b, out, count in calls:
@@ -330,6 +348,18 @@ def gram_roofline_step(workload: Workload, device: torch.device) -> Step:
     return step
 
 
+def roofline_step(workload: Workload, device: torch.device) -> Step:
+    return products_roofline(workload, device, "textbook")
+
+
+def gram_roofline_step(workload: Workload, device: torch.device) -> Step:
+    return products_roofline(workload, device, "gram")
+
+
+def auto_roofline_step(workload: Workload, device: torch.device) -> Step:
+    return products_roofline(workload, device, "auto")
+
+
 ARMS = (
     Arm("eager-torch", "eager torch.optim.Muon", torch_muon_step),
     Arm("eager-ours", "eager muon_compile.Muon", our_muon_step),
@@ -337,6 +367,7 @@ ARMS = (
     Arm("inductor-torch", "inductor torch.optim.Muon", torch_muon_step, "inductor"),
     Arm("inductor-ours", "inductor muon_compile.Muon", our_muon_step, "inductor"),
     Arm("muon", "muon muon_compile.Muon (auto)", our_muon_step, "muon"),
+    Arm("muon-cudagraph", "muon muon_compile.Muon (auto), CUDA graph", our_muon_step, "muon", {"triton.cudagraphs": True}),
     Arm("muon-textbook", "muon muon_compile.Muon (textbook)", our_muon_textbook_step, "muon"),
     Arm("muon-gram", "muon muon_compile.Muon (gram)", our_muon_gram_step, "muon"),
     Arm("muon-torch", "muon torch.optim.Muon", torch_muon_step, "muon"),
@@ -344,6 +375,7 @@ ARMS = (
     Arm("hand-stacked", "hand-stacked (nanochat)", hand_stacked_step),
     Arm("roofline", "roofline", roofline_step),
     Arm("roofline-gram", "roofline (gram products)", gram_roofline_step),
+    Arm("roofline-auto", "roofline (products chosen)", auto_roofline_step),
 )
 MUON_ARM = "muon"
 ROOFLINE_ARM = "roofline"
@@ -374,6 +406,7 @@ def table_row(result: ArmResult, roofline_s: float | None, muon_s: float | None)
         cell(result.warm_compile_s, ".1f"),
         cell(result.matmul_calls, "d"),
         "-" if result.launches is None else _launch_cell(result.launches),
+        cell(result.gpu_kernels, "d"),
     ]
 
 
@@ -383,7 +416,7 @@ def _launch_cell(launches: Launches) -> str:
 
 HEADER = ["arm", "step ms (median)", "min ms", "vs roofline", "% of roofline",
           "muon speedup", "cold compile s", "warm compile s", "matmul calls/step",
-          "launches/step (products+kernels+ops)"]
+          "launches/step (products+kernels+ops)", "GPU kernels/step"]
 
 
 def format_table(rows: list[list[str]]) -> str:
@@ -482,6 +515,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--arms", type=_select_arms, default=None,
                         help=f"comma list of arm keys or names (default all): {','.join(a.key for a in ARMS)}")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
+    parser.add_argument("--compile-workers", type=non_negative_int, default=0, metavar="N",
+                        help="first compile every compiled arm cold, N at a time, each in a process of its own, in one "
+                        "fresh Inductor cache; then time the arms one at a time (default 0: each arm compiles in "
+                        "turn, in this process, in a fresh cache of its own)")
     args = parser.parse_args(argv)
     args.arms = args.arms or list(ARMS)
     if args.device is None:
@@ -495,15 +532,34 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def arm_and_workload(workload: str, arm: str) -> tuple[Arm, Workload]:
+    """The arm and the workload of these names (what a compile process builds)."""
+    return next(a for a in ARMS if a.key == arm), WORKLOADS[workload]
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
+    with fresh_cache() if args.compile_workers else contextlib.nullcontext():
+        run(args)
+
+
+def run(args: argparse.Namespace) -> None:
     device = args.device
     workloads = list(WORKLOADS.values()) if args.workload == "all" else [WORKLOADS[n] for n in args.workload]
     machine = machine_info(device)
     output = {"device": device.type, "machine": machine, "warmup": args.warmup, "reps": args.reps,
-              "workloads": [], "skipped_workloads": []}
+              "compile_workers": args.compile_workers, "workloads": [], "skipped_workloads": []}
+    skipped = [w for w in workloads if args.workload == "all" and not runs_by_default(w, device)]
+    compiled = {}
+    if args.compile_workers:
+        jobs = {
+            (w.name, a.key): functools.partial(arm_and_workload, w.name, a.key)
+            for w in workloads if w not in skipped for a in args.arms if a.backend is not None
+        }
+        print(f"compiling {len(jobs)} arms cold, {args.compile_workers} at a time ...", file=sys.stderr, flush=True)
+        compiled = compile_in_parallel(jobs, device, args.compile_workers)
     for workload in workloads:
-        if args.workload == "all" and not runs_by_default(workload, device):
+        if workload in skipped:
             print(f"=== workload {workload.name}: skipped on {device.type} (too large; "
                   f"--workload {workload.name} runs it anyway) ===\n", flush=True)
             output["skipped_workloads"].append(workload.name)
@@ -511,7 +567,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         results = []
         for arm in args.arms:
             print(f"[{workload.name}] {arm.name} ...", file=sys.stderr, flush=True)
-            results.append(measure(arm, workload, device, args.warmup, args.reps))
+            results.append(measure(arm, workload, device, args.warmup, args.reps, compiled.get((workload.name, arm.key))))
         print(report(workload, results, machine, args.warmup, args.reps), flush=True)
         kept = [state_bytes_on_param_device(o, workload, device) / 2**20 for o in (False, True)]
         print(
