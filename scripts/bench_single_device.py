@@ -60,6 +60,13 @@ Arms (``--arms`` takes the keys, or the long names, comma-separated):
                                                  in the dtype it iterates in (fp16 for bf16)
     roofline-auto   roofline (products chosen)   per shape, the bare products of the algorithm
                                                  the cost model picks there (the muon arm's)
+    emerging        Emerging-Optimizers Muon     NVIDIA's (Megatron's) Muon, eager
+    heavyball       HeavyBall Muon               HeavyBall's Muon, its helpers compiled
+    dion            Dion Muon (one device)       Dion's Muon without a mesh, its parts compiled
+
+The peers (installed from vendor/wheels by scripts/gpu_check.sh; an arm without its package
+fails saying so) are configured as close to the optimizers above as their APIs allow; each
+function's docstring says where they differ.
 
 Both optimizers run their defaults otherwise: Keller Jordan's coefficients, 5 Newton–Schulz
 iterations in bf16, Nesterov momentum 0.95.
@@ -316,6 +323,58 @@ def hand_stacked_step(workload: Workload, device: torch.device) -> Step:
     return step
 
 
+# ---------------------------------------------------------------------------------- peers
+def _peer(module: str):
+    """Import a peer's package, or say it is not installed and where it comes from."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise RuntimeError(
+            f"not installed ({module}: {e}); scripts/gpu_check.sh installs the peers from vendor/wheels "
+            "(docs/benchmarks.md, 'Peers')"
+        ) from e
+
+
+def emerging_step(workload: Workload, device: torch.device) -> Step:
+    """NVIDIA Emerging-Optimizers' Muon (Megatron's): Keller's coefficients ("simple"), 5 steps,
+    bf16 products (``fp32_matmul_prec="medium"``), Nesterov, torch's learning-rate scale.
+    Not the same: it normalises in fp32 with eps 1e-15; one Newton–Schulz per matrix, eager."""
+    orthogonalized = _peer("emerging_optimizers.orthogonalized_optimizers")
+    return orthogonalized.Muon(
+        make_params(workload, device), lr=LR, momentum=0.95, weight_decay=0.0, nesterov=True,
+        fp32_matmul_prec="medium", coefficient_type="simple", num_ns_steps=NS_STEPS, scale_mode="shape_scaling",
+    ).step
+
+
+def heavyball_step(workload: Workload, device: torch.device) -> Step:
+    """HeavyBall's Muon, Nesterov on a heavy-ball buffer (torch's direction), 5 bf16 steps, its
+    own compiled helpers in Inductor's default mode (its default, max-autotune, would spend the
+    run autotuning). Not the same: the five per-iteration coefficient tuples of modded-nanogpt
+    (Keller's only for square matrices, by a module-wide switch), stochastic rounding to bf16."""
+    heavyball = _peer("heavyball")
+    heavyball.utils.compile_mode = "default"
+    opt = heavyball.Muon(
+        make_params(workload, device), lr=LR, betas=(0.95, 0.99), weight_decay=0.0, nesterov=True,
+        heavyball_momentum=True, warmup_steps=0,
+    )
+    opt.consume_grad = False  # it drops each gradient once used; every arm here steps on the same gradients
+    return opt.step
+
+
+def dion_step(workload: Workload, device: torch.device) -> Step:
+    """Dion's Muon on one device (``distributed_mesh=None``): same-shape matrices batched, its
+    compiled bf16 Newton–Schulz, Nesterov. Not the same: its five per-iteration coefficient
+    tuples (``use_polar_express=False``; Keller's only through a Python hook it would run
+    eagerly), ``lr * sqrt(rows / cols)`` (smaller than torch's for wide matrices)."""
+    dion = _peer("dion")
+    return dion.Muon(
+        make_params(workload, device), distributed_mesh=None, lr=LR, mu=0.95, weight_decay=0.0, epsilon=1e-7,
+        nesterov=True, adjust_lr="spectral_norm", use_triton=False, use_polar_express=False,
+    ).step
+
+
 def canonical_counts(shapes: Iterable[Shape]) -> Counter[Shape]:
     """How many matrices there are of each canonical (``m <= n``) shape."""
     return Counter((min(r, c), max(r, c)) for r, c in shapes)
@@ -376,6 +435,9 @@ ARMS = (
     Arm("roofline", "roofline", roofline_step),
     Arm("roofline-gram", "roofline (gram products)", gram_roofline_step),
     Arm("roofline-auto", "roofline (products chosen)", auto_roofline_step),
+    Arm("emerging", "Emerging-Optimizers Muon (Megatron)", emerging_step),
+    Arm("heavyball", "HeavyBall Muon", heavyball_step),
+    Arm("dion", "Dion Muon (one device)", dion_step),
 )
 MUON_ARM = "muon"
 ROOFLINE_ARM = "roofline"

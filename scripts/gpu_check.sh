@@ -1,16 +1,22 @@
 #!/usr/bin/env bash
-# One command on a GPU machine:   bash scripts/gpu_check.sh REPORT_DIR [STEP ...]
+# One command on a GPU machine:   bash scripts/gpu_check.sh [--device cpu] REPORT_DIR [STEP ...]
 #
 # Needs a Python whose torch is a CUDA build (python3, or $PYTHON) with pytest,
-# pytest-timeout and pytest-xdist; no network. Steps, each logged to REPORT_DIR (STEP
-# names a subset, in this order; default all):
+# pytest-timeout and pytest-xdist; no network. --device cpu runs the same steps on the CPU
+# with a tiny workload (what tests/test_gpu_check.py does: the script cannot fail on a GPU
+# for a missing file or a typo). Steps, each logged to REPORT_DIR (STEP names a subset, in
+# this order; default all):
 #   environment  the host's CPU model, nvidia-smi, torch, CUDA, GPU count (always)
 #                                                                 -> environment.txt
-#   install      this package into that Python, no dependency resolution, no index (always)
-#                                                                 -> install.log
-#   bench        scripts/bench_single_device.py on CUDA (CUDA-event times): gpt-small and
-#                llama-1b, arms eager torch.optim.Muon, muon, bmm roofline
-#                                                                 -> bench_single.txt/.json
+#   install      this package into that Python, no dependency resolution, no index, unless
+#                it imports from this tree already; the peers' wheels of vendor/wheels/ where
+#                that folder exists (built on a machine with a registry, carried here: see
+#                docs/benchmarks.md, "Peers") (always)                -> install.log
+#   bench        scripts/bench_single_device.py (CUDA-event times), every compiled arm
+#                compiled first, in parallel processes: gpt-small, llama-1b and 4 layers of
+#                Llama 3 8B; arms eager torch.optim.Muon, the default backend, muon, muon
+#                with the CUDA graph, the textbook roofline and the roofline of the products
+#                chosen, and the peers                          -> bench_single.txt/.json
 #   tests        the CUDA instances of the device-parametrised tests (pytest -m cuda, 4
 #                workers)                                         -> tests.log, junit.xml
 #   calibrate    the planner's profile of this GPU (python -m muon_compile.planner.calibrate:
@@ -20,14 +26,20 @@
 # and prints a short table last (scripts/gpu_summary.py; also summary.txt). On one H100
 # tests took about 3 min, bench 2-4 per workload, most of it compiling: where one command
 # may run 10 minutes, split the steps over several (`... DIR bench`, `... DIR tests`).
+# GPU_CHECK_WHEELS names another folder of peer wheels (default vendor/wheels).
 # GPU_CHECK_STEP_SECONDS bounds each step (default 0: unbounded); BENCH_SINGLE_ARGS
 # replaces the benchmark's workload and arms (e.g. "--workload all" for every workload
 # and arm), BENCH_DIST_ARGS adds to the distributed one's.
 # Exit status: non-zero when a step failed (the later steps still run).
 set -uo pipefail
 KNOWN=(bench tests calibrate distributed)
-if [ $# -lt 1 ]; then
-  echo "usage: bash scripts/gpu_check.sh REPORT_DIR [${KNOWN[*]} ...]" >&2
+DEVICE=cuda
+if [ "${1:-}" = "--device" ]; then
+  DEVICE="${2:-}"
+  shift 2
+fi
+if [ $# -lt 1 ] || [[ "$DEVICE" != cuda && "$DEVICE" != cpu ]]; then
+  echo "usage: bash scripts/gpu_check.sh [--device cpu] REPORT_DIR [${KNOWN[*]} ...]" >&2
   exit 2
 fi
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -50,7 +62,7 @@ wanted() { [[ " ${STEPS[*]} " == *" $1 "* ]]; }
 bounded() { if [ "${GPU_CHECK_STEP_SECONDS:-0}" -gt 0 ]; then timeout "$GPU_CHECK_STEP_SECONDS" "$@"; else "$@"; fi; }
 
 step "environment"
-if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'torch ' + torch.__version__ + ': torch.cuda.is_available() is False')"; then
+if [ "$DEVICE" = cuda ] && ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'torch ' + torch.__version__ + ': torch.cuda.is_available() is False')"; then
   echo "gpu_check: $PY has no usable CUDA torch (see above; PYTHON=... picks another interpreter)" >&2
   exit 1
 fi
@@ -58,49 +70,74 @@ fi
   date -u +"date: %Y-%m-%d %H:%M UTC"
   # the host's CPU too: machines with the same GPU have issued the same step 1.7x apart
   echo "host: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//'), $(nproc) cpus"
-  "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'gpus', torch.cuda.device_count(), torch.cuda.get_device_name())"
+  "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'gpus', torch.cuda.device_count(), torch.cuda.get_device_name() if torch.cuda.is_available() else '')"
   nvidia-smi 2>&1 || true
 } > "$REPORT/environment.txt"
 GPUS="$("$PY" -c "import torch; print(torch.cuda.device_count())")"
 cat "$REPORT/environment.txt" >&2
 
 step "install (no dependencies, no index)"
-if ! "$PY" -m pip install --no-deps --no-build-isolation --no-index -e "$ROOT" > "$REPORT/install.log" 2>&1; then
+: > "$REPORT/install.log"
+if "$PY" -c "import muon_compile, sys; sys.exit(0 if muon_compile.__file__.startswith('$ROOT/') else 1)" 2> /dev/null; then
+  echo "muon_compile imports from $ROOT already" >> "$REPORT/install.log"
+elif ! "$PY" -m pip install --no-deps --no-build-isolation --no-index -e "$ROOT" >> "$REPORT/install.log" 2>&1; then
   echo "gpu_check: installing the package failed, see $REPORT/install.log" >&2
   tail -5 "$REPORT/install.log" >&2
   exit 1
 fi
+WHEELS="${GPU_CHECK_WHEELS:-$ROOT/vendor/wheels}"
+if compgen -G "$WHEELS/*.whl" > /dev/null; then
+  # a peer that does not install is reported by its arm, as failed; the rest still run
+  for wheel in "$WHEELS"/*.whl; do
+    "$PY" -m pip install --no-deps --no-index "$wheel" >> "$REPORT/install.log" 2>&1 || echo "gpu_check: $wheel did not install (install.log)" >&2
+  done
+else
+  echo "no wheels in $WHEELS: the peers' arms will report that they are not installed" | tee -a "$REPORT/install.log" >&2
+fi
 
+ARMS=eager-torch,inductor-torch,muon,muon-cudagraph,roofline,roofline-auto,emerging,heavyball,dion
+if [ "$DEVICE" = cuda ]; then
+  # compiles at once: half the host's cores (a compile also runs threads of its own), at most 8
+  WORKERS=$(( $(nproc) / 2 > 8 ? 8 : ($(nproc) / 2 > 0 ? $(nproc) / 2 : 1) ))
+  BENCH_DEFAULT="--workload gpt-small,llama-1b,llama-8b-4l --arms $ARMS --reps 5 --compile-workers $WORKERS"
+else
+  BENCH_DEFAULT="--workload tiny --arms $ARMS --reps 2 --warmup 1 --compile-workers 2"
+fi
 if wanted bench; then
-  step "single-device benchmark on CUDA"
+  step "single-device benchmark on $DEVICE"
   # shellcheck disable=SC2086
-  bounded "$PY" scripts/bench_single_device.py --device cuda --json "$REPORT/bench_single.json" \
-    ${BENCH_SINGLE_ARGS:---workload gpt-small,llama-1b --arms eager-torch,muon,roofline --reps 5} \
-    > "$REPORT/bench_single.txt" 2> "$REPORT/bench_single.log" || status=1
+  bounded "$PY" scripts/bench_single_device.py --device "$DEVICE" --json "$REPORT/bench_single.json" \
+    ${BENCH_SINGLE_ARGS:-$BENCH_DEFAULT} > "$REPORT/bench_single.txt" 2> "$REPORT/bench_single.log" || status=1
 fi
 
 if wanted tests; then
   step "CUDA tests (pytest -m cuda)"
-  bounded "$PY" -m pytest -m cuda -q -p no:cacheprovider -n 4 --junitxml="$REPORT/junit.xml" tests \
-    > "$REPORT/tests.log" 2>&1 || status=1
-  tail -3 "$REPORT/tests.log" >&2
+  if [ "$DEVICE" = cuda ]; then
+    bounded "$PY" -m pytest -m cuda -q -p no:cacheprovider -n 4 --junitxml="$REPORT/junit.xml" tests \
+      > "$REPORT/tests.log" 2>&1 || status=1
+    tail -3 "$REPORT/tests.log" >&2
+  else
+    echo "--device cpu: no CUDA tests to run" | tee "$REPORT/tests.log" >&2
+  fi
 fi
 
 if wanted calibrate; then
-  step "calibrate: the planner's profile of this GPU"
-  bounded "$PY" -m muon_compile.planner.calibrate --device cuda --out "$REPORT/profile.json" \
+  step "calibrate: the planner's profile of this $DEVICE"
+  CALIBRATE_ARGS=()
+  [ "$DEVICE" = cpu ] && CALIBRATE_ARGS=(--max-size 128 --max-bytes 65536 --reps 1)  # the steps checked, not the figures
+  bounded "$PY" -m muon_compile.planner.calibrate --device "$DEVICE" --out "$REPORT/profile.json" "${CALIBRATE_ARGS[@]}" \
     > "$REPORT/calibrate.txt" 2>&1 || status=1
   tail -3 "$REPORT/calibrate.txt" >&2
 fi
 
 if wanted distributed; then
-  if [ "$GPUS" -ge 2 ]; then
+  if [ "$DEVICE" = cuda ] && [ "$GPUS" -ge 2 ]; then
     step "distributed benchmark, torchrun on $GPUS GPUs, NCCL"
     # shellcheck disable=SC2086
     bounded "$PY" -m torch.distributed.run --nproc-per-node "$GPUS" scripts/bench_distributed.py --backend nccl ${BENCH_DIST_ARGS:-} \
       > "$REPORT/bench_distributed.txt" 2> "$REPORT/bench_distributed.log" || status=1
   else
-    echo "one GPU: the distributed benchmark needs 2 or more (skipped)" | tee "$REPORT/bench_distributed.txt" >&2
+    echo "$GPUS GPU(s) on $DEVICE: the distributed benchmark needs 2 or more (skipped)" | tee "$REPORT/bench_distributed.txt" >&2
   fi
 fi
 

@@ -6,7 +6,8 @@ Lines, in the order of gpu_check.sh's steps:
 
 * the machine: the first three lines of environment.txt (date, host CPU, torch and GPUs);
 * the single-device benchmark (bench_single.json): per workload, each arm's median step
-  time and its ratio to the ``muon`` arm;
+  time, its ratios to the ``muon`` and the ``roofline`` arms, and where measured its GPU
+  kernels per step and its cold compile seconds;
 * the CUDA tests' counts (junit.xml);
 * the calibration (profile.json, read as the planner reads it,
   :func:`muon_compile.planner.profiles.load`): the device's peak bf16 matmul rate over the
@@ -40,14 +41,19 @@ def bench_lines(report: Path) -> list[str]:
     lines = []
     for workload in data["workloads"]:
         arms = workload["arms"]
-        muon = next((a["median_s"] for a in arms if a["key"] == "muon" and a["median_s"]), None)
+        medians = {a["key"]: a["median_s"] for a in arms if a["median_s"]}
         lines.append(f"{workload['workload']} ({workload['matrices']} matrices, {workload['ns_gflop']:.1f} NS GFLOP/step):")
         for arm in arms:
             if arm["median_s"] is None:
                 lines.append(f"  {arm['name']:<42} FAILED: {arm.get('error')}")
                 continue
-            ratio = f"{arm['median_s'] / muon:6.2f}x muon" if muon else ""
-            lines.append(f"  {arm['name']:<42} {arm['median_s'] * 1e3:9.3f} ms  {ratio}")
+            cells = [f"{arm['median_s'] * 1e3:9.3f} ms"]
+            cells += [f"{arm['median_s'] / medians[k]:6.2f}x {k}" for k in ("muon", "roofline") if k in medians]
+            if arm.get("gpu_kernels") is not None:
+                cells.append(f"{arm['gpu_kernels']} kernels")
+            if arm.get("cold_compile_s") is not None:
+                cells.append(f"compiled in {arm['cold_compile_s']:.0f} s")
+            lines.append(f"  {arm['name']:<42} " + "  ".join(cells))
     return lines
 
 

@@ -18,8 +18,10 @@ def write_report(folder: Path) -> None:
     (folder / "bench_single.json").write_text(json.dumps({"device": "cuda", "workloads": [{
         "workload": "gpt-small", "matrices": 24, "ns_gflop": 95.127, "arms": [
             {**arm, "key": "eager-torch", "name": "eager torch.optim.Muon", "times_s": [0.0154], "median_s": 0.0154},
-            {**arm, "key": "muon", "name": "muon muon_compile.Muon (auto)", "times_s": [0.0035], "median_s": 0.0035},
-            {**arm, "key": "roofline", "name": "roofline", "times_s": None, "median_s": None, "error": "RuntimeError: boom"},
+            {**arm, "key": "muon", "name": "muon muon_compile.Muon (auto)", "times_s": [0.0035], "median_s": 0.0035,
+             "gpu_kernels": 77, "cold_compile_s": 21.4},
+            {**arm, "key": "roofline", "name": "roofline", "times_s": [0.0014], "median_s": 0.0014},
+            {**arm, "key": "dion", "name": "dion Muon", "times_s": None, "median_s": None, "error": "RuntimeError: boom"},
         ],
     }]}))
     (folder / "junit.xml").write_text(
@@ -45,9 +47,10 @@ def test_summary_reads_every_step_of_a_report(tmp_path):
         "host: Some CPU, 16 cpus",
         "torch 2.11.0+cu130 cuda 13.0 gpus 1 NVIDIA H200",
         "gpt-small (24 matrices, 95.1 NS GFLOP/step):",
-        f"  {'eager torch.optim.Muon':<42}    15.400 ms    4.40x muon",
-        f"  {'muon muon_compile.Muon (auto)':<42}     3.500 ms    1.00x muon",
-        f"  {'roofline':<42} FAILED: RuntimeError: boom",
+        f"  {'eager torch.optim.Muon':<42}    15.400 ms    4.40x muon   11.00x roofline",
+        f"  {'muon muon_compile.Muon (auto)':<42}     3.500 ms    1.00x muon    2.50x roofline  77 kernels  compiled in 21 s",
+        f"  {'roofline':<42}     1.400 ms    0.40x muon    1.00x roofline",
+        f"  {'dion Muon':<42} FAILED: RuntimeError: boom",
         "CUDA tests: 36 passed, 1 failed, 0 errors, 3 skipped in 181 s",
         "calibrate: calibrated cuda: bf16 peak 764093 GFLOP/s (at 4096), memory bandwidth 2790.0 GB/s",
         "distributed: one GPU: the distributed benchmark needs 2 or more (skipped)",

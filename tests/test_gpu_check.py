@@ -1,0 +1,46 @@
+"""scripts/gpu_check.sh, every step run on this CPU (``--device cpu``: a tiny workload, the
+calibration at small sizes): a GPU machine's few minutes are not spent finding a missing file
+or a typo. The figures are not checked, only that each step ran and said what it did."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# the arms gpu_check.sh runs; a peer without its package installed is reported as failed
+COMPILED = ("inductor torch.optim.Muon", "muon muon_compile.Muon (auto)", "muon muon_compile.Muon (auto), CUDA graph")
+OTHERS = ("eager torch.optim.Muon", "roofline", "roofline (products chosen)")
+PEERS = ("emerging", "heavyball", "dion")
+
+
+@pytest.mark.slow(seconds=60)
+def test_every_step_runs_on_the_cpu(tmp_path):
+    # no peer wheels: the test's own environment stays as it is (the arms say "not installed")
+    env = dict(os.environ, PYTHON=sys.executable, GPU_CHECK_WHEELS=str(tmp_path / "no-wheels"))
+    run = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "gpu_check.sh"), "--device", "cpu", str(tmp_path)],
+        capture_output=True, text=True, timeout=600, env=env,
+    )
+    assert run.returncode == 0, f"{run.stdout[-4000:]}\n--- stderr ---\n{run.stderr[-4000:]}"
+    summary = run.stdout
+    assert "tiny (4 matrices" in summary, summary
+    bench = json.loads((tmp_path / "bench_single.json").read_text())
+    assert bench["device"] == "cpu" and bench["compile_workers"] == 2
+    arms = {a["name"]: a for a in bench["workloads"][0]["arms"]}
+    for name in COMPILED:
+        assert arms[name]["error"] is None and arms[name]["median_s"] > 0, arms[name]
+        assert arms[name]["cold_compile_s"] > 0 and arms[name]["launches"]["products"] > 0, arms[name]
+    for name in OTHERS:
+        assert arms[name]["error"] is None and arms[name]["median_s"] > 0, arms[name]
+    peers = [a for a in arms.values() if a["key"] in PEERS]
+    assert [a["key"] for a in peers] == list(PEERS)
+    for arm in peers:
+        assert "not installed" in arm["error"], arm
+    assert (tmp_path / "tests.log").read_text().startswith("--device cpu: no CUDA tests")
+    assert "calibrate: cpu-calibrated: bf16 peak" in summary, summary
+    assert "distributed: 0 GPU(s) on cpu: the distributed benchmark needs 2 or more (skipped)" in summary
