@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch._inductor.compile_fx import compile_fx
 
-from . import config, explain, rank_agreement
+from . import config, cuda_graphs, explain, rank_agreement
 from .cache_key import rank_key
 from .counters import pass_seconds
 from .passes import MuonGraphPass, new_dump_name, run_torch_passes
@@ -82,10 +82,7 @@ def muon_backend(
         if mode is not None:
             patches.update(torch._inductor.list_mode_options(mode))
         patches.update(options or {})
-        if patches.get("triton.cudagraphs"):
-            devices = sorted({t.device.type for t in example_inputs if isinstance(t, torch.Tensor)})
-            if "cuda" not in devices:
-                explain.warn_cuda_graph_off_cuda(devices)
+        cuda_graphs.decide(patches, example_inputs)
         user_passes = patches.pop("post_grad_custom_post_pass", torch._inductor.config.post_grad_custom_post_pass)
         patches["post_grad_custom_post_pass"] = MuonGraphPass(cfg, rank_key(example_inputs), dump_name, user_passes)
         compiled = compile_fx(gm, example_inputs, config_patches=patches)

@@ -16,7 +16,9 @@ time because a Python float in ``param_groups`` changed: an lr scheduler changes
 step, and after ``torch._dynamo.config.recompile_limit`` recompiles Dynamo runs the step
 eagerly, silently. (torch 2.13 and later recompile once, then take the number as an
 input; 2.11 recompiles on every change.) It warns, once per process, when a CUDA graph is
-requested for a step whose tensors are not on CUDA (:func:`warn_cuda_graph_off_cuda`).
+requested for a step whose tensors are not on CUDA (:func:`warn_cuda_graph_off_cuda`), or
+turned off for a CUDA step that reads 0-D CPU tensors (:func:`warn_cuda_graph_cpu_scalars`;
+the decision is :mod:`muon_compile.cuda_graphs`').
 """
 
 from __future__ import annotations
@@ -193,6 +195,7 @@ def warn_symbolic_shapes(sites: list[str]) -> None:
 
 
 _cuda_graph_warned = False
+_cuda_graph_scalars_warned = False
 
 
 def warn_cuda_graph_off_cuda(devices: list[str]) -> None:
@@ -205,5 +208,21 @@ def warn_cuda_graph_off_cuda(devices: list[str]) -> None:
     warnings.warn(
         f"muon_compile: a CUDA graph was requested (mode='reduce-overhead' or triton.cudagraphs) for an optimizer "
         f"step whose tensors are on {', '.join(devices)}, not CUDA; the step is compiled and runs without one.",
+        stacklevel=2,
+    )
+
+
+def warn_cuda_graph_cpu_scalars(count: int) -> None:
+    """Warn, once per process, that a CUDA graph asked for by a step on CUDA was turned off
+    because the step reads ``count`` 0-D CPU tensors (:mod:`muon_compile.cuda_graphs`)."""
+    global _cuda_graph_scalars_warned
+    if _cuda_graph_scalars_warned:
+        return
+    _cuda_graph_scalars_warned = True
+    warnings.warn(
+        f"muon_compile: a CUDA graph was requested (mode='reduce-overhead' or triton.cudagraphs), and this step reads "
+        f"{count} 0-D CPU tensor(s) (hyper-parameters such as the learning rate, step counters): Inductor passes them "
+        f"to GPU kernels as values read at launch, which a replayed graph would keep from its capture, so a "
+        f"learning-rate scheduler's changes would be lost. The step is compiled without a CUDA graph.",
         stacklevel=2,
     )
