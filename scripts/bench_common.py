@@ -26,8 +26,9 @@ Compiling in parallel (:func:`compile_in_parallel`): the cold compiles of many a
 once, each in a process of its own (``spawn``), all in one Inductor cache directory with the
 FX graph cache on; :func:`measure` then takes the cold compile's seconds and launches from
 that process and compiles the arm once more itself, warm (the FX graph cache hits), before
-timing its steps one arm at a time. A cold compile timed beside others shares the host's
-cores with them: on a host with fewer cores than compiles at once it reads high.
+timing its steps one arm at a time; an arm whose compile process failed compiles in the
+measuring process instead. A cold compile timed beside others shares the host's cores with
+them: on a host with fewer cores than compiles at once it reads high.
 """
 
 from __future__ import annotations
@@ -207,14 +208,14 @@ class Compiled:
     error: str | None = None
 
 
-def compile_cold(arm: Arm, step: Step, clock: Clock) -> tuple[Step, Compiled]:
+def compile_cold(arm: Arm, step: Step, clock: Clock) -> Compiled:
     """Compile ``step`` after ``torch._dynamo.reset()`` and time its first call; the
     generated code gives the launches."""
     torch._dynamo.reset()
     compiled = arm.compile(step)
     code: list[str] = []
     seconds = clock.wall_s(lambda: code.extend(run_and_get_code(compiled)[1]))
-    return compiled, Compiled(seconds, count_launches(code))
+    return Compiled(seconds, count_launches(code))
 
 
 def compile_warm(arm: Arm, step: Step, result: ArmResult, clock: Clock) -> Step:
@@ -238,20 +239,21 @@ def measure(
 ) -> ArmResult:
     """Run one arm on ``workload`` (whatever its ``make_step`` takes) on ``device`` (see the
     module docstring); an exception is recorded in the result, not raised. ``compiled``: the
-    arm's cold compile, done already in the current Inductor cache (:func:`compile_in_parallel`)."""
+    arm's cold compile, done already in the current Inductor cache (:func:`compile_in_parallel`);
+    where that process failed, the arm compiles here, cold, as without it."""
     result = ArmResult(arm.key, arm.name)
     clock = clock_for(device)
+    if compiled is not None and compiled.error:
+        print(f"{arm.name}: its compile process failed ({compiled.error}); compiling it here", file=sys.stderr)
+        compiled = None
     fresh = arm.backend is not None and compiled is None
     try:
         with torch.no_grad(), fresh_cache() if fresh else contextlib.nullcontext():
             torch._dynamo.reset()
             step = arm.make_step(workload, device)
             if arm.backend is not None:
-                if compiled is None:
-                    compiled = compile_cold(arm, step, clock)[1]
+                compiled = compiled or compile_cold(arm, step, clock)
                 result.cold_compile_s, result.launches = compiled.cold_compile_s, compiled.launches
-                if compiled.error:
-                    raise RuntimeError(f"its cold compile failed: {compiled.error}")
                 step = compile_warm(arm, step, result, clock)
             result.times_s = time_steps(step, warmup, reps, clock)
             result.matmul_calls, result.gpu_kernels = count_kernels(step, device, clock)
@@ -269,7 +271,7 @@ def _compile_one(make_arm: Callable[[], tuple[Arm, object]], device_type: str) -
         arm, workload = make_arm()
         device = torch.device(device_type)
         with torch.no_grad():
-            return compile_cold(arm, arm.make_step(workload, device), clock_for(device))[1]
+            return compile_cold(arm, arm.make_step(workload, device), clock_for(device))
     except Exception as exc:  # reported by the arm's measure
         traceback.print_exc(file=sys.stderr)
         return Compiled(error=error_summary(exc))
@@ -285,7 +287,15 @@ def compile_in_parallel(jobs: dict, device: torch.device, workers: int) -> dict:
     context = multiprocessing.get_context("spawn")  # CUDA cannot be used in a forked child
     with concurrent.futures.ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
         futures = {key: pool.submit(_compile_one, make_arm, device.type) for key, make_arm in jobs.items()}
-        return {key: future.result() for key, future in futures.items()}
+        return {key: _result(future) for key, future in futures.items()}
+
+
+def _result(future: concurrent.futures.Future) -> Compiled:
+    """A compile process's result; a process that died (the pool broke) as a failed compile."""
+    try:
+        return future.result()
+    except Exception as exc:  # BrokenProcessPool: the arm compiles in the measuring process instead
+        return Compiled(error=error_summary(exc))
 
 
 # -------------------------------------------------------------------------- tables, CLI
