@@ -194,35 +194,32 @@ def warn_symbolic_shapes(sites: list[str]) -> None:
     )
 
 
-_cuda_graph_warned = False
-_cuda_graph_scalars_warned = False
+_warned: set[str] = set()  # the once-per-process warnings given so far
+
+
+def _warn_once(key: str, message: str) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(message, stacklevel=3)
 
 
 def warn_cuda_graph_off_cuda(devices: list[str]) -> None:
     """Warn, once per process, that a CUDA graph was asked for (``mode="reduce-overhead"``
     or ``options={"triton.cudagraphs": True}``) by a step whose tensors are not on CUDA."""
-    global _cuda_graph_warned
-    if _cuda_graph_warned:
-        return
-    _cuda_graph_warned = True
-    warnings.warn(
+    _warn_once(
+        "cuda_graph_off_cuda",
         f"muon_compile: a CUDA graph was requested (mode='reduce-overhead' or triton.cudagraphs) for an optimizer "
         f"step whose tensors are on {', '.join(devices)}, not CUDA; the step is compiled and runs without one.",
-        stacklevel=2,
     )
 
 
 def warn_cuda_graph_cpu_scalars(count: int) -> None:
     """Warn, once per process, that a CUDA graph asked for by a step on CUDA was turned off
     because the step reads ``count`` 0-D CPU tensors (:mod:`muon_compile.cuda_graphs`)."""
-    global _cuda_graph_scalars_warned
-    if _cuda_graph_scalars_warned:
-        return
-    _cuda_graph_scalars_warned = True
-    warnings.warn(
+    _warn_once(
+        "cuda_graph_cpu_scalars",
         f"muon_compile: a CUDA graph was requested (mode='reduce-overhead' or triton.cudagraphs), and this step reads "
         f"{count} 0-D CPU tensor(s) (hyper-parameters such as the learning rate, step counters): Inductor passes them "
         f"to GPU kernels as values read at launch, which a replayed graph would keep from its capture, so a "
         f"learning-rate scheduler's changes would be lost. The step is compiled without a CUDA graph.",
-        stacklevel=2,
     )

@@ -110,7 +110,7 @@ def test_a_tensor_lr_compiles_once_and_does_not_warn():
 def test_a_cuda_graph_asked_for_on_the_cpu_warns_once_and_runs_without(monkeypatch):
     """mode="reduce-overhead" (Inductor's CUDA graphs) on a CPU step: one warning naming the
     device, the step compiled and equal to eager, and no second warning for another graph."""
-    monkeypatch.setattr(explain, "_cuda_graph_warned", False)
+    monkeypatch.setattr(explain, "_warned", set())
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         compare_steps(muon(ns_dtype=torch.float32), [(8, 12)], rtol=NS_RTOL["cpu"][torch.float32], steps=1, mode="reduce-overhead")
@@ -190,7 +190,7 @@ def test_a_cuda_graph_is_turned_off_for_a_step_reading_cpu_scalars(monkeypatch):
     are on the GPU keeps it."""
     from muon_compile import cuda_graphs
 
-    monkeypatch.setattr(explain, "_cuda_graph_scalars_warned", False)
+    monkeypatch.setattr(explain, "_warned", set())
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for _ in range(2):
