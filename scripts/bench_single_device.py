@@ -103,7 +103,11 @@ Compile time (compiled arms only), all inside one ``torch._inductor.utils.fresh_
 With ``--compile-workers N`` every compiled arm of every workload first compiles cold in a
 process of its own, N at a time, all in one fresh Inductor cache; each arm then compiles warm
 and is timed in this process, one arm at a time (a GPU host compiles its arms in parallel on
-its cores; a cold compile beside others shares the cores, so it can read high).
+its cores; a cold compile beside others shares the cores, so it can read high). With
+``--kept-cache`` as well, they compile in Inductor's cache directory as it is
+(``TORCHINDUCTOR_CACHE_DIR``, or Inductor's default) instead of a fresh one: what an earlier run
+compiled is reused, so the "cold" seconds are not cold (the steps are checked, not the figures:
+``scripts/gpu_check.sh --device cpu``, whose test would otherwise build every C++ kernel again).
 
 A first call is timed by the wall clock (``time.perf_counter``), on ``cuda`` up to a
 ``torch.cuda.synchronize()`` after the call. The steps are then timed on the
@@ -137,11 +141,13 @@ import contextlib
 import dataclasses
 import functools
 import json
+import os
 import sys
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
 import torch
+from torch._inductor.runtime.cache_dir_utils import cache_dir
 from torch._inductor.utils import fresh_cache
 
 import muon_compile
@@ -588,7 +594,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="first compile every compiled arm cold, N at a time, each in a process of its own, in one "
                         "fresh Inductor cache; then time the arms one at a time (default 0: each arm compiles in "
                         "turn, in this process, in a fresh cache of its own)")
+    parser.add_argument("--kept-cache", action="store_true",
+                        help="with --compile-workers: compile in Inductor's cache directory as it is "
+                        "(TORCHINDUCTOR_CACHE_DIR or Inductor's default), not a fresh one; compile times are then "
+                        "not cold (for checking that every step runs)")
     args = parser.parse_args(argv)
+    if args.kept_cache and not args.compile_workers:
+        parser.error("--kept-cache needs --compile-workers N (N >= 1): it names the cache the compile processes share")
     args.arms = args.arms or list(ARMS)
     if args.device is None:
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -608,7 +620,10 @@ def arm_and_workload(workload: str, arm: str) -> tuple[Arm, Workload]:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
-    with fresh_cache() if args.compile_workers else contextlib.nullcontext():
+    if args.kept_cache:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache_dir()  # the compile processes find it there
+        print(f"compiling in the kept Inductor cache {cache_dir()}: compile seconds are not cold\n", flush=True)
+    with fresh_cache() if args.compile_workers and not args.kept_cache else contextlib.nullcontext():
         run(args)
 
 
@@ -617,7 +632,8 @@ def run(args: argparse.Namespace) -> None:
     workloads = list(WORKLOADS.values()) if args.workload == "all" else [WORKLOADS[n] for n in args.workload]
     machine = machine_info(device)
     output = {"device": device.type, "machine": machine, "warmup": args.warmup, "reps": args.reps,
-              "compile_workers": args.compile_workers, "workloads": [], "skipped_workloads": []}
+              "compile_workers": args.compile_workers, "kept_cache": args.kept_cache,
+              "workloads": [], "skipped_workloads": []}
     skipped = [w for w in workloads if args.workload == "all" and not runs_by_default(w, device)]
     compiled = {}
     if args.compile_workers:

@@ -3,8 +3,8 @@
 #
 # Needs a Python whose torch is a CUDA build (python3, or $PYTHON) with pytest,
 # pytest-timeout and pytest-xdist; no network. --device cpu runs the same steps on the CPU
-# with a tiny workload (what tests/test_gpu_check.py does: the script cannot fail on a GPU
-# for a missing file or a typo). Steps, each logged to REPORT_DIR (STEP names a subset, in
+# with a tiny workload, compiling in the caller's Inductor cache (what tests/test_gpu_check.py
+# does: the script cannot fail on a GPU for a missing file or a typo). Steps, each logged to REPORT_DIR (STEP names a subset, in
 # this order; default all):
 #   environment  the host's CPU model, nvidia-smi, torch, CUDA, GPU count (always)
 #                                                                 -> environment.txt
@@ -101,7 +101,8 @@ if [ "$DEVICE" = cuda ]; then
   WORKERS=$(( $(nproc) / 2 > 8 ? 8 : ($(nproc) / 2 > 0 ? $(nproc) / 2 : 1) ))
   BENCH_DEFAULT="--workload gpt-small,llama-1b,llama-8b-4l --arms $ARMS --reps 5 --compile-workers $WORKERS"
 else
-  BENCH_DEFAULT="--workload tiny --arms $ARMS --reps 2 --warmup 1 --compile-workers 2"
+  # the steps checked, not the figures: C++ kernels built before (the tests' cache) are reused
+  BENCH_DEFAULT="--workload tiny --arms $ARMS --reps 2 --warmup 1 --compile-workers 2 --kept-cache"
 fi
 if wanted bench; then
   step "single-device benchmark on $DEVICE"

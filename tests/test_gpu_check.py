@@ -18,7 +18,7 @@ OTHERS = ("eager torch.optim.Muon", "roofline", "roofline (products chosen)")
 PEERS = ("emerging", "heavyball", "dion")
 
 
-@pytest.mark.slow(seconds=60)
+@pytest.mark.slow(seconds=40)
 def test_every_step_runs_on_the_cpu(tmp_path):
     # no peer wheels: the test's own environment stays as it is (the arms say "not installed")
     env = dict(os.environ, PYTHON=sys.executable, GPU_CHECK_WHEELS=str(tmp_path / "no-wheels"))
@@ -30,7 +30,7 @@ def test_every_step_runs_on_the_cpu(tmp_path):
     summary = run.stdout
     assert "tiny (4 matrices" in summary, summary
     bench = json.loads((tmp_path / "bench_single.json").read_text())
-    assert bench["device"] == "cpu" and bench["compile_workers"] == 2
+    assert bench["device"] == "cpu" and bench["compile_workers"] == 2 and bench["kept_cache"]
     arms = {a["name"]: a for a in bench["workloads"][0]["arms"]}
     for name in COMPILED:
         assert arms[name]["error"] is None and arms[name]["median_s"] > 0, arms[name]

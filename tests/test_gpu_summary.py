@@ -1,12 +1,23 @@
 """scripts/gpu_summary.py: the short table of a gpu_check.sh report folder, here a made-up
-one with every step's file (the profile in the planner's file format), and an empty one."""
+one with every step's file (the profile in the planner's file format), and an empty one. The
+script runs in this process (its ``main``): a fresh interpreter would spend its seconds importing
+torch (40 s on the CUDA builds of CI's fast tiers), not reading the folder."""
 
+import importlib.util
 import json
 from pathlib import Path
 
-from script_runs import python
-
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "gpu_summary.py"
+
+
+def summary(report: Path, capsys) -> list[str]:
+    """The lines ``python scripts/gpu_summary.py REPORT`` prints (it must exit with 0)."""
+    spec = importlib.util.spec_from_file_location("gpu_summary", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    capsys.readouterr()
+    assert module.main([str(report)]) == 0
+    return capsys.readouterr().out.splitlines()
 
 
 def write_report(folder: Path) -> None:
@@ -38,9 +49,9 @@ def write_report(folder: Path) -> None:
     (folder / "bench_distributed.txt").write_text("one GPU: the distributed benchmark needs 2 or more (skipped)\n")
 
 
-def test_summary_reads_every_step_of_a_report(tmp_path):
+def test_summary_reads_every_step_of_a_report(tmp_path, capsys):
     write_report(tmp_path)
-    lines = python(str(SCRIPT), str(tmp_path), timeout=120).stdout.splitlines()
+    lines = summary(tmp_path, capsys)
     assert lines == [
         "=== gpu_check summary ===",
         "date: 2026-11-27 13:43 UTC",
@@ -57,9 +68,8 @@ def test_summary_reads_every_step_of_a_report(tmp_path):
     ]
 
 
-def test_missing_files_are_reported_as_missing(tmp_path):
-    run = python(str(SCRIPT), str(tmp_path), timeout=120)
-    assert run.stdout.splitlines() == [
+def test_missing_files_are_reported_as_missing(tmp_path, capsys):
+    assert summary(tmp_path, capsys) == [
         "=== gpu_check summary ===",
         "environment: missing (no environment.txt)",
         "single-device benchmark: missing (no bench_single.json; see bench_single.log)",
@@ -69,9 +79,9 @@ def test_missing_files_are_reported_as_missing(tmp_path):
     ]
 
 
-def test_a_profile_the_planner_cannot_load_is_reported_with_why(tmp_path):
+def test_a_profile_the_planner_cannot_load_is_reported_with_why(tmp_path, capsys):
     (tmp_path / "profile.json").write_text(json.dumps({"version": 1, "device": {"name": "x"}}))
-    lines = python(str(SCRIPT), str(tmp_path), timeout=120).stdout.splitlines()
+    lines = summary(tmp_path, capsys)
     assert [line for line in lines if line.startswith("calibrate:")] == [
         f"calibrate: profile.json does not load: profile {tmp_path / 'profile.json'}: device.kind: missing"
     ]
