@@ -28,7 +28,7 @@ from .ns_args import NSArgs
 from .ns_kernel import orthogonalize
 from .op_support import check_input, register_no_derivative
 from .routing import Kind, layout_of, wrap_like
-from .sharded_ns import ShardGroup, sharded_newton_schulz_op
+from .sharded_ns import sharded_newton_schulz_op
 
 _QUALNAME = "muon_compile::newton_schulz"
 
@@ -91,7 +91,7 @@ def newton_schulz_any(x: Tensor, args: NSArgs) -> Tensor:
     if layout.kind is Kind.LOCAL:
         out = newton_schulz_op(local, args)
     else:
-        out = sharded_newton_schulz_op(local, ShardGroup(x.shape[0], layout.group_name, layout.group_size), args)
+        out = sharded_newton_schulz_op(local, layout.shard, args)
     return wrap_like(out, x)
 
 

@@ -29,7 +29,7 @@ from . import stacks as stacks_mod
 from .counters import counters
 from .ns_args import NSArgs, check_algorithm
 from .qk_clip import QKClip
-from .routing import Kind, layout_of
+from .routing import Kind, layout_of, prepare
 from .updates import (
     ADJUST_LR_MODES,
     adamw_update,
@@ -297,6 +297,7 @@ class MuonAdamW(torch.optim.Optimizer):
                     "2-D matrices or 3-D stacks of matrices: put it in an 'adamw' group"
                 )
             self._check_real(group, i)
+            prepare(p)  # the process group of several sharded mesh dimensions, made here on every rank
             layout = layout_of(p)
             if layout.kind is Kind.DTENSOR:
                 log.info("Muon parameter %s: %s; %s (one collective per matrix)", _param_name(group, i), layout.reason, layout.kind.value)

@@ -1,15 +1,20 @@
 """How a tensor's matrices are laid out across ranks, which picks its Newton–Schulz op
-(:func:`muon_compile.ns_op.newton_schulz_any`): plain, row-sharded (FSDP2), or DTensor's own.
+(:func:`muon_compile.ns_op.newton_schulz_any`): plain, sharded over a group, or DTensor's own.
 
 * a plain tensor, a replicated DTensor, or a 3-D DTensor sharded on its batch (expert)
-  dimension: every matrix is whole on this rank -> ``newton_schulz`` on the local tensor;
-* a 2-D DTensor sharded ``Shard(0)`` on one mesh dimension (FSDP2, or the shard
-  dimension of an HSDP ``(Replicate, Shard(0))`` mesh) -> ``sharded_newton_schulz`` over
-  that dimension's process group, which the ``distribute`` pass buckets;
-* anything else (``Shard(1)`` from tensor parallelism, ``Partial``, several sharded mesh
-  dimensions) -> ``newton_schulz`` on the DTensor itself: DTensor's sharding rule
-  replicates the input (one collective per matrix, correct, not bucketed). The reason is
-  logged when the optimizer is built.
+  dimension only: every matrix is whole on this rank -> ``newton_schulz`` on the local tensor;
+* a 2-D DTensor whose placements are ``Shard`` or ``_StridedShard`` of its rows or columns on
+  one or more mesh dimensions (the rest ``Replicate``): FSDP2's ``Shard(0)``, tensor
+  parallelism's ``Shard(0)`` / ``Shard(1)``, FSDP2 on top of tensor parallelism (a
+  ``_StridedShard``), HSDP's ``(Replicate, Shard(0))`` and HSDP on top of tensor parallelism
+  -> ``sharded_newton_schulz`` over the process group of the sharded mesh dimensions (one
+  dimension's own group, or a group over several made by :func:`prepare`), which the
+  ``distribute`` pass buckets. Each rank holds a block (:class:`~.sharded_ns.ShardLayout`);
+* anything else (``Partial``, a 3-D stack sharded on a matrix dimension, a mesh whose ranks
+  are not in row-major order, a group over several mesh dimensions that :func:`prepare` did
+  not make) -> ``newton_schulz`` on the DTensor itself: DTensor's sharding rule replicates
+  the input (one collective per matrix, correct, not bucketed). The reason is logged when
+  the optimizer is built.
 """
 
 from __future__ import annotations
@@ -17,46 +22,133 @@ from __future__ import annotations
 import dataclasses
 import enum
 
+import torch
+import torch.distributed as dist
 from torch import Tensor
 from torch.distributed.tensor import DTensor, Replicate
+from torch.distributed.tensor.placement_types import _StridedShard
 
 from .compat import is_shard
+from .sharded_ns import ShardLayout
 
 
 class Kind(enum.Enum):
     LOCAL = "every matrix is whole on this rank"
-    ROWS = "rows sharded over one process group"
+    SHARDED = "blocks of each matrix spread over one process group"
     DTENSOR = "left to DTensor's sharding rule"
 
 
 @dataclasses.dataclass(frozen=True)
 class Layout:
     kind: Kind
-    group_name: str | None = None
-    group_size: int = 1
+    shard: ShardLayout | None = None
     reason: str | None = None
+
+
+# the group of a DTensor's sharded mesh dimensions, by the names of those dimensions' own
+# groups on this rank: (the group's name, or None and why not); filled by prepare(), outside
+# any trace (a DeviceMesh's rank tensor cannot be read while Dynamo traces)
+_GROUPS: dict[tuple[str, ...], tuple[str | None, str | None]] = {}
+
+
+def _sharded_dims(x: DTensor) -> list[int]:
+    """The mesh dimensions that shard ``x`` over more than one rank."""
+    return [i for i, p in enumerate(x.placements) if not isinstance(p, Replicate) and x.device_mesh.size(i) > 1]
+
+
+def _key(x: DTensor, mesh_dims: list[int]) -> tuple[str, ...]:
+    """What names this rank's sub-mesh over ``mesh_dims``: the groups of its dimensions."""
+    return tuple(x.device_mesh.get_group(i).group_name for i in mesh_dims)
+
+
+def _make_group(x: DTensor, mesh_dims: list[int], create: bool) -> tuple[str | None, str | None]:
+    """The group of this rank's sub-mesh over ``mesh_dims`` (made when ``create`` and there
+    are several), or None and why not."""
+    mesh = x.device_mesh
+    index = tuple(slice(None) if i in mesh_dims else c for i, c in enumerate(mesh.get_coordinate()))
+    ranks = mesh.mesh[index].flatten().tolist()  # row-major
+    if ranks != sorted(ranks):  # a group numbers its ranks in ascending order
+        return None, f"the ranks {ranks} of its sub-mesh are not in row-major order"
+    if len(mesh_dims) == 1:
+        return mesh.get_group(mesh_dims[0]).group_name, None
+    if not create:
+        return None, (
+            f"placements {x.placements} shard {len(mesh_dims)} mesh dimensions, whose process group was not made "
+            "(muon_compile.routing.prepare(param) makes it; muon_compile.Muon calls it)"
+        )
+    return dist.new_group(ranks=ranks, use_local_synchronization=True).group_name, None
+
+
+def _group(x: DTensor, mesh_dims: list[int]) -> tuple[str | None, str | None]:
+    """:func:`_make_group`'s answer as :func:`prepare` kept it; where it did not, worked out
+    now without making a group, or, while Dynamo traces, one dimension's own group (as if its
+    ranks were in row-major order, as ``init_device_mesh`` makes them)."""
+    kept = _GROUPS.get(_key(x, mesh_dims))
+    compiling = torch.compiler.is_compiling()
+    if kept is not None and (compiling or kept[0] is None or _alive(kept[0])):
+        return kept
+    if not compiling:
+        return _make_group(x, mesh_dims, create=False)
+    if len(mesh_dims) == 1:
+        return x.device_mesh.get_group(mesh_dims[0]).group_name, None
+    return None, f"placements {x.placements} shard {len(mesh_dims)} mesh dimensions, whose process group was not made"
+
+
+def _alive(group_name: str) -> bool:
+    """Whether a group of this name exists (a process group destroyed and made again leaves
+    stale names behind)."""
+    try:
+        dist.distributed_c10d._resolve_process_group(group_name)
+    except (KeyError, RuntimeError, ValueError):
+        return False
+    return True
+
+
+def prepare(x: Tensor) -> None:
+    """Work out (and, for several sharded mesh dimensions, make) the process group of ``x``'s
+    sharded mesh dimensions: every rank of that group must call it for the same tensors in
+    the same order (the optimizer's constructor does), never inside a compiled region."""
+    if not isinstance(x, DTensor) or x.device_mesh.get_coordinate() is None:
+        return
+    mesh_dims = _sharded_dims(x)
+    if not mesh_dims:
+        return
+    kept = _GROUPS.get(_key(x, mesh_dims))
+    if kept is None or (kept[0] is not None and not _alive(kept[0])):
+        _GROUPS[_key(x, mesh_dims)] = _make_group(x, mesh_dims, create=True)
+
+
+@torch.compiler.assume_constant_result
+def _split_factor(placement: object) -> int:
+    """A ``_StridedShard``'s split factor, 0 for a ``Shard`` (read outside Dynamo's trace: the
+    attribute is C++'s)."""
+    return int(placement.split_factor) if isinstance(placement, _StridedShard) else 0
 
 
 def layout_of(x: Tensor) -> Layout:
     """How ``x``'s matrices are laid out across ranks (see the module docstring)."""
     if not isinstance(x, DTensor):
         return Layout(Kind.LOCAL)
-    sharded = [(dim, p) for dim, p in enumerate(x.placements) if not isinstance(p, Replicate)]
-    if not sharded:
+    mesh_dims = _sharded_dims(x)
+    if not mesh_dims:
         return Layout(Kind.LOCAL)
-    if len(sharded) > 1:
-        return Layout(Kind.DTENSOR, reason=f"placements {x.placements} shard several mesh dimensions")
-    mesh_dim, placement = sharded[0]
-    if not is_shard(placement):
-        return Layout(Kind.DTENSOR, reason=f"placement {placement} is not a plain Shard")
-    if placement.dim == 0 and x.dim() == 3:
-        return Layout(Kind.LOCAL)
-    if placement.dim == 0 and x.dim() == 2:
-        size = x.device_mesh.size(mesh_dim)
-        if size == 1:
+    placements = [x.placements[i] for i in mesh_dims]
+    if not all(is_shard(p) or isinstance(p, _StridedShard) for p in placements):
+        return Layout(Kind.DTENSOR, reason=f"placements {x.placements}: only Shard and Replicate are laid out here")
+    if x.dim() == 3:
+        if all(p.dim == 0 and not isinstance(p, _StridedShard) for p in placements):
             return Layout(Kind.LOCAL)
-        return Layout(Kind.ROWS, x.device_mesh.get_group(mesh_dim).group_name, size)
-    return Layout(Kind.DTENSOR, reason=f"Shard({placement.dim}) of a {x.dim()}-D tensor")
+        return Layout(Kind.DTENSOR, reason=f"placements {x.placements} shard the matrices of a 3-D stack")
+    group_name, reason = _group(x, mesh_dims)
+    if group_name is None:
+        return Layout(Kind.DTENSOR, reason=reason)
+    shard = ShardLayout(
+        x.shape[0], x.shape[1], group_name,
+        mesh=tuple(x.device_mesh.size(i) for i in mesh_dims),
+        dims=tuple(p.dim for p in placements),
+        split=tuple(_split_factor(p) for p in placements),
+    )
+    return Layout(Kind.SHARDED, shard)
 
 
 def wrap_like(local: Tensor, like: Tensor) -> Tensor:

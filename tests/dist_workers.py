@@ -650,3 +650,56 @@ def automatic_dynamic_run(rank, world, shapes, steps, opt_kw):
         "warnings": [str(w.message) for w in caught],
         "counters": dict(muon_compile.counters),
     }
+
+
+class TPBlock(nn.Module):
+    """The projections of a small Llama-like block, bias-free, with sizes that the 2x2 mesh
+    does not divide (5, 7 and 1 rows; 7 columns): q/k/v, the MLP's gate and up and a one-row
+    head are column-parallel, the attention output and the MLP's down row-parallel."""
+
+    COLWISE = {"q": (12, 10), "k": (6, 10), "v": (5, 10), "gate": (7, 10), "up": (7, 10), "head": (1, 10)}
+    ROWWISE = {"o": (10, 12), "down": (10, 7)}
+
+    def __init__(self):
+        super().__init__()
+        for name, (o, i) in {**self.COLWISE, **self.ROWWISE}.items():
+            setattr(self, name, nn.Linear(i, o, bias=False))
+
+
+TP_NAMES = list({**TPBlock.COLWISE, **TPBlock.ROWWISE})
+TP_SHAPES = [{**TPBlock.COLWISE, **TPBlock.ROWWISE}[n] for n in TP_NAMES]
+
+
+def tp_fsdp_muon(rank, world, steps, opt_kw, mesh_shape=(2, 2), config_changes=None):
+    """A :class:`TPBlock` parallelised with ``parallelize_module`` on the ``tp`` dimension of
+    a ``(dp, tp)`` mesh, then ``fully_shard`` on ``dp``; ``steps`` compiled Muon steps with the
+    global gradients of :func:`step_grads`. Returns the full weights (in ``TP_NAMES`` order),
+    the placements, the pass counters and the post-pass graph's collectives."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import distribute_tensor
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    mesh = init_device_mesh("cpu", mesh_shape, mesh_dim_names=("dp", "tp"))
+    model = TPBlock()
+    with torch.no_grad():
+        for name, w in zip(TP_NAMES, initial_weights(TP_SHAPES)):
+            getattr(model, name).weight.copy_(w)
+    plan = {**dict.fromkeys(TPBlock.COLWISE, ColwiseParallel()), **dict.fromkeys(TPBlock.ROWWISE, RowwiseParallel())}
+    parallelize_module(model, mesh["tp"], plan)
+    fully_shard(model, mesh=mesh["dp"])
+    params = [getattr(model, name).weight for name in TP_NAMES]
+    opt = muon_compile.Muon(params, **opt_kw)
+    with tempfile.TemporaryDirectory() as dump, config.override(dump_dir=dump, **(config_changes or {})):
+        step = torch.compile(opt.step, backend="muon")
+        for s in range(steps):
+            for p, g in zip(params, step_grads(TP_SHAPES, s)):
+                p.grad = distribute_tensor(g, p.device_mesh, p.placements, src_data_rank=None)
+            step()
+        graphs = dumped_graphs(dump)
+    return {
+        "weights": [p.full_tensor() for p in params],
+        "placements": [str(p.placements) for p in params],
+        "counters": dict(muon_compile.counters),
+        "collectives": collective_sequence(graphs.get("lower_after", "")),
+    }

@@ -1,4 +1,5 @@
-"""FSDP2 on real gloo processes (world 2 and 3): the compiled distributed step against a
+"""FSDP2 on real gloo processes (world 2 and 3; 4 for HSDP and a 2x2 mesh of FSDP2 over tensor
+parallelism): the compiled distributed step against a
 single-process reference on the whole matrices, collectives per bucket, rank symmetry,
 schedule order, caches shared across ranks."""
 
@@ -11,6 +12,8 @@ import torch
 from dist_harness import run_world
 from dist_workers import (
     FSDP_SHAPES,
+    TP_NAMES,
+    TP_SHAPES,
     assert_same_collectives,
     automatic_dynamic_run,
     fsdp_muon,
@@ -19,6 +22,7 @@ from dist_workers import (
     layout_weights,
     mixed_layouts,
     reference_run,
+    tp_fsdp_muon,
 )
 from numerics import FP32_RTOL, NS_RTOL, assert_rel_close, assert_rewrite_close
 
@@ -240,18 +244,19 @@ def test_hsdp_2x2_matches_reference():
 
 def test_expert_and_tensor_parallel_layouts():
     """3-D expert weights sharded on the expert dimension run a local batched NS with no
-    collective; a Shard(1) matrix is left to DTensor (correct, one gather, logged)."""
+    collective; a tensor-parallel Shard(1) matrix joins the FSDP2 matrix's bucket (its
+    blocks are columns)."""
     results = run_world(mixed_layouts, 2, STEPS)
     reference = layout_reference(STEPS)
     initial = layout_weights()
     for result in results:
         for k in reference:
             assert_rel_close(result["weights"][k] - initial[k], reference[k] - initial[k], NS_RTOL["cpu"][torch.float32], k)
-        assert result["counters"]["route.dtensor_fallback"] == 1  # the Shard(1) matrix
-        assert result["counters"]["distribute.matrices"] == 1  # only the row-sharded one
-        # the bucket's all_to_all pair, then DTensor's own all_gather for the Shard(1) matrix
+        assert result["counters"].get("route.dtensor_fallback", 0) == 0
+        assert result["counters"]["distribute.matrices"] == 2  # the row-sharded and the Shard(1) one
+        # one bucket over the mesh's group: its all_to_all pair, nothing else
         kinds = [kind for kind, _, _ in result["collectives"]]
-        assert kinds.count("all_to_all_single") == 2 and kinds.count("all_gather_into_tensor") == 1
+        assert kinds == ["all_to_all_single"] * 2
 
 
 def test_copies_fuse_into_generated_kernels():
@@ -268,3 +273,22 @@ def test_copies_fuse_into_generated_kernels():
         assert len(re.findall(r"= torch\.ops\._c10d_functional\.all_to_all_single\.default\(", body)) == 2
         assert len(launches) <= groups * (1 + 5) + 3, launches
         assert len(launches) - groups * 6 < len(shapes)
+
+
+@pytest.mark.parametrize("strategy", ["all_to_all", "all_gather"])
+def test_fsdp2_on_tensor_parallel_blocks_matches_reference(strategy):
+    """World 4, a 2x2 (dp, tp) mesh: column- and row-parallel weights sharded again by FSDP2
+    (``_StridedShard`` rows, ``Shard(0), Shard(1)`` blocks; uneven sizes and empty blocks) are
+    all distributed by owner in one bucket, none left to DTensor, and equal the reference."""
+    results = run_world(tp_fsdp_muon, 4, STEPS, dict(OPT, ns_dtype=torch.float32), (2, 2), {"strategy": strategy})
+    reference = reference_run(TP_SHAPES, STEPS, ns_dtype=torch.float32, **OPT)
+    initial = reference_run(TP_SHAPES, 0)
+    for rank, result in enumerate(results):
+        assert "_StridedShard" in result["placements"][0] and result["placements"][-1] == "(Shard(dim=0), Shard(dim=1))"
+        for name, got, want, start in zip(TP_NAMES, result["weights"], reference, initial):
+            assert_rel_close(got - start, want - start, NS_RTOL["cpu"][torch.float32], f"rank {rank} {name}")
+        assert result["counters"].get("route.dtensor_fallback", 0) == 0
+        assert result["counters"]["distribute.matrices"] == len(TP_SHAPES)
+        assert result["counters"]["distribute.buckets"] == 1
+        kinds = [kind for kind, _, _ in result["collectives"]]
+        assert kinds == (["all_to_all_single"] * 2 if strategy == "all_to_all" else ["all_gather_into_tensor"])

@@ -3,6 +3,7 @@ one bucket, the overlap that prefetch buys, the all_gather strategy's compute, t
 costs, host time on a device that queues its kernels."""
 
 import dataclasses
+import math
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ from muon_compile.matmul_rates import _CUDA_BF16_FAMILIES, ASPECT, FAMILIES, LON
 from muon_compile.planner.network_profiles import Link, NetworkProfile
 from muon_compile.ns_cost import predicted_seconds
 from muon_compile.passes.plan_distributed import EVERY_RANK, DistBucket, DistMember, DistPlan
+from muon_compile.sharded_ns import ShardLayout
 from muon_compile.planner.step_cost import FIXED_COSTS, TIE, UPDATE_ACCESSES, DeviceProfile, buffer_bytes, predict, tied
 
 ARGS = coefficients.ns_args("keller", 5, compute_dtype=torch.bfloat16, algorithm="textbook")
@@ -29,8 +31,13 @@ def _device(overlap, queues=False):
     return DeviceProfile("test", "made up", PROFILES["cpu"], BW, overlap, queues)
 
 
+def _member(site, rows, cols, world, owner):
+    """A 5-step member of rank 0's FSDP2 rows of a ``rows x cols`` matrix over ``world`` ranks."""
+    return DistMember(site, ShardLayout.row_chunks(rows, cols, "0", world), math.ceil(rows / world), cols, owner, 5)
+
+
 def _bucket(strategy=Strategy.ALL_TO_ALL, owners=(0, 1), rows=8, cols=16):
-    members = tuple(DistMember(i, rows, cols, rows // 2, rows // 2, owner, 5) for i, owner in enumerate(owners))
+    members = tuple(_member(i, rows, cols, 2, owner) for i, owner in enumerate(owners))
     return DistBucket("0", 2, 0, strategy, ARGS, members)
 
 
@@ -157,7 +164,7 @@ def test_ranks_sharing_cores_compute_faster_where_fewer_of_them_compute():
     assert _device(True).speed(1, 3) == 1.0 and dataclasses.replace(shared, rank_threads=2).speed(1, 3) == pytest.approx(3.0)
 
     def plan(strategy, owners):
-        members = tuple(DistMember(i, 8, 16, 3, 3, owner, 5) for i, owner in enumerate(owners))
+        members = tuple(_member(i, 8, 16, 3, owner) for i, owner in enumerate(owners))
         return DistPlan((DistBucket("0", 3, 0, strategy, ARGS, members),), (), {})
 
     one_owner = plan(Strategy.ALL_TO_ALL, (0,))
@@ -232,7 +239,7 @@ def test_rates_interpolate_the_call_latency_in_log_size_and_hold_its_ends():
 
 def test_call_latency_is_paid_per_product_call_whatever_the_batch():
     # two members of one shape owned by rank 0 and one of another shape: two NS calls on rank 0
-    members = (*_bucket(owners=(0, 0)).members, DistMember(2, 8, 32, 4, 4, 0, 5))
+    members = (*_bucket(owners=(0, 0)).members, _member(2, 8, 32, 2, 0))
     plan = DistPlan((DistBucket("0", 2, 0, Strategy.ALL_TO_ALL, ARGS, members),), (), {})
     latency = 1e-5
     slow = dataclasses.replace(PROFILES["cpu"], latency={torch.bfloat16: ((8, latency),)})
@@ -317,7 +324,7 @@ def test_the_call_latency_is_host_time_on_a_device_that_queues_kernels():
 @pytest.mark.parametrize("strategy", list(Strategy))
 def test_a_steps_parts_add_up_to_its_total(strategy, overlap, queues):
     owners = (0, 0, 1) if strategy is Strategy.ALL_TO_ALL else (EVERY_RANK,) * 3
-    members = tuple(DistMember(i, 8, cols, 4, 4, owner, 5) for i, (owner, cols) in enumerate(zip(owners, (16, 16, 32))))
+    members = tuple(_member(i, 8, cols, 2, owner) for i, (owner, cols) in enumerate(zip(owners, (16, 16, 32))))
     plan = DistPlan(tuple(DistBucket("0", 2, i, strategy, ARGS, members) for i in range(3)), (), {})
     costs = dict(zip(FIXED_COSTS, (3e-4, 2e-5, 4e-5, 1e-5, 1e-6)))
     device = dataclasses.replace(_device(overlap, queues), **costs)

@@ -47,6 +47,7 @@ from muon_compile.config import Strategy
 from muon_compile.counters import counters
 from muon_compile.ns_args import NSArgs
 from muon_compile.ns_op import newton_schulz_op
+from muon_compile.sharded_ns import assemble, disassemble, own_block, pad_block
 
 from .graph_utils import splice_trace, stable_topological_sort
 from .plan_distributed import DistBucket, DistMember, DistPlan
@@ -94,6 +95,10 @@ def _scatter_rows(groups: Sequence[tuple[Sequence[DistMember], Tensor]], world: 
         for run in _layout_runs(members):
             m, n = run[0], len(run)
             ys, rows = ortho[start : start + n], world * m.rows_per_shard
+            if not m.shard.is_row_chunks:  # blocks of rows and columns: gathered by index
+                blocks.append(disassemble(ys.mT if m.rows > m.cols else ys, m.shard).reshape(world, n * m.slot))
+                start += n
+                continue
             if m.rows > m.cols:
                 ys = ys.mT
                 padding = ys[:, :1].mul(0).expand(n, rows - m.rows + 1, m.cols)
@@ -136,8 +141,7 @@ def _received_groups(grid: Tensor, order: Sequence[DistMember]) -> list[tuple[li
     offset = 0
     for run in _layout_runs(order):
         m, n = run[0], len(run)
-        block = grid[:, offset : offset + n * m.slot].view(world, n, m.rows_per_shard, m.cols)
-        whole = block.permute(1, 0, 2, 3).reshape(n, world * m.rows_per_shard, m.cols)[:, : m.rows]
+        whole = assemble(grid[:, offset : offset + n * m.slot].view(world, n, m.rows_per_shard, m.cols_per_shard), m.shard)
         members, parts = groups.setdefault(m.canonical, ([], []))
         members.extend(run)
         parts.append(whole.mT if m.rows > m.cols else whole)
@@ -154,7 +158,7 @@ def _stages(bucket: DistBucket, dtypes: Sequence[torch.dtype]) -> list[tuple[Sta
     dtype = {m.site: d for m, d in zip(bucket.members, dtypes)}
 
     def pack(shards: Sequence[Tensor]) -> Tensor:
-        return torch.cat([_pad_rows(shards[position[m.site]].to(cast), m.rows_per_shard).reshape(-1) for m in order])
+        return torch.cat([pad_block(shards[position[m.site]].to(cast), m.shard).reshape(-1) for m in order])
 
     if bucket.strategy is Strategy.ALL_GATHER:
         total = sum(m.slot for m in bucket.members)
@@ -165,8 +169,7 @@ def _stages(bucket: DistBucket, dtypes: Sequence[torch.dtype]) -> list[tuple[Sta
         def gather_compute(gathered: Tensor) -> list[Tensor]:
             groups = _received_groups(_c10d.wait_tensor(gathered).view(world, total), order)
             result = _by_member(_orthogonalize_stacked(groups, bucket.args))
-            start = {m.site: rank * m.rows_per_shard for m in bucket.members}
-            return [result[m.site][start[m.site] : start[m.site] + m.local_rows].to(dtype[m.site]) for m in bucket.members]
+            return [own_block(result[m.site], m.shard, rank).to(dtype[m.site]) for m in bucket.members]
 
         return [(Stage.LAUNCH, launch), (Stage.COMPUTE, gather_compute)]
 
@@ -188,7 +191,8 @@ def _stages(bucket: DistBucket, dtypes: Sequence[torch.dtype]) -> list[tuple[Sta
         flat = _c10d.wait_tensor(returned)
         rows, offset = {}, 0
         for m in order:
-            rows[m.site] = flat[offset : offset + m.slot].view(m.rows_per_shard, m.cols)[: m.local_rows]
+            block = flat[offset : offset + m.slot].view(m.rows_per_shard, m.cols_per_shard)[: m.local_rows]
+            rows[m.site] = block if m.local_cols == m.cols_per_shard else block[:, : m.local_cols]
             offset += m.slot
         return [rows[m.site].to(dtype[m.site]) for m in bucket.members]
 

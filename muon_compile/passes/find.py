@@ -6,8 +6,8 @@ Algorithm:
      sharded sites are the same, in the same order, on every rank.
   2. For each, read the input's fake value (batch, rows, cols, dtype, device) and the
      op's :class:`~muon_compile.ns_args.NSArgs` into an :class:`NSSite`; a sharded site
-     also records its process group, its size, this rank's place in it and the global
-     row count.
+     also records its layout over its process group (the global shape, where each rank's
+     block sits) and this rank's place in the group.
   3. Record each site's level: the most NS ops on any path into its input. Sites of one
      level never depend on each other, so they may share a bucket.
   4. Mark a site as not bucketable, with its reason, when its shape is symbolic or its
@@ -25,20 +25,30 @@ import torch
 import torch.fx as fx
 
 from muon_compile.ns_args import NSArgs
-from muon_compile.sharded_ns import RowShard, group_rank, row_shard
+from muon_compile.sharded_ns import Block, ShardLayout, group_rank
 
 from .graph_utils import NS_TARGETS, TORCH_NS_TARGETS, escapes_to_output, ns_call, ns_nodes
 
 
 @dataclasses.dataclass(frozen=True)
 class Sharding:
-    """A sharded site's process group and this rank's rows of the matrix (None where the
-    row count is symbolic)."""
+    """A sharded site's layout over its process group and this rank's place in the group."""
 
-    group_name: str
-    group_size: int
+    layout: ShardLayout
     rank: int
-    rows: RowShard | None
+
+    @property
+    def group_name(self) -> str:
+        return self.layout.group_name
+
+    @property
+    def group_size(self) -> int:
+        return self.layout.group_size
+
+    @property
+    def block(self) -> Block | None:
+        """This rank's block of the matrix (None where a size is symbolic)."""
+        return self.layout.block(self.rank) if self.layout.concrete else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,12 +91,9 @@ def _site(index: int, node: fx.Node, level: int, meta_key: str) -> NSSite:
     x = call.input.meta[meta_key]
     shape = tuple(x.shape)
     sharding = None
-    if call.group is not None:
-        group = call.group
-        rank = group_rank(group.group_name)
-        rows = row_shard(group.global_rows, group.group_size, rank) if isinstance(group.global_rows, int) else None
-        sharding = Sharding(group.group_name, group.group_size, rank, rows)
-        shape = (group.global_rows, shape[-1])
+    if call.shard is not None:
+        sharding = Sharding(call.shard, group_rank(call.shard.group_name))
+        shape = (call.shard.rows, call.shard.cols)
     reason = None
     if not all(isinstance(d, int) for d in shape):
         # "?" for a symbol: symbols are named per process, and the ranks compare plans

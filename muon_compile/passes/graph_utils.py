@@ -18,7 +18,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from muon_compile import ns_op, routing, sharded_ns
 from muon_compile.ns_args import NSArgs
 from muon_compile.ns_op import NEWTON_SCHULZ
-from muon_compile.sharded_ns import SHARDED_NEWTON_SCHULZ, ShardGroup
+from muon_compile.sharded_ns import SHARDED_NEWTON_SCHULZ, ShardLayout
 
 NS_TARGETS = (NEWTON_SCHULZ, SHARDED_NEWTON_SCHULZ)
 # In a Dynamo graph, canonicalize routes a DTensor's Newton–Schulz through this call,
@@ -59,25 +59,22 @@ def ns_nodes(graph: fx.Graph, targets: Sequence = NS_TARGETS) -> list[fx.Node]:
 @dataclasses.dataclass(frozen=True)
 class NSCall:
     """A Newton–Schulz op node's arguments: its input node, what it computes and, for the
-    sharded op, the group its rows are spread over (None for the plain op)."""
+    sharded op, how the matrix is spread over its group (None for the plain op)."""
 
     input: fx.Node
     args: NSArgs
-    group: ShardGroup | None
+    shard: ShardLayout | None
 
 
 def ns_call(node: fx.Node) -> NSCall:
     """The arguments of an NS op node (see :data:`TORCH_NS_TARGETS`); a routed call's
-    group is its DTensor's process group when its rows are sharded over one."""
+    layout is its DTensor's where that is sharded over a group."""
     if node.target is SHARDED_NEWTON_SCHULZ:
-        x, group, args = sharded_ns.split_args(node.args)
-        return NSCall(x, args, group)  # type: ignore[arg-type]
+        x, shard, args = sharded_ns.split_args(node.args)
+        return NSCall(x, args, shard)  # type: ignore[arg-type]
     if node.target is ns_op.newton_schulz_routed:
         x, args = node.args[0], NSArgs.from_op(node.args[1:])
-        value = x.meta["example_value"]
-        layout = routing.layout_of(value)
-        rows = layout.kind is routing.Kind.ROWS
-        return NSCall(x, args, ShardGroup(value.shape[0], layout.group_name, layout.group_size) if rows else None)  # type: ignore[arg-type]
+        return NSCall(x, args, routing.layout_of(x.meta["example_value"]).shard)  # type: ignore[arg-type]
     x, args = ns_op.split_args(node.args)
     return NSCall(x, args, None)  # type: ignore[arg-type]
 

@@ -56,7 +56,7 @@ def lower_ns_ops(graph: fx.Graph, plan: AlgorithmPlan) -> None:
 
 def _kernel(call: NSCall) -> Callable[[torch.Tensor], list[torch.Tensor]]:
     """The pure function an NS node computes, closed over its non-tensor arguments."""
-    if call.group is not None:
-        group, rank = call.group, group_rank(call.group.group_name)
-        return lambda t: [gather_orthogonalize_slice(t, group, rank, call.args)]
+    if call.shard is not None:
+        shard, rank = call.shard, group_rank(call.shard.group_name)
+        return lambda t: [gather_orthogonalize_slice(t, shard, rank, call.args)]
     return lambda t: [orthogonalize(t, call.args)]

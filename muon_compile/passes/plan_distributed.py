@@ -1,4 +1,4 @@
-"""plan_distributed: group row-sharded Newton–Schulz sites into buckets and pick owners.
+"""plan_distributed: group sharded Newton–Schulz sites into buckets and pick owners.
 Plain data in and out.
 
 Algorithm (:func:`plan_distributed`, one or two collectives per bucket):
@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from muon_compile.config import Strategy
 from muon_compile.ns_args import NSArgs
 from muon_compile.ns_cost import ns_flops
+from muon_compile.sharded_ns import ShardLayout
 
 from .find import NSSite
 
@@ -34,31 +35,48 @@ EVERY_RANK = -1
 
 @dataclasses.dataclass(frozen=True)
 class DistMember:
-    """A sharded site in a bucket: a ``rows x cols`` matrix, this rank's ``local_rows`` of
-    it, ``rows_per_shard`` rows per rank in transport, orthogonalised by ``owner``."""
+    """A sharded site in a bucket: a matrix laid out as ``shard`` over the bucket's group,
+    this rank's ``local_rows x local_cols`` block of it, every rank's block padded to
+    ``rows_per_shard x cols_per_shard`` in transport, orthogonalised by ``owner``."""
 
     site: int
-    rows: int
-    cols: int
-    rows_per_shard: int
+    shard: ShardLayout
     local_rows: int
+    local_cols: int
     owner: int
     steps: int
 
     @property
+    def rows(self) -> int:
+        return self.shard.rows
+
+    @property
+    def cols(self) -> int:
+        return self.shard.cols
+
+    @property
+    def rows_per_shard(self) -> int:
+        return self.shard.rows_per_shard
+
+    @property
+    def cols_per_shard(self) -> int:
+        return self.shard.cols_per_shard
+
+    @property
     def slot(self) -> int:
-        """Elements of one rank's padded shard."""
-        return self.rows_per_shard * self.cols
+        """Elements of one rank's padded block."""
+        return self.rows_per_shard * self.cols_per_shard
 
     @property
     def canonical(self) -> tuple[int, int]:
         return (min(self.rows, self.cols), max(self.rows, self.cols))
 
     @property
-    def layout(self) -> tuple[int, int, int]:
-        """What a shard's place in transport depends on: members of one layout side by side
-        form one ``[W, n, rows_per_shard, cols]`` block."""
-        return (self.rows, self.cols, self.rows_per_shard)
+    def layout(self) -> tuple:
+        """What a block's place in transport depends on: members of one layout side by side
+        form one ``[W, n, rows_per_shard, cols_per_shard]`` block."""
+        s = self.shard
+        return (s.rows, s.cols, s.rows_per_shard, s.cols_per_shard, s.mesh, s.dims, s.split)
 
     @property
     def flops(self) -> int:
@@ -130,7 +148,9 @@ class DistPlan:
         lines = []
         for i, b in enumerate(self.buckets):
             members = ", ".join(
-                f"{m.site}:{m.rows}x{m.cols}->{'all' if m.owner == EVERY_RANK else m.owner}" for m in b.members
+                f"{m.site}:{m.rows}x{m.cols}{'' if m.shard.is_row_chunks else ' in blocks ' + m.shard.describe()}"
+                f"->{'all' if m.owner == EVERY_RANK else m.owner}"
+                for m in b.members
             )
             lines.append(
                 f"dist bucket {i}: {b.strategy.value} on group {b.group_name!r} (W={b.group_size}), "
@@ -145,8 +165,8 @@ class DistPlan:
 
 
 def _dist_member(site: NSSite, owner: int) -> DistMember:
-    shard = site.sharding.rows
-    return DistMember(site.index, site.rows, site.cols, shard.rows_per_shard, shard.local_rows, owner, site.args.steps)
+    block = site.sharding.block
+    return DistMember(site.index, site.sharding.layout, block.nrows, block.ncols, owner, site.args.steps)
 
 
 def plan_distributed(sites: list[NSSite], *, bucket_mb: float, strategy: Strategy) -> DistPlan:
@@ -164,7 +184,7 @@ def plan_distributed(sites: list[NSSite], *, bucket_mb: float, strategy: Strateg
         run: list[NSSite] = []
         size = 0
         for s in group_sites:
-            nbytes = world * s.sharding.rows.rows_per_shard * s.cols * itemsize
+            nbytes = world * s.sharding.layout.rows_per_shard * s.sharding.layout.cols_per_shard * itemsize
             if run and size + nbytes > cap:
                 runs.append(run)
                 run, size = [], 0

@@ -57,7 +57,7 @@ from ..ns_args import NSArgs
 from ..passes.find import NSSite, Sharding
 from ..passes.plan_buckets import plan_buckets
 from ..passes.plan_distributed import DistBucket, DistMember, DistPlan, plan_distributed
-from ..sharded_ns import row_shard
+from ..sharded_ns import ShardLayout
 from . import profiles
 from .step_cost import DEVICES, TIE, DeviceProfile, StepCost, buffer_bytes, predict, tied
 
@@ -82,7 +82,7 @@ def sharded_sites(
     """The NS sites of FSDP2-sharded fp32 ``(rows, cols)`` matrices over ``world`` ranks
     of process group ``group``, as the find pass reads them from ``rank``'s graph."""
     return [
-        NSSite(i, 1, rows, cols, 2, torch.float32, "cuda", args, 0, None, Sharding(group, world, rank, row_shard(rows, world, rank)))
+        NSSite(i, 1, rows, cols, 2, torch.float32, "cuda", args, 0, None, Sharding(ShardLayout.row_chunks(rows, cols, group, world), rank))
         for i, (rows, cols) in enumerate(shapes)
     ]
 
@@ -112,7 +112,7 @@ def local_plan(shapes: list[tuple[int, int]], bucket_mb: float, args: NSArgs = D
         members = []
         for m in b.members:  # each as the bucket's matrices, padded, in the site's orientation
             rows, cols = (b.cols, b.rows) if m.transpose else (b.rows, b.cols)
-            members.append(DistMember(m.site, rows, cols, rows, rows, 0, args.steps))
+            members.append(DistMember(m.site, ShardLayout.row_chunks(rows, cols, LOCAL_GROUP, 1), rows, cols, 0, args.steps))
         buckets.append(DistBucket(LOCAL_GROUP, 1, 0, Strategy.ALL_GATHER, args, tuple(members)))
     flops = sum(m.flops for b in buckets for m in b.members)
     return DistPlan(tuple(buckets), (), {LOCAL_GROUP: (flops,)} if buckets else {})

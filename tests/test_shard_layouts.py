@@ -1,0 +1,105 @@
+"""Where each rank's block of a sharded matrix sits (:class:`muon_compile.sharded_ns.ShardLayout`):
+the same as DTensor's own sharding, for every layout of ``Shard`` / ``_StridedShard`` placements
+over one or two mesh dimensions (tensor parallelism, FSDP2 on top of it, HSDP on top of it);
+whole matrices reassembled from the blocks and cut back into them exactly."""
+
+import itertools
+
+import pytest
+import torch
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.placement_types import _StridedShard
+
+from muon_compile import routing
+from muon_compile.sharded_ns import ShardLayout, _split, assemble, disassemble, own_block, pad_block
+
+
+def indices(stretches):
+    return [i for r in stretches for i in r]
+
+from dist_harness import fake_rank
+
+
+@pytest.mark.parametrize("factor", [0, 2, 3])
+def test_split_is_dtensors_own(factor):
+    """Every size 0-13 over 1-4 ranks: the indices DTensor's ``_split_tensor`` gives each rank."""
+    placement = _StridedShard(0, split_factor=factor) if factor else Shard(0)
+    for size, n in itertools.product(range(14), range(1, 5)):
+        pieces, _ = placement._split_tensor(torch.arange(size), n, with_padding=False)
+        assert [p.tolist() for p in pieces] == [indices(p) for p in _split((range(size),), n, factor)], (size, n)
+
+
+LAYOUTS = {
+    "fsdp rows, 3 ranks": ((3,), (0,), (0,)),
+    "tp columns, 3 ranks": ((3,), (1,), (0,)),
+    "rows x columns, 2x2": ((2, 2), (0, 1), (0,)*2),
+    "columns x rows, 2x3": ((2, 3), (1, 0), (0, 0)),
+    "fsdp on tp rows, 2x2": ((2, 2), (0, 0), (2, 0)),
+    "fsdp on tp rows, 3x2": ((3, 2), (0, 0), (2, 0)),
+    "fsdp rows on tp columns, 2x2": ((2, 2), (0, 1), (0, 0)),
+}
+SHAPES = [(7, 5), (12, 8), (1, 3), (5, 1)]
+
+
+@pytest.mark.parametrize("name", LAYOUTS)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_blocks_tile_the_matrix_and_round_trip(name, shape):
+    mesh, dims, split = LAYOUTS[name]
+    layout = ShardLayout(*shape, "g", mesh, dims, split)
+    whole = torch.randn(3, *shape)
+    seen = torch.zeros(shape, dtype=torch.int64)
+    for block in layout.blocks():
+        for r, c in itertools.product(indices(block.rows), indices(block.cols)):
+            seen[r, c] += 1
+    assert (seen == 1).all(), "every element in exactly one block"
+    grid = disassemble(whole, layout)
+    assert grid.shape == (layout.group_size, 3, layout.rows_per_shard, layout.cols_per_shard)
+    for rank, block in enumerate(layout.blocks()):
+        want = whole[:, indices(block.rows)][:, :, indices(block.cols)]
+        assert torch.equal(grid[rank, :, : block.nrows, : block.ncols], want)
+        assert torch.equal(own_block(whole[1], layout, rank), want[1])
+        padded = pad_block(want[1], layout)
+        assert padded.shape == (layout.rows_per_shard, layout.cols_per_shard) and torch.equal(padded[: want.size(1), : want.size(2)], want[1])
+    # the padding of each block is zero in transport (pad_block), whatever disassemble left there
+    blocks = torch.stack([pad_block(grid[r, :, : b.nrows, : b.ncols], layout) for r, b in enumerate(layout.blocks())])
+    assert torch.equal(assemble(blocks, layout), whole)
+    assert torch.equal(assemble(grid, layout), whole)
+
+
+def _dtensor_blocks(rank, world, mesh_shape, placements, shape):
+    """On fake rank ``rank``: DTensor's local tensor of a ``shape`` matrix (chunked here, no
+    communication) and the block the routing's layout gives this rank."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import distribute_tensor
+
+    whole = torch.arange(shape[0] * shape[1], dtype=torch.float32).view(shape)
+    mesh = init_device_mesh("cpu", mesh_shape)
+    x = distribute_tensor(whole, mesh, placements, src_data_rank=None)
+    routing.prepare(x)
+    layout = routing.layout_of(x)
+    assert layout.kind is routing.Kind.SHARDED, layout.reason
+    from muon_compile.sharded_ns import group_rank
+
+    block = layout.shard.block(group_rank(layout.shard.group_name))
+    return x.to_local(), whole[indices(block.rows)][:, indices(block.cols)], layout.shard
+
+
+PLACEMENTS = {
+    "tp Shard(1)": ((4,), [Shard(1)]),
+    "dp x tp: Shard(0), Shard(1)": ((2, 2), [Shard(0), Shard(1)]),
+    "dp x tp: Shard(1), Shard(0)": ((2, 2), [Shard(1), Shard(0)]),
+    "fsdp on tp rows: _StridedShard(0, 2), Shard(0)": ((2, 2), [_StridedShard(0, split_factor=2), Shard(0)]),
+    "hsdp x tp: Replicate, Shard(0), Shard(1)": ((1, 2, 2), [Replicate(), Shard(0), Shard(1)]),
+    "replicate x tp: Replicate, Shard(1)": ((2, 2), [Replicate(), Shard(1)]),
+}
+
+
+@pytest.mark.parametrize("name", PLACEMENTS)
+@pytest.mark.parametrize("shape", [(7, 5), (16, 12), (3, 2)], ids=str)
+def test_the_routing_layout_is_dtensors_sharding(name, shape):
+    """For each rank of a fake world of 4: the routing's block of the matrix is DTensor's
+    local tensor (uneven sizes, an empty block where a dimension is shorter than its mesh)."""
+    mesh_shape, placements = PLACEMENTS[name]
+    for rank in range(4):
+        local, mine, layout = fake_rank(_dtensor_blocks, 4, rank, mesh_shape, placements, shape)
+        assert torch.equal(local, mine), (rank, layout)
