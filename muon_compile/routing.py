@@ -61,6 +61,13 @@ def _key(x: DTensor, mesh_dims: list[int]) -> tuple[str, ...]:
     return tuple(x.device_mesh.get_group(i).group_name for i in mesh_dims)
 
 
+def _not_made(x: DTensor, mesh_dims: list[int]) -> tuple[None, str]:
+    return None, (
+        f"placements {x.placements} shard {len(mesh_dims)} mesh dimensions, whose process group was not made "
+        "(muon_compile.routing.prepare(param) makes it; muon_compile.Muon calls it)"
+    )
+
+
 def _make_group(x: DTensor, mesh_dims: list[int], create: bool) -> tuple[str | None, str | None]:
     """The group of this rank's sub-mesh over ``mesh_dims`` (made when ``create`` and there
     are several), or None and why not."""
@@ -72,10 +79,7 @@ def _make_group(x: DTensor, mesh_dims: list[int], create: bool) -> tuple[str | N
     if len(mesh_dims) == 1:
         return mesh.get_group(mesh_dims[0]).group_name, None
     if not create:
-        return None, (
-            f"placements {x.placements} shard {len(mesh_dims)} mesh dimensions, whose process group was not made "
-            "(muon_compile.routing.prepare(param) makes it; muon_compile.Muon calls it)"
-        )
+        return _not_made(x, mesh_dims)
     return dist.new_group(ranks=ranks, use_local_synchronization=True).group_name, None
 
 
@@ -83,15 +87,20 @@ def _group(x: DTensor, mesh_dims: list[int]) -> tuple[str | None, str | None]:
     """:func:`_make_group`'s answer as :func:`prepare` kept it; where it did not, worked out
     now without making a group, or, while Dynamo traces, one dimension's own group (as if its
     ranks were in row-major order, as ``init_device_mesh`` makes them)."""
+    if not torch.compiler.is_compiling():  # a kept group's liveness can be checked only outside the trace
+        return _kept(x, mesh_dims) or _make_group(x, mesh_dims, create=False)
     kept = _GROUPS.get(_key(x, mesh_dims))
-    compiling = torch.compiler.is_compiling()
-    if kept is not None and (compiling or kept[0] is None or _alive(kept[0])):
+    if kept is not None:
         return kept
-    if not compiling:
-        return _make_group(x, mesh_dims, create=False)
     if len(mesh_dims) == 1:
         return x.device_mesh.get_group(mesh_dims[0]).group_name, None
-    return None, f"placements {x.placements} shard {len(mesh_dims)} mesh dimensions, whose process group was not made"
+    return _not_made(x, mesh_dims)
+
+
+def _kept(x: DTensor, mesh_dims: list[int]) -> tuple[str | None, str | None] | None:
+    """What :func:`prepare` kept for ``x``'s mesh dimensions, unless its group has since gone."""
+    kept = _GROUPS.get(_key(x, mesh_dims))
+    return kept if kept is not None and (kept[0] is None or _alive(kept[0])) else None
 
 
 def _alive(group_name: str) -> bool:
@@ -113,8 +122,7 @@ def prepare(x: Tensor) -> None:
     mesh_dims = _sharded_dims(x)
     if not mesh_dims:
         return
-    kept = _GROUPS.get(_key(x, mesh_dims))
-    if kept is None or (kept[0] is not None and not _alive(kept[0])):
+    if _kept(x, mesh_dims) is None:
         _GROUPS[_key(x, mesh_dims)] = _make_group(x, mesh_dims, create=True)
 
 

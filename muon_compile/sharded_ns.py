@@ -59,7 +59,7 @@ def _merged(stretches: Sequence[range]) -> Stretches:
     return tuple(out)
 
 
-def length(stretches: Stretches) -> int:
+def _length(stretches: Stretches) -> int:
     return sum(len(r) for r in stretches)
 
 
@@ -74,21 +74,21 @@ def _slice(stretches: Stretches, start: int, stop: int) -> Stretches:
     return _merged(out)
 
 
-def _chunk(stretches: Stretches, n: int) -> list[Stretches]:
+def _chunk(stretches: Stretches, n: int) -> tuple[Stretches, ...]:
     """``torch.chunk`` into ``n`` pieces, filled up with empty ones (DTensor's ``Shard``)."""
-    size = math.ceil(length(stretches) / n)
-    return [_slice(stretches, i * size, (i + 1) * size) for i in range(n)]
+    size = math.ceil(_length(stretches) / n)
+    return tuple(_slice(stretches, i * size, (i + 1) * size) for i in range(n))
 
 
 @functools.lru_cache(maxsize=4096)
-def _split(stretches: Stretches, n: int, split: int) -> list[Stretches]:
+def _split(stretches: Stretches, n: int, split: int) -> tuple[Stretches, ...]:
     """The ``n`` pieces under ``Shard`` (``split == 0``) or ``_StridedShard`` with split factor
     ``split``: chunked into ``split`` pieces, each chunked into ``n``, piece ``i`` the
     concatenation of every ``i``-th chunk (DTensor's ``_split_tensor`` of each)."""
     if not split:
         return _chunk(stretches, n)
     parts = [_chunk(p, n) for p in _chunk(stretches, split)]
-    return [_merged([r for p in parts for r in p[i]]) for i in range(n)]
+    return tuple(_merged([r for p in parts for r in p[i]]) for i in range(n))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,11 +100,11 @@ class Block:
 
     @property
     def nrows(self) -> int:
-        return length(self.rows)
+        return _length(self.rows)
 
     @property
     def ncols(self) -> int:
-        return length(self.cols)
+        return _length(self.cols)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -229,8 +229,8 @@ def disassemble(whole: Tensor, layout: ShardLayout) -> Tensor:
     ``[G, n, rows_per_shard, cols_per_shard]``."""
     n, world, rps, cps = whole.size(0), layout.group_size, layout.rows_per_shard, layout.cols_per_shard
     if layout.is_row_chunks:
-        return _pad(whole, world * rps, layout.cols).view(n, world, rps, layout.cols).permute(1, 0, 2, 3)
-    return torch.stack([_pad(_take(whole, block), rps, cps) for block in layout.blocks()])
+        return pad(whole, world * rps, layout.cols).view(n, world, rps, layout.cols).permute(1, 0, 2, 3)
+    return torch.stack([pad(_take(whole, block), rps, cps) for block in layout.blocks()])
 
 
 def own_block(whole: Tensor, layout: ShardLayout, rank: int) -> Tensor:
@@ -242,14 +242,14 @@ def own_block(whole: Tensor, layout: ShardLayout, rank: int) -> Tensor:
     return _take(whole, block)
 
 
-def _pad(t: Tensor, rows: int, cols: int) -> Tensor:
+def pad(t: Tensor, rows: int, cols: int) -> Tensor:
     """``t`` (a matrix or a stack of them) zero-padded to ``rows x cols``."""
     return t if t.shape[-2:] == (rows, cols) else F.pad(t, (0, cols - t.size(-1), 0, rows - t.size(-2)))
 
 
 def pad_block(t: Tensor, layout: ShardLayout) -> Tensor:
     """A rank's block zero-padded to the transport size ``rows_per_shard x cols_per_shard``."""
-    return _pad(t, layout.rows_per_shard, layout.cols_per_shard)
+    return pad(t, layout.rows_per_shard, layout.cols_per_shard)
 
 
 def group_rank(group_name: str) -> int:

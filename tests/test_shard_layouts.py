@@ -11,7 +11,7 @@ from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.placement_types import _StridedShard
 
 from muon_compile import routing
-from muon_compile.sharded_ns import ShardLayout, _split, assemble, disassemble, own_block, pad_block
+from muon_compile.sharded_ns import ShardLayout, _split, assemble, disassemble, group_rank, own_block, pad_block
 
 
 def indices(stretches):
@@ -78,8 +78,6 @@ def _dtensor_blocks(rank, world, mesh_shape, placements, shape):
     routing.prepare(x)
     layout = routing.layout_of(x)
     assert layout.kind is routing.Kind.SHARDED, layout.reason
-    from muon_compile.sharded_ns import group_rank
-
     block = layout.shard.block(group_rank(layout.shard.group_name))
     return x.to_local(), whole[indices(block.rows)][:, indices(block.cols)], layout.shard
 

@@ -40,14 +40,13 @@ from collections.abc import Callable, Sequence
 
 import torch
 import torch.fx as fx
-import torch.nn.functional as F
 from torch import Tensor
 
 from muon_compile.config import Strategy
 from muon_compile.counters import counters
 from muon_compile.ns_args import NSArgs
 from muon_compile.ns_op import newton_schulz_op
-from muon_compile.sharded_ns import assemble, disassemble, own_block, pad_block
+from muon_compile.sharded_ns import assemble, disassemble, own_block, pad, pad_block
 
 from .graph_utils import splice_trace, stable_topological_sort
 from .plan_distributed import DistBucket, DistMember, DistPlan
@@ -60,7 +59,7 @@ _c10d = torch.ops._c10d_functional
 
 def _pad_rows(t: Tensor, rows: int) -> Tensor:
     """``t``, a matrix or a stack of them, zero-padded to ``rows`` rows."""
-    return t if t.size(-2) == rows else F.pad(t, (0, 0, 0, rows - t.size(-2)))
+    return pad(t, rows, t.size(-1))
 
 
 def _layout_runs(members: Sequence[DistMember]) -> list[list[DistMember]]:
@@ -95,7 +94,7 @@ def _scatter_rows(groups: Sequence[tuple[Sequence[DistMember], Tensor]], world: 
         for run in _layout_runs(members):
             m, n = run[0], len(run)
             ys, rows = ortho[start : start + n], world * m.rows_per_shard
-            if not m.shard.is_row_chunks:  # blocks of rows and columns: gathered by index
+            if not m.shard.is_row_chunks:  # blocks of rows and columns: cut by their stretches
                 blocks.append(disassemble(ys.mT if m.rows > m.cols else ys, m.shard).reshape(world, n * m.slot))
                 start += n
                 continue
