@@ -629,8 +629,13 @@ def automatic_dynamic_run(rank, world, shapes, steps, opt_kw):
     """A Muon step compiled for other FSDP2 shapes first, then the same step code for
     ``shapes``: Dynamo recompiles it with dynamic shapes (automatic dynamic shapes), as for
     a user's second optimizer. Returns the full weights after ``steps`` steps of the second
-    one, the warnings of its compile, and its pass counters."""
+    one, the warnings of its compile, its pass counters and whether its graph took symbolic
+    sizes."""
     import warnings
+
+    from torch.fx.experimental.symbolic_shapes import free_symbols
+
+    from muon_compile.backend import muon_backend
 
     mesh = device_mesh(world)
     other = [(rows + 1, cols + 1) for rows, cols in shapes]
@@ -638,7 +643,14 @@ def automatic_dynamic_run(rank, world, shapes, steps, opt_kw):
     set_step_grads(first, other, 0)
     torch.compile(muon_compile.Muon(first, **opt_kw).step, backend="muon")()
     params = sharded_stack(shapes, mesh)
-    step = torch.compile(muon_compile.Muon(params, **opt_kw).step, backend="muon")
+    symbolic = []
+
+    def backend(gm, example_inputs):  # notes whether a graph input's local tensor has a symbol
+        inputs = (n.meta.get("example_value") for n in gm.graph.find_nodes(op="placeholder"))
+        symbolic.append(any(free_symbols(getattr(v, "_local_tensor", v)) for v in inputs))
+        return muon_backend(gm, example_inputs)
+
+    step = torch.compile(muon_compile.Muon(params, **opt_kw).step, backend=backend)
     muon_compile.counters.clear()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -649,6 +661,7 @@ def automatic_dynamic_run(rank, world, shapes, steps, opt_kw):
         "weights": [p.full_tensor() for p in params],
         "warnings": [str(w.message) for w in caught],
         "counters": dict(muon_compile.counters),
+        "symbolic_inputs": any(symbolic),
     }
 
 
