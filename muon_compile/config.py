@@ -11,6 +11,12 @@ variable                   default      meaning
 MUON_COMPILE_BUCKET_MB     64           size cap of one bucket's stacked input, MiB
 MUON_COMPILE_STRATEGY      all_to_all   distributed strategy (:class:`Strategy`):
                                         all_to_all | all_gather
+MUON_COMPILE_TP_MODE       distributed  how matrices sharded on a tensor-parallel mesh
+                                        dimension are orthogonalised (:class:`TPMode`):
+                                        distributed | duplicated | blockwise
+MUON_COMPILE_TP_DIMS       tp           comma list of the mesh dimension names that are
+                                        tensor-parallel (for ``duplicated`` and
+                                        ``blockwise``)
 MUON_COMPILE_PREFETCH      1            distributed buckets whose collective is issued
                                         ahead of the current bucket's compute
 MUON_COMPILE_NS_ALGORITHM  auto         how Newton–Schulz calls left to ``auto`` are
@@ -51,11 +57,24 @@ PASS_NAMES = ("canonicalize", "distribute", "bucket", "schedule", "lower")
 PLAN_FIELDS = (
     ("bucket_mb", "MUON_COMPILE_BUCKET_MB"),
     ("strategy", "MUON_COMPILE_STRATEGY"),
+    ("tp_mode", "MUON_COMPILE_TP_MODE"),
+    ("tp_dims", "MUON_COMPILE_TP_DIMS"),
     ("prefetch", "MUON_COMPILE_PREFETCH"),
     ("pad_waste", "MUON_COMPILE_PAD_WASTE"),
     ("ns_algorithm", "MUON_COMPILE_NS_ALGORITHM"),
     ("passes", "MUON_COMPILE_PASSES"),
 )
+
+
+def _parse(cls: type[enum.Enum], value: enum.Enum | str, variable: str) -> enum.Enum:
+    """``value`` as a member of ``cls`` (a member or its name); ``ValueError`` naming ``variable`` otherwise."""
+    if isinstance(value, cls):
+        return value
+    try:
+        return cls(value)
+    except ValueError:
+        known = [s.value for s in cls]
+        raise ValueError(f"{variable} must be one of {known}, got {value!r}") from None
 
 
 class Strategy(enum.Enum):
@@ -67,13 +86,22 @@ class Strategy(enum.Enum):
     @classmethod
     def parse(cls, value: Strategy | str) -> Strategy:
         """``value`` as a :class:`Strategy` (a member or its name); ``ValueError`` otherwise."""
-        if isinstance(value, cls):
-            return value
-        try:
-            return cls(value)
-        except ValueError:
-            known = [s.value for s in cls]
-            raise ValueError(f"MUON_COMPILE_STRATEGY must be one of {known}, got {value!r}") from None
+        return _parse(cls, value, "MUON_COMPILE_STRATEGY")  # type: ignore[return-value]
+
+
+class TPMode(enum.Enum):
+    """How a matrix sharded on a tensor-parallel mesh dimension is orthogonalised (Megatron's
+    ``TensorParallelMuon`` modes; :mod:`muon_compile.routing`). Matrices sharded on no such
+    dimension are distributed by owner whatever the mode."""
+
+    DISTRIBUTED = "distributed"  # the whole matrix, by owner over every sharded mesh dimension
+    DUPLICATED = "duplicated"  # the whole matrix on every rank of its group (one all-gather)
+    BLOCKWISE = "blockwise"  # each tensor-parallel block alone: not Muon's exact update
+
+    @classmethod
+    def parse(cls, value: TPMode | str) -> TPMode:
+        """``value`` as a :class:`TPMode` (a member or its name); ``ValueError`` otherwise."""
+        return _parse(cls, value, "MUON_COMPILE_TP_MODE")  # type: ignore[return-value]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,6 +110,8 @@ class Config:
 
     bucket_mb: float = 64.0
     strategy: Strategy = Strategy.ALL_TO_ALL
+    tp_mode: TPMode = TPMode.DISTRIBUTED
+    tp_dims: tuple[str, ...] = ("tp",)
     prefetch: int = 1
     pad_waste: float = 0.0
     ns_algorithm: str = AUTO
@@ -96,6 +126,8 @@ class Config:
             raise ValueError(f"MUON_COMPILE_BUCKET_MB must be > 0, got {self.bucket_mb!r}")
         if not isinstance(self.strategy, Strategy):
             raise ValueError(f"strategy must be a muon_compile.config.Strategy, got {self.strategy!r}")
+        if not isinstance(self.tp_mode, TPMode):
+            raise ValueError(f"tp_mode must be a muon_compile.config.TPMode, got {self.tp_mode!r}")
         if self.prefetch < 0:
             raise ValueError(f"MUON_COMPILE_PREFETCH must be >= 0, got {self.prefetch!r}")
         if not 0.0 <= self.pad_waste < 1.0:
@@ -125,7 +157,7 @@ class Config:
 
 
 def _spelling(value: object) -> str:
-    if isinstance(value, Strategy):
+    if isinstance(value, enum.Enum):
         return value.value
     if isinstance(value, float):
         return f"{value:g}"
@@ -151,6 +183,11 @@ def parse_passes(spec: str) -> tuple[str, ...]:
     if kept:
         return tuple(p for p in PASS_NAMES if p in kept)
     return tuple(p for p in PASS_NAMES if p not in removed)
+
+
+def _names(spec: str) -> tuple[str, ...]:
+    """``"a, b"`` -> ``("a", "b")``."""
+    return tuple(n.strip() for n in spec.split(",") if n.strip())
 
 
 def _number(env: Mapping[str, str], name: str, kind: type, default: float | int) -> float | int:
@@ -180,6 +217,8 @@ def from_env(env: Mapping[str, str] | None = None) -> Config:
     return Config(
         bucket_mb=_number(env, "MUON_COMPILE_BUCKET_MB", float, Config.bucket_mb),
         strategy=Strategy.parse(env.get("MUON_COMPILE_STRATEGY", "").strip() or Config.strategy),
+        tp_mode=TPMode.parse(env.get("MUON_COMPILE_TP_MODE", "").strip() or Config.tp_mode),
+        tp_dims=_names(env.get("MUON_COMPILE_TP_DIMS", "")) or Config.tp_dims,
         prefetch=_number(env, "MUON_COMPILE_PREFETCH", int, Config.prefetch),
         pad_waste=_number(env, "MUON_COMPILE_PAD_WASTE", float, Config.pad_waste),
         ns_algorithm=env.get("MUON_COMPILE_NS_ALGORITHM", "").strip() or Config.ns_algorithm,
@@ -205,13 +244,18 @@ def current() -> Config:
 @contextlib.contextmanager
 def override(**changes: object) -> Iterator[Config]:
     """Temporarily replace fields of the active configuration, e.g. ``override(pad_waste=0.2)``
-    (``passes`` and ``strategy`` may be given as their environment-variable spelling)."""
+    (``passes``, ``strategy``, ``tp_mode`` and ``tp_dims`` may be given as their
+    environment-variable spelling)."""
     global _current
     previous = current()
     if isinstance(changes.get("passes"), str):
         changes["passes"] = parse_passes(changes["passes"])  # type: ignore[arg-type]
     if "strategy" in changes:
         changes["strategy"] = Strategy.parse(changes["strategy"])  # type: ignore[arg-type]
+    if "tp_mode" in changes:
+        changes["tp_mode"] = TPMode.parse(changes["tp_mode"])  # type: ignore[arg-type]
+    if isinstance(changes.get("tp_dims"), str):
+        changes["tp_dims"] = _names(changes["tp_dims"])  # type: ignore[arg-type]
     _current = dataclasses.replace(previous, **changes)  # type: ignore[arg-type]
     try:
         yield _current

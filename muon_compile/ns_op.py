@@ -82,9 +82,10 @@ if torch.distributed.is_available():
     _register_sharding()
 
 
-def newton_schulz_any(x: Tensor, args: NSArgs) -> Tensor:
-    """``newton_schulz`` of ``x`` with the op its layout needs; the result has ``x``'s layout."""
-    layout = layout_of(x)
+def newton_schulz_any(x: Tensor, args: NSArgs, tp_mode: str | None = None) -> Tensor:
+    """``newton_schulz`` of ``x`` with the op its layout under ``tp_mode`` needs
+    (:func:`~muon_compile.routing.layout_of`); the result has ``x``'s layout."""
+    layout = layout_of(x, tp_mode)
     if not isinstance(x, DTensor) or layout.kind is Kind.DTENSOR:
         return newton_schulz_op(x, args)
     local = x.to_local()

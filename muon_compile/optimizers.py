@@ -23,6 +23,7 @@ from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor import zeros as dtensor_zeros
 
 from . import coefficients as coeffs
+from . import config
 from . import offload
 from . import qk_clip as qk_clip_mod
 from . import stacks as stacks_mod
@@ -172,6 +173,13 @@ class MuonAdamW(torch.optim.Optimizer):
             of every sharded DTensor's mesh (one scalar all-reduce), no host sync: a
             skipped step still runs, with its updates gated off. Off by default: a
             non-finite gradient then propagates as in eager PyTorch.
+        tp_mode: how a matrix sharded on a tensor-parallel mesh dimension (one named in
+            ``MUON_COMPILE_TP_DIMS``, default ``"tp"``) is orthogonalised: ``"distributed"``
+            (the whole matrix, by owner), ``"duplicated"`` (the whole matrix on every rank
+            of its group) or ``"blockwise"`` (each tensor-parallel block alone, with no
+            communication across the tensor-parallel dimension: a different optimizer, not
+            Muon's exact update). ``None`` (default): ``MUON_COMPILE_TP_MODE``, itself
+            ``"distributed"`` by default. See :mod:`muon_compile.routing`.
         adamw_lr, adamw_betas, adamw_eps, adamw_weight_decay: AdamW group defaults.
 
     Muon parameters must be real 2-D matrices or 3-D stacks of matrices (the leading
@@ -204,6 +212,7 @@ class MuonAdamW(torch.optim.Optimizer):
         qk_clip: QKClip | None = None,
         offload_state: bool = False,
         skip_nonfinite: bool = False,
+        tp_mode: str | None = None,
         adamw_lr: float = 3e-4,
         adamw_betas: tuple[float, float] = (0.9, 0.95),
         adamw_eps: float = 1e-8,
@@ -224,6 +233,7 @@ class MuonAdamW(torch.optim.Optimizer):
                 extra_scale_factor=extra_scale_factor,
                 normuon_beta2=normuon_beta2,
                 cautious_weight_decay=cautious_weight_decay,
+                tp_mode=tp_mode,
                 split_rows=split_rows,
             ),
             "adamw": dict(lr=adamw_lr, betas=adamw_betas, eps=adamw_eps, weight_decay=adamw_weight_decay),
@@ -277,6 +287,8 @@ class MuonAdamW(torch.optim.Optimizer):
             raise ValueError(f"ns_steps must be a positive int, got {group['ns_steps']!r}")
         group["ns_dtype"] = _ns_dtype(group["ns_dtype"])
         check_algorithm(group["ns_algorithm"], "ns_algorithm")
+        if group["tp_mode"] is not None:
+            group["tp_mode"] = config.TPMode.parse(group["tp_mode"]).value
         if group["adjust_lr"] not in ADJUST_LR_MODES:
             raise ValueError(f"unknown adjust_lr mode {group['adjust_lr']!r}; known: {ADJUST_LR_MODES}")
         if group["ns_eps"] is not None and not group["ns_eps"] >= 0:
@@ -297,11 +309,13 @@ class MuonAdamW(torch.optim.Optimizer):
                     "2-D matrices or 3-D stacks of matrices: put it in an 'adamw' group"
                 )
             self._check_real(group, i)
-            prepare(p)  # the process group of several sharded mesh dimensions, made here on every rank
-            layout = layout_of(p)
+            prepare(p, group["tp_mode"])  # the process group of several sharded mesh dimensions, made here on every rank
+            layout = layout_of(p, group["tp_mode"])
             if layout.kind is Kind.DTENSOR:
                 log.info("Muon parameter %s: %s; %s (one collective per matrix)", _param_name(group, i), layout.reason, layout.kind.value)
                 counters["route.dtensor_fallback"] += 1
+            elif layout.reason is not None:
+                log.info("Muon parameter %s: %s", _param_name(group, i), layout.reason)
             self.state[p].setdefault("momentum_buffer", torch.zeros_like(p, memory_format=torch.preserve_format))
             if group["normuon_beta2"] is not None:
                 self.state[p].setdefault("second_moment", _zeros_like_factored(p))
@@ -399,6 +413,8 @@ class MuonAdamW(torch.optim.Optimizer):
         for group, layout in zip(self.param_groups, self._stacks):
             self._restack(group, layout)
         for group in self.param_groups:
+            for key, value in self._kind_defaults[group["kind"]].items():  # a setting newer than the checkpoint
+                group.setdefault(key, value)
             keys = _MUON_SCALARS if group["kind"] == "muon" else _ADAMW_SCALARS
             for key in keys:
                 group[key] = _scalar(group[key], key)
@@ -561,6 +577,7 @@ class MuonAdamW(torch.optim.Optimizer):
             split=split,
             adjust_lr=group["adjust_lr"],
             beta2=group["normuon_beta2"],
+            tp_mode=group["tp_mode"],
         )
 
     def _adamw_step(self, group: dict, live: Tensor | None) -> None:

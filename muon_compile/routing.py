@@ -15,6 +15,13 @@
   not make) -> ``newton_schulz`` on the DTensor itself: DTensor's sharding rule replicates
   the input (one collective per matrix, correct, not bucketed). The reason is logged when
   the optimizer is built.
+
+The tensor-parallel mode (:class:`~muon_compile.config.TPMode`; per optimizer, or
+``MUON_COMPILE_TP_MODE``) applies to matrices sharded on a mesh dimension named in
+``MUON_COMPILE_TP_DIMS``: ``distributed`` as above; ``duplicated`` the same layout, every rank
+of the group orthogonalising the whole matrix; ``blockwise`` the matrix cut into its
+tensor-parallel blocks (:func:`~muon_compile.sharded_ns.tp_block`), each orthogonalised alone,
+on this rank when no other mesh dimension shards it, else by owner over those dimensions.
 """
 
 from __future__ import annotations
@@ -28,8 +35,9 @@ from torch import Tensor
 from torch.distributed.tensor import DTensor, Replicate
 from torch.distributed.tensor.placement_types import _StridedShard
 
+from . import config
 from .compat import is_shard
-from .sharded_ns import ShardLayout
+from .sharded_ns import ShardLayout, tp_block
 
 
 class Kind(enum.Enum):
@@ -113,17 +121,21 @@ def _alive(group_name: str) -> bool:
     return True
 
 
-def prepare(x: Tensor) -> None:
+def prepare(x: Tensor, tp_mode: config.TPMode | str | None = None) -> None:
     """Work out (and, for several sharded mesh dimensions, make) the process group of ``x``'s
-    sharded mesh dimensions: every rank of that group must call it for the same tensors in
-    the same order (the optimizer's constructor does), never inside a compiled region."""
+    sharded mesh dimensions, and under ``blockwise`` that of its dimensions that are not
+    tensor-parallel: every rank of that group must call it for the same tensors in the same
+    order (the optimizer's constructor does), never inside a compiled region."""
     if not isinstance(x, DTensor) or x.device_mesh.get_coordinate() is None:
         return
     mesh_dims = _sharded_dims(x)
-    if not mesh_dims:
-        return
-    if _kept(x, mesh_dims) is None:
-        _GROUPS[_key(x, mesh_dims)] = _make_group(x, mesh_dims, create=True)
+    candidates = [mesh_dims]
+    if (config.current().tp_mode if tp_mode is None else config.TPMode.parse(tp_mode)) is config.TPMode.BLOCKWISE:
+        tp = _tp_positions(x, mesh_dims, config.current().tp_dims)
+        candidates.append([i for i, t in zip(mesh_dims, tp) if not t])
+    for dims in candidates:
+        if dims and _kept(x, dims) is None:
+            _GROUPS[_key(x, dims)] = _make_group(x, dims, create=True)
 
 
 @torch.compiler.assume_constant_result
@@ -133,8 +145,21 @@ def _split_factor(placement: object) -> int:
     return int(placement.split_factor) if isinstance(placement, _StridedShard) else 0
 
 
-def layout_of(x: Tensor) -> Layout:
-    """How ``x``'s matrices are laid out across ranks (see the module docstring)."""
+@torch.compiler.assume_constant_result
+def _coordinate(mesh: object, mesh_dim: int) -> int:
+    """This rank's coordinate on ``mesh_dim`` (read outside Dynamo's trace, like the rank tensor)."""
+    return int(mesh.get_local_rank(mesh_dim))
+
+
+def _tp_positions(x: DTensor, mesh_dims: list[int], tp_dims: tuple[str, ...]) -> tuple[bool, ...]:
+    """Per sharded mesh dimension, whether its name is one of the tensor-parallel ``tp_dims``."""
+    names = x.device_mesh.mesh_dim_names or ()
+    return tuple(bool(names) and names[i] in tp_dims for i in mesh_dims)
+
+
+def layout_of(x: Tensor, tp_mode: config.TPMode | str | None = None) -> Layout:
+    """How ``x``'s matrices are laid out across ranks (see the module docstring), under
+    ``tp_mode`` (default: ``MUON_COMPILE_TP_MODE``)."""
     if not isinstance(x, DTensor):
         return Layout(Kind.LOCAL)
     mesh_dims = _sharded_dims(x)
@@ -147,16 +172,37 @@ def layout_of(x: Tensor) -> Layout:
         if all(p.dim == 0 and not isinstance(p, _StridedShard) for p in placements):
             return Layout(Kind.LOCAL)
         return Layout(Kind.DTENSOR, reason=f"placements {x.placements} shard the matrices of a 3-D stack")
-    group_name, reason = _group(x, mesh_dims)
-    if group_name is None:
-        return Layout(Kind.DTENSOR, reason=reason)
-    shard = ShardLayout(
-        x.shape[0], x.shape[1], group_name,
+    cfg = config.current()
+    mode = cfg.tp_mode if tp_mode is None else config.TPMode.parse(tp_mode)
+    tp = _tp_positions(x, mesh_dims, cfg.tp_dims)
+    if not any(tp):
+        mode = config.TPMode.DISTRIBUTED
+    whole = ShardLayout(
+        x.shape[0], x.shape[1], "",
         mesh=tuple(x.device_mesh.size(i) for i in mesh_dims),
         dims=tuple(p.dim for p in placements),
         split=tuple(_split_factor(p) for p in placements),
+        tp_mode=mode.value,
     )
-    return Layout(Kind.SHARDED, shard)
+    note = None
+    if mode is config.TPMode.BLOCKWISE:
+        coords = tuple(_coordinate(x.device_mesh, i) if t else 0 for i, t in zip(mesh_dims, tp))
+        block = tp_block(whole, tp, coords)
+        if isinstance(block, ShardLayout):
+            if not block.mesh:  # the block is this rank's own: no communication
+                return Layout(Kind.LOCAL, reason="tp blockwise: this rank's tensor-parallel block alone")
+            return _sharded(x, [i for i, t in zip(mesh_dims, tp) if not t], block)
+        note = f"tp blockwise not possible ({block}); distributed by owner instead"
+        whole = dataclasses.replace(whole, tp_mode=config.TPMode.DISTRIBUTED.value)
+    return _sharded(x, mesh_dims, whole, note)
+
+
+def _sharded(x: DTensor, mesh_dims: list[int], layout: ShardLayout, note: str | None = None) -> Layout:
+    """``layout`` over the group of ``x``'s ``mesh_dims``, or DTensor's rule where that group is not known."""
+    group_name, reason = _group(x, mesh_dims)
+    if group_name is None:
+        return Layout(Kind.DTENSOR, reason=reason)
+    return Layout(Kind.SHARDED, dataclasses.replace(layout, group_name=group_name), note)
 
 
 def wrap_like(local: Tensor, like: Tensor) -> Tensor:

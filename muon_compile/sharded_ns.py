@@ -3,7 +3,7 @@
 Schema::
 
     sharded_newton_schulz(Tensor local, int rows, int cols, str group_name, int[] mesh,
-                          int[] dims, int[] split, <NSArgs.SCHEMA>) -> Tensor
+                          int[] dims, int[] split, str tp_mode, <NSArgs.SCHEMA>) -> Tensor
 
 The ranks of the process group ``group_name`` form a row-major grid of ``mesh`` sizes (the
 sharded mesh dimensions of a DTensor, in mesh order; group rank ``g`` has the grid coordinates
@@ -13,6 +13,9 @@ tail short or empty) or ``_StridedShard`` with split factor ``split[i]`` (FSDP2 
 tensor-parallel shard again), applied left to right as DTensor applies placements
 (:class:`ShardLayout`). So each rank holds a block: some of the rows times some of the
 columns. FSDP2 alone is ``mesh=[W], dims=[0], split=[0]``: ``ceil(rows / W)`` rows per rank.
+``tp_mode`` (:class:`muon_compile.config.TPMode`'s names) tells the passes how to distribute
+it: ``duplicated`` on every rank of the group, otherwise by owner; under ``blockwise`` the
+matrix is one tensor-parallel block (:func:`tp_block`).
 
 Every rank of the group calls it with its block of the ``rows x cols`` matrix and gets back its
 block of ``newton_schulz`` of the whole matrix. It is one node per parameter in every rank's
@@ -40,6 +43,7 @@ from .ns_kernel import orthogonalize
 from .op_support import check_input, register_no_derivative
 
 _QUALNAME = "muon_compile::sharded_newton_schulz"
+TP_MODES = tuple(m.value for m in config.TPMode)
 
 
 # indices of rows or columns as contiguous stretches, in local order
@@ -118,6 +122,7 @@ class ShardLayout:
     mesh: tuple[int, ...]
     dims: tuple[int, ...]
     split: tuple[int, ...]
+    tp_mode: str = "distributed"
 
     @classmethod
     def row_chunks(cls, rows: int, cols: int, group_name: str, group_size: int) -> ShardLayout:
@@ -162,7 +167,8 @@ class ShardLayout:
     def describe(self) -> str:
         """``2x2 (rows, cols:strided 2)``: the grid and what each of its dimensions shards."""
         what = [("rows", "cols")[d] + (f":strided {s}" if s else "") for d, s in zip(self.dims, self.split)]
-        return f"{'x'.join(map(str, self.mesh))} ({', '.join(what)})"
+        mode = "" if self.tp_mode == "distributed" else f", tp {self.tp_mode}"
+        return f"{'x'.join(map(str, self.mesh))} ({', '.join(what)}{mode})"
 
 
 @functools.lru_cache(maxsize=4096)
@@ -181,6 +187,58 @@ def _blocks(rows: int, cols: int, mesh: tuple[int, ...], dims: tuple[int, ...], 
             indices[dim] = _split(indices[dim], n, factor)[coord]
         out.append(Block(*indices))
     return tuple(out)
+
+
+def tp_block(layout: ShardLayout, tp: Sequence[bool], coords: Sequence[int]) -> ShardLayout | str:
+    """Under ``blockwise``, the matrix is this rank's tensor-parallel block: the part of
+    ``layout``'s matrix that the ranks sharing this rank's coordinates ``coords`` on the
+    tensor-parallel positions (``tp[i]``: mesh position ``i`` is tensor-parallel) hold between
+    them. Returns that block as a layout over the other positions (empty ``mesh`` when there
+    are none: the block is this rank's own), or why it is not one contiguous block.
+
+    The block is cut by the tensor-parallel ``Shard`` placements alone; each other position
+    shards it as it shards the whole matrix, except FSDP2's ``_StridedShard`` over a
+    tensor-parallel shard of the same dimension, which becomes a plain ``Shard`` of the block.
+    The result is checked rank by rank against ``layout``'s own blocks."""
+    extent = [range(layout.rows), range(layout.cols)]
+    for i, (n, dim, factor) in enumerate(zip(layout.mesh, layout.dims, layout.split)):
+        if tp[i]:
+            if factor:
+                return f"its tensor-parallel placement at mesh position {i} is strided"
+            part = _chunk((extent[dim],), n)[coords[i]]
+            extent[dim] = part[0] if part else range(extent[dim].start, extent[dim].start)
+    keep = [i for i in range(len(layout.mesh)) if not tp[i]]
+
+    def tp_after(i: int) -> int:
+        return math.prod(layout.mesh[j] for j in range(i + 1, len(layout.mesh)) if tp[j] and layout.dims[j] == layout.dims[i])
+
+    split = tuple(0 if layout.split[i] and layout.split[i] == tp_after(i) else layout.split[i] for i in keep)
+    sub = ShardLayout(
+        len(extent[0]), len(extent[1]), "",
+        tuple(layout.mesh[i] for i in keep), tuple(layout.dims[i] for i in keep), split, config.TPMode.BLOCKWISE.value,
+    )
+    for sub_coords in itertools.product(*(range(layout.mesh[i]) for i in keep)):
+        full = list(coords)
+        for i, c in zip(keep, sub_coords):
+            full[i] = c
+        want = layout.block(_ravel(full, layout.mesh))
+        got = sub.block(_ravel(sub_coords, sub.mesh)) if keep else Block((range(len(extent[0])),), (range(len(extent[1])),))
+        shifted = Block(_shift(got.rows, extent[0].start), _shift(got.cols, extent[1].start))
+        if shifted != Block(_merged(want.rows), _merged(want.cols)):
+            return f"placements {layout.describe()}: a tensor-parallel block is not one contiguous block of rows and columns"
+    return sub
+
+
+def _ravel(coords: Sequence[int], mesh: Sequence[int]) -> int:
+    """The row-major index of ``coords`` in a grid of ``mesh`` sizes."""
+    index = 0
+    for c, n in zip(coords, mesh):
+        index = index * n + c
+    return index
+
+
+def _shift(stretches: Stretches, by: int) -> Stretches:
+    return _merged([range(r.start + by, r.stop + by) for r in stretches])
 
 
 def _runs(stretches: Stretches) -> list[tuple[int, int, int]]:
@@ -294,19 +352,21 @@ def check_layout(layout: ShardLayout) -> None:
         raise ValueError(f"sharded_newton_schulz: mesh {layout.mesh}, dims {layout.dims} and split {layout.split} must be non-empty and of one length")
     if any(d not in (0, 1) for d in layout.dims) or any(n < 1 for n in layout.mesh) or any(s < 0 for s in layout.split):
         raise ValueError(f"sharded_newton_schulz: dims must be 0 or 1, mesh sizes >= 1 and split factors >= 0; got {layout}")
+    if layout.tp_mode not in TP_MODES:
+        raise ValueError(f"sharded_newton_schulz: tp_mode must be one of {TP_MODES}, got {layout.tp_mode!r}")
 
 
 torch.library.define(
     _QUALNAME,
-    f"(Tensor local, int rows, int cols, str group_name, int[] mesh, int[] dims, int[] split, {NSArgs.SCHEMA}) -> Tensor",
+    f"(Tensor local, int rows, int cols, str group_name, int[] mesh, int[] dims, int[] split, str tp_mode, {NSArgs.SCHEMA}) -> Tensor",
 )
 
 
 def split_args(args: Sequence[object]) -> tuple[object, ShardLayout, NSArgs]:
     """An op call's arguments as ``(local, ShardLayout, NSArgs)``."""
-    rows, cols, group_name, mesh, dims, split = args[1:7]
-    layout = ShardLayout(rows, cols, group_name, tuple(mesh), tuple(dims), tuple(split))  # type: ignore[arg-type]
-    return args[0], layout, NSArgs.from_op(args[7:])
+    rows, cols, group_name, mesh, dims, split, tp_mode = args[1:8]
+    layout = ShardLayout(rows, cols, group_name, tuple(mesh), tuple(dims), tuple(split), tp_mode)  # type: ignore[arg-type]
+    return args[0], layout, NSArgs.from_op(args[8:])
 
 
 @torch.library.impl(_QUALNAME, "CompositeExplicitAutograd")
@@ -339,5 +399,13 @@ torch.fx.node.has_side_effect(SHARDED_NEWTON_SCHULZ)
 def sharded_newton_schulz_op(local: Tensor, layout: ShardLayout, args: NSArgs) -> Tensor:
     """Call the op on this rank's block ``local`` of a matrix laid out as ``layout``."""
     return SHARDED_NEWTON_SCHULZ(
-        local, layout.rows, layout.cols, layout.group_name, list(layout.mesh), list(layout.dims), list(layout.split), *args.to_op()
+        local,
+        layout.rows,
+        layout.cols,
+        layout.group_name,
+        list(layout.mesh),
+        list(layout.dims),
+        list(layout.split),
+        layout.tp_mode,
+        *args.to_op(),
     )

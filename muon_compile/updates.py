@@ -58,7 +58,7 @@ def variance_normalize(update: Tensor, second_moment: Tensor, beta2: Tensor) -> 
     return (scaled * (norms[0] / norms[1].clamp_min(1e-10))).to(update.dtype)
 
 
-def split_orthogonalize(update: Tensor, split: tuple[int, ...], ns_args: NSArgs, adjust_lr: str) -> Tensor:
+def split_orthogonalize(update: Tensor, split: tuple[int, ...], ns_args: NSArgs, adjust_lr: str, tp_mode: str | None = None) -> Tensor:
     """Newton–Schulz of each row block of ``update`` on its own (Megatron's ``split_qkv``;
     equal blocks = per-head), each block scaled by its own ``adjust_lr`` ratio.
 
@@ -70,10 +70,10 @@ def split_orthogonalize(update: Tensor, split: tuple[int, ...], ns_args: NSArgs,
     if len(set(split)) == 1:
         rows = split[0]
         blocks = update.reshape(-1, rows, cols)
-        out = newton_schulz_any(blocks, ns_args) * lr_ratio(rows, cols, adjust_lr)
+        out = newton_schulz_any(blocks, ns_args, tp_mode) * lr_ratio(rows, cols, adjust_lr)
         return out.reshape(update.shape)
     parts = update.split(list(split), dim=-2)
-    return torch.cat([newton_schulz_any(b, ns_args) * lr_ratio(b.shape[-2], cols, adjust_lr) for b in parts], dim=-2)
+    return torch.cat([newton_schulz_any(b, ns_args, tp_mode) * lr_ratio(b.shape[-2], cols, adjust_lr) for b in parts], dim=-2)
 
 
 def muon_update(
@@ -92,6 +92,7 @@ def muon_update(
     second_moment: Tensor | None = None,
     beta2: Tensor | None = None,
     cautious: bool = False,
+    tp_mode: str | None = None,
 ) -> None:
     """One Muon step on ``param``: :func:`muon_direction` then :func:`apply_update`.
 
@@ -99,7 +100,8 @@ def muon_update(
     per group), ``lr`` and ``beta2`` are 0-D tensors; ``ns_args`` says how to orthogonalise;
     ``lr_scale`` multiplies the step. With ``split`` (row block sizes) each block is
     orthogonalised and scaled by its ``adjust_lr`` ratio on its own
-    (:func:`split_orthogonalize`), and ``lr_scale`` is only the extra factor.
+    (:func:`split_orthogonalize`), and ``lr_scale`` is only the extra factor. ``tp_mode``:
+    how a tensor-parallel matrix is orthogonalised (:func:`~muon_compile.routing.layout_of`).
     """
     ortho = muon_direction(
         grad,
@@ -111,6 +113,7 @@ def muon_update(
         adjust_lr=adjust_lr,
         second_moment=second_moment,
         beta2=beta2,
+        tp_mode=tp_mode,
     )
     apply_update(param, ortho, decay=decay, lr=lr, lr_scale=lr_scale, cautious=cautious)
 
@@ -126,6 +129,7 @@ def muon_direction(
     adjust_lr: str = "original",
     second_moment: Tensor | None = None,
     beta2: Tensor | None = None,
+    tp_mode: str | None = None,
 ) -> Tensor:
     """The orthogonalised Muon direction of ``grad``: momentum (``momentum_buffer`` is
     updated in place), Newton–Schulz (of each row block with ``split``), and NorMuon's
@@ -134,9 +138,9 @@ def muon_direction(
     momentum_buffer.mul_(beta).add_(fresh)
     update = fresh + momentum_buffer * beta if nesterov else momentum_buffer
     if split is None:
-        ortho = newton_schulz_any(update, ns_args)
+        ortho = newton_schulz_any(update, ns_args, tp_mode)
     else:
-        ortho = split_orthogonalize(update, split, ns_args, adjust_lr)
+        ortho = split_orthogonalize(update, split, ns_args, adjust_lr, tp_mode)
     if second_moment is not None:
         ortho = variance_normalize(ortho, second_moment, beta2)
     return ortho

@@ -101,3 +101,79 @@ def test_the_routing_layout_is_dtensors_sharding(name, shape):
     for rank in range(4):
         local, mine, layout = fake_rank(_dtensor_blocks, 4, rank, mesh_shape, placements, shape)
         assert torch.equal(local, mine), (rank, layout)
+
+
+def _blockwise(rank, world, mesh_shape, names, placements, shape):
+    """On fake rank ``rank``, under the ``blockwise`` mode: the routing's layout, this rank's
+    tensor-parallel block as DTensor defines it (the other placements made ``Replicate``),
+    the part of that block the layout gives this rank, and DTensor's local tensor."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import distribute_tensor
+
+    whole = torch.arange(shape[0] * shape[1], dtype=torch.float32).view(shape)
+    mesh = init_device_mesh("cpu", mesh_shape, mesh_dim_names=names)
+    x = distribute_tensor(whole, mesh, placements, src_data_rank=None)
+    only_tp = [p if n == "tp" else Replicate() for n, p in zip(names, placements)]
+    tp_block = distribute_tensor(whole, mesh, only_tp, src_data_rank=None).to_local()
+    routing.prepare(x, "blockwise")
+    layout = routing.layout_of(x, "blockwise")
+    mine = None
+    if layout.kind is routing.Kind.SHARDED:
+        block = layout.shard.block(group_rank(layout.shard.group_name))
+        mine = tp_block[indices(block.rows)][:, indices(block.cols)]
+    return layout, tp_block, mine, x.to_local()
+
+
+BLOCKWISE = {
+    "tp Shard(0)": ((4,), ("tp",), [Shard(0)], routing.Kind.LOCAL),
+    "replicate x tp: Replicate, Shard(1)": ((2, 2), ("dp", "tp"), [Replicate(), Shard(1)], routing.Kind.LOCAL),
+    "fsdp x tp: Shard(0), Shard(1)": ((2, 2), ("dp", "tp"), [Shard(0), Shard(1)], routing.Kind.SHARDED),
+    "fsdp on tp rows: _StridedShard(0, 2), Shard(0)": ((2, 2), ("dp", "tp"), [_StridedShard(0, split_factor=2), Shard(0)], routing.Kind.SHARDED),
+    "tp x fsdp: Shard(0), Shard(0)": ((2, 2), ("tp", "dp"), [Shard(0), Shard(0)], routing.Kind.SHARDED),
+    "hsdp x tp: Replicate, Shard(0), Shard(1)": ((1, 2, 2), ("rep", "dp", "tp"), [Replicate(), Shard(0), Shard(1)], routing.Kind.SHARDED),
+}
+
+
+@pytest.mark.parametrize("name", BLOCKWISE)
+@pytest.mark.parametrize("shape", [(7, 5), (16, 12), (3, 2)], ids=str)
+def test_blockwise_orthogonalises_dtensors_tensor_parallel_block(name, shape):
+    """``blockwise``: the matrix each rank takes part in is its tensor-parallel block as DTensor
+    cuts it; with no other sharded mesh dimension it is this rank's own (no communication),
+    otherwise the layout over the other dimensions gives each rank DTensor's local tensor."""
+    mesh_shape, names, placements, kind = BLOCKWISE[name]
+    for rank in range(4):
+        layout, tp_block, mine, local = fake_rank(_blockwise, 4, rank, mesh_shape, names, placements, shape)
+        assert layout.kind is kind, (rank, layout)
+        if kind is routing.Kind.LOCAL:
+            assert torch.equal(local, tp_block)
+        else:
+            assert layout.shard.tp_mode == "blockwise" and (layout.shard.rows, layout.shard.cols) == tuple(tp_block.shape)
+            assert torch.equal(mine, local), (rank, layout.shard)
+
+
+def test_blockwise_of_a_block_that_is_not_contiguous_is_distributed_with_its_reason():
+    """``Shard(0)`` on the data-parallel dimension before ``Shard(0)`` on the tensor-parallel
+    one (not FSDP2's strided layout): a tensor-parallel block is rows from every data-parallel
+    chunk, so the matrix is distributed whole, and the reason says why."""
+    layout, *_ = fake_rank(_blockwise, 4, 1, (2, 2), ("dp", "tp"), [Shard(0), Shard(0)], (8, 3))
+    assert layout.kind is routing.Kind.SHARDED and layout.shard.tp_mode == "distributed"
+    assert "not one contiguous block" in layout.reason and "distributed by owner instead" in layout.reason
+
+
+@pytest.mark.parametrize("mode", ["distributed", "duplicated"])
+def test_whole_matrix_modes_keep_the_layout_and_name_the_mode(mode):
+    layout, *_ = fake_rank(_blockwise, 4, 2, (2, 2), ("dp", "tp"), [Shard(0), Shard(1)], (7, 5))
+    distributed = fake_rank(_layout_under, 4, 2, mode)
+    assert distributed.kind is routing.Kind.SHARDED and distributed.shard.tp_mode == mode
+    assert (distributed.shard.rows, distributed.shard.cols, distributed.shard.mesh) == (7, 5, (2, 2))
+    assert layout.shard.mesh == (2,)  # blockwise: over dp alone
+
+
+def _layout_under(rank, world, mode):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import distribute_tensor
+
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    x = distribute_tensor(torch.zeros(7, 5), mesh, [Shard(0), Shard(1)], src_data_rank=None)
+    routing.prepare(x, mode)
+    return routing.layout_of(x, mode)

@@ -3,7 +3,8 @@ Plain data in and out.
 
 Algorithm (:func:`plan_distributed`, one or two collectives per bucket):
   1. Set aside unbucketable sites (the op's own gather-NS-slice then runs per matrix).
-  2. Key the rest by (process group, NS arguments, level); members of a key, in graph
+  2. Key the rest by (process group, NS arguments, level, strategy: ``all_gather`` for the
+     ``duplicated`` tensor-parallel mode, else ``strategy``); members of a key, in graph
      order, fill buckets up to ``bucket_mb`` MiB of whole padded matrices in the compute
      dtype. Shapes may mix: the transport is flat, and the owner regroups by shape.
   3. Owners (``all_to_all``): per bucket, members largest-FLOPs-first each go to the rank
@@ -23,7 +24,7 @@ import dataclasses
 from collections import defaultdict
 from collections.abc import Sequence
 
-from muon_compile.config import Strategy
+from muon_compile.config import Strategy, TPMode
 from muon_compile.ns_args import NSArgs
 from muon_compile.ns_cost import ns_flops
 from muon_compile.sharded_ns import ShardLayout
@@ -169,6 +170,11 @@ def _dist_member(site: NSSite, owner: int) -> DistMember:
     return DistMember(site.index, site.sharding.layout, block.nrows, block.ncols, owner, site.args.steps)
 
 
+def _strategy(site: NSSite, strategy: Strategy) -> Strategy:
+    """``strategy``, but every rank computes a matrix of the ``duplicated`` tensor-parallel mode."""
+    return Strategy.ALL_GATHER if site.sharding.layout.tp_mode == TPMode.DUPLICATED.value else strategy
+
+
 def plan_distributed(sites: list[NSSite], *, bucket_mb: float, strategy: Strategy) -> DistPlan:
     """Plan the buckets and owners of the sharded ``sites`` (see the module docstring)."""
     sharded = [s for s in sites if s.sharding is not None]
@@ -176,9 +182,9 @@ def plan_distributed(sites: list[NSSite], *, bucket_mb: float, strategy: Strateg
     by_key: dict[tuple, list[NSSite]] = defaultdict(list)
     for s in sharded:
         if s.skip_reason is None:
-            by_key[(s.sharding.group_name, s.sharding.group_size, s.args, s.level)].append(s)
+            by_key[(s.sharding.group_name, s.sharding.group_size, s.args, s.level, _strategy(s, strategy))].append(s)
     runs = []
-    for (group, world, args, _level), group_sites in by_key.items():
+    for (group, world, args, _level, _strategy_of_run), group_sites in by_key.items():
         itemsize = args.compute_dtype.itemsize
         cap = bucket_mb * 2**20
         run: list[NSSite] = []
@@ -196,10 +202,11 @@ def plan_distributed(sites: list[NSSite], *, bucket_mb: float, strategy: Strateg
     buckets = []
     for run in runs:
         first = run[0].sharding
+        run_strategy = _strategy(run[0], strategy)
         load = loads.setdefault(first.group_name, [0] * first.group_size)
         owners = {}
         for s in sorted(run, key=lambda s: (-ns_flops(s.rows, s.cols, s.args.steps), s.index)):
-            if strategy is Strategy.ALL_GATHER:
+            if run_strategy is Strategy.ALL_GATHER:
                 owners[s.index] = EVERY_RANK
                 for r in range(first.group_size):
                     load[r] += ns_flops(s.rows, s.cols, s.args.steps)
@@ -208,5 +215,5 @@ def plan_distributed(sites: list[NSSite], *, bucket_mb: float, strategy: Strateg
                 owners[s.index] = owner
                 load[owner] += ns_flops(s.rows, s.cols, s.args.steps)
         members = tuple(_dist_member(s, owners[s.index]) for s in run)
-        buckets.append(DistBucket(first.group_name, first.group_size, first.rank, strategy, run[0].args, members))
+        buckets.append(DistBucket(first.group_name, first.group_size, first.rank, run_strategy, run[0].args, members))
     return DistPlan(tuple(buckets), skipped, {g: tuple(v) for g, v in loads.items()})
