@@ -126,7 +126,10 @@ class MatmulRates:
         return interpolate(table, _cube_size(m, k, n)) if table else 0.0
 
     def seconds(self, dtype: torch.dtype, m: int, k: int, n: int, count: int = 1) -> float:
-        """Predicted seconds of ``count`` ``(m x k) @ (k x n)`` products in ``dtype``."""
+        """Predicted seconds of ``count`` ``(m x k) @ (k x n)`` products in ``dtype`` (none
+        for an empty product: a rank's empty block of a matrix)."""
+        if not m * k * n:
+            return 0.0
         return count * 2 * m * k * n / (self.rate(dtype, m, k, n) * 1e9)
 
 

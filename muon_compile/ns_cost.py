@@ -156,6 +156,8 @@ def choose(
         return Choice(TEXTBOOK, f"Gram is not accurate enough in {compute_dtype}", flops, seconds)
     if steps > GRAM_MAX_STEPS:
         return Choice(TEXTBOOK, f"Gram is measured accurate enough up to {GRAM_MAX_STEPS} steps only", flops, seconds)
+    if not rows * cols:
+        return Choice(TEXTBOOK, "an empty matrix", flops, seconds)
     best = min(algorithms, key=lambda a: (seconds[a], a != TEXTBOOK))
     ratio = seconds[GRAM] / seconds[TEXTBOOK]
     return Choice(best, f"predicted Gram/textbook time {ratio:.2f} on {rates.device}", flops, seconds)

@@ -146,9 +146,14 @@ def _split_factor(placement: object) -> int:
 
 
 @torch.compiler.assume_constant_result
-def _coordinate(mesh: object, mesh_dim: int) -> int:
-    """This rank's coordinate on ``mesh_dim`` (read outside Dynamo's trace, like the rank tensor)."""
-    return int(mesh.get_local_rank(mesh_dim))
+def _tp_block(whole: tuple, tp: tuple[bool, ...], mesh: object, mesh_dims: tuple[int, ...]) -> tuple | str:
+    """:func:`~muon_compile.sharded_ns.tp_block` of the layout ``whole`` (its fields but the
+    group and the mode) at this rank's coordinates, as ``(rows, cols, mesh, dims, split)`` or
+    the reason; worked out outside Dynamo's trace (the rank tensor cannot be read in it)."""
+    coords = tuple(int(mesh.get_local_rank(d)) if t else 0 for d, t in zip(mesh_dims, tp))
+    rows, cols, sizes, dims, split = whole
+    block = tp_block(ShardLayout(rows, cols, "", sizes, dims, split), tp, coords)
+    return block if isinstance(block, str) else (block.rows, block.cols, block.mesh, block.dims, block.split)
 
 
 def _tp_positions(x: DTensor, mesh_dims: list[int], tp_dims: tuple[str, ...]) -> tuple[bool, ...]:
@@ -186,12 +191,12 @@ def layout_of(x: Tensor, tp_mode: config.TPMode | str | None = None) -> Layout:
     )
     note = None
     if mode is config.TPMode.BLOCKWISE:
-        coords = tuple(_coordinate(x.device_mesh, i) if t else 0 for i, t in zip(mesh_dims, tp))
-        block = tp_block(whole, tp, coords)
-        if isinstance(block, ShardLayout):
-            if not block.mesh:  # the block is this rank's own: no communication
+        block = _tp_block((whole.rows, whole.cols, whole.mesh, whole.dims, whole.split), tp, x.device_mesh, tuple(mesh_dims))
+        if not isinstance(block, str):
+            if not block[2]:  # the block is this rank's own: no communication
                 return Layout(Kind.LOCAL, reason="tp blockwise: this rank's tensor-parallel block alone")
-            return _sharded(x, [i for i, t in zip(mesh_dims, tp) if not t], block)
+            sub = ShardLayout(*block[:2], "", *block[2:], tp_mode=mode.value)  # type: ignore[misc]
+            return _sharded(x, [i for i, t in zip(mesh_dims, tp) if not t], sub)
         note = f"tp blockwise not possible ({block}); distributed by owner instead"
         whole = dataclasses.replace(whole, tp_mode=config.TPMode.DISTRIBUTED.value)
     return _sharded(x, mesh_dims, whole, note)

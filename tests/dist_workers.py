@@ -683,6 +683,27 @@ TP_NAMES = list({**TPBlock.COLWISE, **TPBlock.ROWWISE})
 TP_SHAPES = [{**TPBlock.COLWISE, **TPBlock.ROWWISE}[n] for n in TP_NAMES]
 
 
+def blockwise_reference(steps, tp, **opt_kw):
+    """:func:`reference_run` of :class:`TPBlock`'s matrices with each tensor-parallel block
+    orthogonalised alone: the rows of a column-parallel weight, the columns of a row-parallel
+    one, cut into ``tp`` pieces by ``torch.chunk`` as DTensor's ``Shard`` cuts them (a stack
+    of equal shapes cut alike). The update's scale stays the whole matrix's."""
+    from unittest import mock
+
+    import muon_compile.updates as updates
+
+    rows_cut, cols_cut = set(TPBlock.COLWISE.values()), set(TPBlock.ROWWISE.values())
+    assert not rows_cut & cols_cut, "a shape must say which way it is cut"
+    whole = updates.newton_schulz_any
+
+    def per_block(x, args, tp_mode=None):
+        dim = -2 if tuple(x.shape[-2:]) in rows_cut else -1
+        return torch.cat([whole(b, args) for b in x.chunk(tp, dim)], dim)
+
+    with mock.patch.object(updates, "newton_schulz_any", per_block):
+        return reference_run(TP_SHAPES, steps, **opt_kw)
+
+
 def tp_fsdp_muon(rank, world, steps, opt_kw, mesh_shape=(2, 2), config_changes=None):
     """A :class:`TPBlock` parallelised with ``parallelize_module`` on the ``tp`` dimension of
     a ``(dp, tp)`` mesh, then ``fully_shard`` on ``dp``; ``steps`` compiled Muon steps with the

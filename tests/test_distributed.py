@@ -16,6 +16,7 @@ from dist_workers import (
     TP_SHAPES,
     assert_same_collectives,
     automatic_dynamic_run,
+    blockwise_reference,
     fsdp_muon,
     generated_code,
     layout_reference,
@@ -277,12 +278,22 @@ def test_copies_fuse_into_generated_kernels():
         assert len(launches) - groups * 6 < len(shapes)
 
 
-@pytest.mark.parametrize("strategy", ["all_to_all", "all_gather"])
-def test_fsdp2_on_tensor_parallel_blocks_matches_reference(strategy):
+# how the whole matrices of the 2x2 TP block are distributed: by owner (the default), every
+# rank computing every matrix, or the "duplicated" TP mode, which does so whatever the strategy
+WHOLE_MATRIX_RUNS = {
+    "all_to_all": ({}, {"strategy": "all_to_all"}, ["all_to_all_single"] * 2),
+    "all_gather": ({}, {"strategy": "all_gather"}, ["all_gather_into_tensor"]),
+    "tp duplicated": ({"tp_mode": "duplicated"}, {"strategy": "all_to_all"}, ["all_gather_into_tensor"]),
+}
+
+
+@pytest.mark.parametrize("run", WHOLE_MATRIX_RUNS)
+def test_fsdp2_on_tensor_parallel_blocks_matches_reference(run):
     """World 4, a 2x2 (dp, tp) mesh: column- and row-parallel weights sharded again by FSDP2
     (``_StridedShard`` rows, ``Shard(0), Shard(1)`` blocks; uneven sizes and empty blocks) are
-    all distributed by owner in one bucket, none left to DTensor, and equal the reference."""
-    results = run_world(tp_fsdp_muon, 4, STEPS, dict(OPT, ns_dtype=torch.float32), (2, 2), {"strategy": strategy})
+    all distributed in one bucket, none left to DTensor, and equal the reference."""
+    opt_kw, settings, collectives = WHOLE_MATRIX_RUNS[run]
+    results = run_world(tp_fsdp_muon, 4, STEPS, dict(OPT, ns_dtype=torch.float32, **opt_kw), (2, 2), settings)
     reference = reference_run(TP_SHAPES, STEPS, ns_dtype=torch.float32, **OPT)
     initial = reference_run(TP_SHAPES, 0)
     for rank, result in enumerate(results):
@@ -292,5 +303,27 @@ def test_fsdp2_on_tensor_parallel_blocks_matches_reference(strategy):
         assert result["counters"].get("route.dtensor_fallback", 0) == 0
         assert result["counters"]["distribute.matrices"] == len(TP_SHAPES)
         assert result["counters"]["distribute.buckets"] == 1
+        assert [kind for kind, _, _ in result["collectives"]] == collectives
+
+
+@pytest.mark.parametrize("mesh_shape", [(2, 2), (1, 4)], ids=["fsdp x tp", "tp only"])
+def test_tp_blockwise_orthogonalises_each_tensor_parallel_block_alone(mesh_shape):
+    """``tp_mode="blockwise"``: each TP block (rows of a column-parallel weight, columns of a
+    row-parallel one, as DTensor's ``Shard`` cuts them) orthogonalised alone, against the
+    reference that does so in one process. FSDP2 x TP: each block is distributed by owner over
+    the data-parallel ranks (one all-to-all pair); TP alone: no collective at all."""
+    tp = mesh_shape[1]
+    opt = dict(OPT, ns_dtype=torch.float32, tp_mode="blockwise")
+    results = run_world(tp_fsdp_muon, 4, STEPS, opt, mesh_shape)
+    reference = blockwise_reference(STEPS, tp, ns_dtype=torch.float32, **OPT)
+    initial = reference_run(TP_SHAPES, 0)
+    for rank, result in enumerate(results):
+        for name, got, want, start in zip(TP_NAMES, result["weights"], reference, initial):
+            assert_rel_close(got - start, want - start, NS_RTOL["cpu"][torch.float32], f"rank {rank} {name}")
+        assert result["counters"].get("route.dtensor_fallback", 0) == 0
         kinds = [kind for kind, _, _ in result["collectives"]]
-        assert kinds == (["all_to_all_single"] * 2 if strategy == "all_to_all" else ["all_gather_into_tensor"])
+        if mesh_shape[0] > 1:
+            assert result["counters"]["distribute.matrices"] == len(TP_SHAPES)
+            assert kinds == ["all_to_all_single"] * 2 * result["counters"]["distribute.buckets"]
+        else:
+            assert kinds == [] and result["counters"].get("distribute.matrices", 0) == 0

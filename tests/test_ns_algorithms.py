@@ -71,6 +71,14 @@ def test_auto_takes_the_cheaper_algorithm(flat_rates):
     assert "predicted Gram/textbook time 1.20 on cpu" in square.reason
 
 
+def test_an_empty_matrix_costs_nothing_and_is_planned():
+    """A rank's block may be empty (a tensor-parallel block of a one-row matrix): its products
+    cost no time, and the choice is made without dividing by its size."""
+    assert matmul_rates.profile_for("cpu").seconds(torch.bfloat16, 0, 10, 10, 5) == 0.0
+    choice = ns_cost.choose(0, 10, 5, torch.bfloat16, "cpu")
+    assert choice.flops == {"textbook": 0, "gram": 0} and set(choice.seconds.values()) == {0.0}
+
+
 def test_auto_prices_each_algorithm_in_its_own_dtype():
     """A bf16 Gram iteration runs in fp16: on this project's CPU table fp16 products are
     ~100x slower than bf16 ones (no fp16 matmul path), so auto keeps the textbook iteration there

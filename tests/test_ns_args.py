@@ -85,4 +85,4 @@ def test_op_schemas_are_built_from_the_type():
     for op in (NEWTON_SCHULZ, SHARDED_NEWTON_SCHULZ):
         schema = str(op._schema)
         assert NSArgs.SCHEMA in schema
-        assert len(op._schema.arguments) - NSArgs.ARITY == (1 if op is NEWTON_SCHULZ else 7)
+        assert len(op._schema.arguments) - NSArgs.ARITY == (1 if op is NEWTON_SCHULZ else 8)
