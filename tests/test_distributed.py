@@ -327,3 +327,14 @@ def test_tp_blockwise_orthogonalises_each_tensor_parallel_block_alone(mesh_shape
             assert kinds == ["all_to_all_single"] * 2 * result["counters"]["distribute.buckets"]
         else:
             assert kinds == [] and result["counters"].get("distribute.matrices", 0) == 0
+
+
+def test_ranks_whose_tp_mode_differs_are_stopped_naming_the_plans():
+    """Rank 1's optimizer asks for ``tp_mode="duplicated"``, the others for the default: the
+    ranks of its group plan different buckets, and the agreement stops the compile on each
+    with the bucket as each rank plans it (no hang in mismatched collectives)."""
+    with pytest.raises(RuntimeError) as failed:
+        run_world(tp_fsdp_muon, 4, 1, dict(OPT), (2, 2), None, {1: {"tp_mode": "duplicated"}}, timeout=300)
+    text = str(failed.value)
+    assert "RankDivergenceError" in text and "disagree about the optimizer step" in text
+    assert "tp duplicated" in text and "all_to_all over 4 ranks" in text

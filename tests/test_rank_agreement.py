@@ -99,6 +99,7 @@ def test_fingerprint_of_fsdp2_step_is_rank_independent():
 CASES = {
     "bucket_mb": "MUON_COMPILE_BUCKET_MB is 64 on rank 0 and 0.0005 on rank 1",
     "strategy": "MUON_COMPILE_STRATEGY is all_to_all on rank 0 and all_gather on rank 1",
+    "tp_mode": "MUON_COMPILE_TP_MODE is distributed on rank 0 and blockwise on rank 1",
     "prefetch": "MUON_COMPILE_PREFETCH is 1 on rank 0 and 0 on rank 1",
     "passes": (
         "MUON_COMPILE_PASSES is canonicalize,distribute,bucket,schedule,lower on rank 0 and "

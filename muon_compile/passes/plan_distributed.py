@@ -83,6 +83,13 @@ class DistMember:
     def flops(self) -> int:
         return ns_flops(self.rows, self.cols, self.steps)
 
+    def describe(self) -> str:
+        """``3:7x5 in blocks 2 (rows, tp blockwise)->1``: site, shape, layout unless FSDP2's
+        plain row chunks, owner (``all``: every rank). The same on every rank of the group."""
+        s = self.shard
+        layout = "" if s.is_row_chunks and s.tp_mode == TPMode.DISTRIBUTED.value else f" in blocks {s.describe()}"
+        return f"{self.site}:{self.rows}x{self.cols}{layout}->{'all' if self.owner == EVERY_RANK else self.owner}"
+
 
 def by_ns_group(members: Sequence[DistMember]) -> list[tuple[DistMember, ...]]:
     """``members`` grouped by canonical shape (groups in order of first appearance), each
@@ -148,11 +155,7 @@ class DistPlan:
         """Buckets with their members' shapes and owners, then each rank's NS FLOPs."""
         lines = []
         for i, b in enumerate(self.buckets):
-            members = ", ".join(
-                f"{m.site}:{m.rows}x{m.cols}{'' if m.shard.is_row_chunks else ' in blocks ' + m.shard.describe()}"
-                f"->{'all' if m.owner == EVERY_RANK else m.owner}"
-                for m in b.members
-            )
+            members = ", ".join(m.describe() for m in b.members)
             lines.append(
                 f"dist bucket {i}: {b.strategy.value} on group {b.group_name!r} (W={b.group_size}), "
                 f"{b.nbytes / 2**20:.2f} MiB: {members}"

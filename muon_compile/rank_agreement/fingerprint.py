@@ -50,7 +50,7 @@ from muon_compile.routing import Kind, layout_of
 
 from ..passes.find import NSSite, find_ns_sites
 from ..passes.graph_utils import ns_call
-from ..passes.plan_distributed import EVERY_RANK, DistBucket, plan_distributed
+from ..passes.plan_distributed import DistBucket, plan_distributed
 
 KINDS = ("version", "setting", "gradient", "plan", "collective")
 
@@ -162,9 +162,7 @@ def _shape(rows: int, cols: int) -> str:
 
 
 def _bucket_value(bucket: DistBucket) -> str:
-    members = ", ".join(
-        f"{m.site}:{_shape(m.rows, m.cols)}->{'all' if m.owner == EVERY_RANK else m.owner}" for m in bucket.members
-    )
+    members = ", ".join(m.describe() for m in bucket.members)
     collectives = "; ".join(f"{kind} {sizes}" for kind, _, sizes in bucket.collectives())
     return f"{bucket.strategy.value} over {bucket.group_size} ranks, {bucket.args.describe()}: {members} [{collectives}]"
 
