@@ -705,11 +705,11 @@ def blockwise_reference(steps, tp, **opt_kw):
         return reference_run(TP_SHAPES, steps, **opt_kw)
 
 
-def tp_fsdp_muon(rank, world, steps, opt_kw, mesh_shape=(2, 2), config_changes=None, rank_opt_kw=None):
+def tp_fsdp_muon(rank, world, steps, opt_kw, mesh_shape=(2, 2), config_changes=None, rank_opt_kw=None, optimizer="muon_compile"):
     """A :class:`TPBlock` parallelised with ``parallelize_module`` on the ``tp`` dimension of
     a ``(dp, tp)`` mesh, then ``fully_shard`` on ``dp``; ``steps`` compiled Muon steps with the
     global gradients of :func:`step_grads` (``rank_opt_kw``: ``{rank: options}`` that rank's
-    optimizer takes on top of ``opt_kw``). Returns the full weights (in ``TP_NAMES`` order),
+    optimizer takes on top of ``opt_kw``; ``optimizer``: :func:`make_optimizer`'s kind). Returns the full weights (in ``TP_NAMES`` order),
     the placements, the pass counters and the post-pass graph's collectives."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
@@ -725,7 +725,7 @@ def tp_fsdp_muon(rank, world, steps, opt_kw, mesh_shape=(2, 2), config_changes=N
     parallelize_module(model, mesh["tp"], plan)
     fully_shard(model, mesh=mesh["dp"])
     params = [getattr(model, name).weight for name in TP_NAMES]
-    opt = muon_compile.Muon(params, **opt_kw, **(rank_opt_kw or {}).get(rank, {}))
+    opt = make_optimizer(optimizer, params, {**opt_kw, **(rank_opt_kw or {}).get(rank, {})})
     with tempfile.TemporaryDirectory() as dump, config.override(dump_dir=dump, **(config_changes or {})):
         step = torch.compile(opt.step, backend="muon")
         for s in range(steps):
