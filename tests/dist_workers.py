@@ -301,41 +301,53 @@ def _checkpoint_model(world, shapes):
     return model, params, muon_compile.MuonAdamW(groups, lr=0.05, weight_decay=0.1, ns_dtype=torch.float32)
 
 
-def dcp_resume(rank, world, steps_before):
+def _checkpoint_run(layout, world):
+    """``(model, params, optimizer, set_grads(params, step))`` of a checkpoint test:
+    ``"fsdp"``, :func:`_checkpoint_model`; ``"tp blockwise"`` etc., :func:`tp_block_model` on
+    a 2x2 mesh with Muon in that TP mode."""
+    if layout == "fsdp":
+        return (*_checkpoint_model(world, CHECKPOINT_SHAPES), lambda params, s: set_step_grads(params, CHECKPOINT_SHAPES, s))
+    model, params = tp_block_model((2, 2))
+    opt = muon_compile.Muon(params, lr=0.05, weight_decay=0.1, ns_dtype=torch.float32, tp_mode=layout.split()[1])
+    return model, params, opt, set_tp_grads
+
+
+def dcp_resume(rank, world, steps_before, layout="fsdp"):
     """Train ``steps_before`` compiled steps, save model and optimizer with
     torch.distributed.checkpoint, take one more step; then load the checkpoint into a fresh
-    model and optimizer and take that step again. Returns whether each weight is
-    bit-identical between the two, and the resumed optimizer's state keys."""
+    model and optimizer (:func:`_checkpoint_run` of ``layout``) and take that step again.
+    Returns whether each weight is bit-identical between the two, and the resumed
+    optimizer's state keys."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-    shapes = CHECKPOINT_SHAPES
-    model, params, opt = _checkpoint_model(world, shapes)
+    model, params, opt, set_grads = _checkpoint_run(layout, world)
     step = torch.compile(opt.step, backend="muon")
     for s in range(steps_before):
-        set_step_grads(params, shapes, s)
+        set_grads(params, s)
         step()
     with tempfile.TemporaryDirectory() as local:
         path = [local]
         torch.distributed.broadcast_object_list(path, 0)  # rank 0's directory for every rank
         model_sd, optim_sd = get_state_dict(model, opt)
         dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=path[0])
-        set_step_grads(params, shapes, steps_before)
+        set_grads(params, steps_before)
         step()
         uninterrupted = [p.full_tensor() for p in params]
 
-        model2, params2, opt2 = _checkpoint_model(world, shapes)
+        model2, params2, opt2, _ = _checkpoint_run(layout, world)
         model_sd2, optim_sd2 = get_state_dict(model2, opt2)
         state = {"model": model_sd2, "optim": optim_sd2}
         dcp.load(state, checkpoint_id=path[0])
         set_state_dict(model2, opt2, model_state_dict=state["model"], optim_state_dict=state["optim"])
         torch.distributed.barrier()  # rank 0 removes the directory on leaving
-    set_step_grads(params2, shapes, steps_before)
+    set_grads(params2, steps_before)
     torch.compile(opt2.step, backend="muon")()
     resumed = [p.full_tensor() for p in params2]
     return {
         "identical": [bool(torch.equal(a, b)) for a, b in zip(resumed, uninterrupted)],
         "state_keys": sorted(k for p in params2 for k in opt2.state[p]),
+        "tp_mode": opt2.param_groups[0]["tp_mode"],
     }
 
 
@@ -705,15 +717,12 @@ def blockwise_reference(steps, tp, **opt_kw):
         return reference_run(TP_SHAPES, steps, **opt_kw)
 
 
-def tp_fsdp_muon(rank, world, steps, opt_kw, mesh_shape=(2, 2), config_changes=None, rank_opt_kw=None, optimizer="muon_compile"):
-    """A :class:`TPBlock` parallelised with ``parallelize_module`` on the ``tp`` dimension of
-    a ``(dp, tp)`` mesh, then ``fully_shard`` on ``dp``; ``steps`` compiled Muon steps with the
-    global gradients of :func:`step_grads` (``rank_opt_kw``: ``{rank: options}`` that rank's
-    optimizer takes on top of ``opt_kw``; ``optimizer``: :func:`make_optimizer`'s kind). Returns the full weights (in ``TP_NAMES`` order),
-    the placements, the pass counters and the post-pass graph's collectives."""
+def tp_block_model(mesh_shape=(2, 2)):
+    """A :class:`TPBlock` with :func:`initial_weights`, parallelised with ``parallelize_module``
+    on the ``tp`` dimension of a ``(dp, tp)`` mesh, then ``fully_shard`` on ``dp``:
+    ``(model, weights in TP_NAMES order)``."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
-    from torch.distributed.tensor import distribute_tensor
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
     mesh = init_device_mesh("cpu", mesh_shape, mesh_dim_names=("dp", "tp"))
@@ -724,13 +733,29 @@ def tp_fsdp_muon(rank, world, steps, opt_kw, mesh_shape=(2, 2), config_changes=N
     plan = {**dict.fromkeys(TPBlock.COLWISE, ColwiseParallel()), **dict.fromkeys(TPBlock.ROWWISE, RowwiseParallel())}
     parallelize_module(model, mesh["tp"], plan)
     fully_shard(model, mesh=mesh["dp"])
-    params = [getattr(model, name).weight for name in TP_NAMES]
+    return model, [getattr(model, name).weight for name in TP_NAMES]
+
+
+def set_tp_grads(params, step):
+    """Step ``step``'s global gradients of :data:`TP_SHAPES`, laid out as each weight is."""
+    from torch.distributed.tensor import distribute_tensor
+
+    for p, g in zip(params, step_grads(TP_SHAPES, step)):
+        p.grad = distribute_tensor(g, p.device_mesh, p.placements, src_data_rank=None)
+
+
+def tp_fsdp_muon(rank, world, steps, opt_kw, mesh_shape=(2, 2), config_changes=None, rank_opt_kw=None, optimizer="muon_compile"):
+    """:func:`tp_block_model`; ``steps`` compiled Muon steps with the gradients of
+    :func:`set_tp_grads` (``rank_opt_kw``: ``{rank: options}`` that rank's optimizer takes on
+    top of ``opt_kw``; ``optimizer``: :func:`make_optimizer`'s kind). Returns the full weights
+    (in ``TP_NAMES`` order), the placements, the pass counters and the post-pass graph's
+    collectives."""
+    _, params = tp_block_model(mesh_shape)
     opt = make_optimizer(optimizer, params, {**opt_kw, **(rank_opt_kw or {}).get(rank, {})})
     with tempfile.TemporaryDirectory() as dump, config.override(dump_dir=dump, **(config_changes or {})):
         step = torch.compile(opt.step, backend="muon")
         for s in range(steps):
-            for p, g in zip(params, step_grads(TP_SHAPES, s)):
-                p.grad = distribute_tensor(g, p.device_mesh, p.placements, src_data_rank=None)
+            set_tp_grads(params, s)
             step()
         graphs = dumped_graphs(dump)
     return {

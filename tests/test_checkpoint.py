@@ -10,7 +10,7 @@ import torch
 import muon_compile
 
 from dist_harness import run_world
-from dist_workers import CHECKPOINT_SHAPES, dcp_load_other_width, dcp_resume
+from dist_workers import CHECKPOINT_SHAPES, TP_NAMES, dcp_load_other_width, dcp_resume
 from helpers import MIXED_SHAPES, make_params, set_grads
 
 
@@ -58,6 +58,18 @@ def test_fsdp2_distributed_checkpoint_resume_is_bit_identical():
         assert all(result["identical"]), (rank, result["identical"])
         # every rank holds every state key from step 0, the empty shard's rank included
         assert result["state_keys"] == sorted(["momentum_buffer"] * (len(CHECKPOINT_SHAPES) - 1) + ["exp_avg", "exp_avg_sq", "step"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["distributed", "blockwise"])
+def test_fsdp2_over_tp_distributed_checkpoint_resume_is_bit_identical(mode):
+    """World 4, the 2x2 (dp, tp) TP block (``_StridedShard`` and ``Shard(0), Shard(1)``
+    weights, uneven and empty blocks), in the default TP mode and in ``blockwise`` (whose
+    blocks are distributed over dp only): resumed from a DCP checkpoint, the next step is
+    bit-identical, and the TP mode comes back with the param groups."""
+    for rank, result in enumerate(run_world(dcp_resume, 4, 2, f"tp {mode}")):
+        assert all(result["identical"]), (rank, result["identical"])
+        assert result["state_keys"] == ["momentum_buffer"] * len(TP_NAMES) and result["tp_mode"] == mode
 
 
 @pytest.mark.slow

@@ -282,6 +282,7 @@ def test_copies_fuse_into_generated_kernels():
 # rank computing every matrix, or the "duplicated" TP mode, which does so whatever the strategy
 WHOLE_MATRIX_RUNS = {
     "all_to_all": ({}, {"strategy": "all_to_all"}, ["all_to_all_single"] * 2),
+    "all_to_all bf16": ({"ns_dtype": torch.bfloat16}, {"strategy": "all_to_all"}, ["all_to_all_single"] * 2),
     "all_gather": ({}, {"strategy": "all_gather"}, ["all_gather_into_tensor"]),
     "tp duplicated": ({"tp_mode": "duplicated"}, {"strategy": "all_to_all"}, ["all_gather_into_tensor"]),
 }
@@ -293,13 +294,14 @@ def test_fsdp2_on_tensor_parallel_blocks_matches_reference(run):
     (``_StridedShard`` rows, ``Shard(0), Shard(1)`` blocks; uneven sizes and empty blocks) are
     all distributed in one bucket, none left to DTensor, and equal the reference."""
     opt_kw, settings, collectives = WHOLE_MATRIX_RUNS[run]
-    results = run_world(tp_fsdp_muon, 4, STEPS, dict(OPT, ns_dtype=torch.float32, **opt_kw), (2, 2), settings)
-    reference = reference_run(TP_SHAPES, STEPS, ns_dtype=torch.float32, **OPT)
+    opt = dict(OPT, ns_dtype=torch.float32) | opt_kw
+    results = run_world(tp_fsdp_muon, 4, STEPS, opt, (2, 2), settings)
+    reference = reference_run(TP_SHAPES, STEPS, **{k: v for k, v in opt.items() if k != "tp_mode"})
     initial = reference_run(TP_SHAPES, 0)
     for rank, result in enumerate(results):
         assert "_StridedShard" in result["placements"][0] and result["placements"][-1] == "(Shard(dim=0), Shard(dim=1))"
         for name, got, want, start in zip(TP_NAMES, result["weights"], reference, initial):
-            assert_rel_close(got - start, want - start, NS_RTOL["cpu"][torch.float32], f"rank {rank} {name}")
+            assert_rel_close(got - start, want - start, NS_RTOL["cpu"][opt["ns_dtype"]], f"rank {rank} {name}")
         assert result["counters"].get("route.dtensor_fallback", 0) == 0
         assert result["counters"]["distribute.matrices"] == len(TP_SHAPES)
         assert result["counters"]["distribute.buckets"] == 1
