@@ -187,6 +187,16 @@ def fsdp_graphs(rank, world, shapes, mesh_shape=None, config_changes=None, optim
     graph. Meant for the fake process group (``run_fake``): the step is compiled by the
     muon backend but run eagerly, because the fake group cannot execute an all-to-all
     whose input is empty on some rank. ``options``: Inductor's, as ``torch.compile`` passes them."""
+    mesh = device_mesh(world, mesh_shape)
+    params = sharded_stack(shapes, mesh)
+    set_step_grads(params, shapes, 0)
+    return _compiled_graphs(make_optimizer(optimizer, params, {}), mesh, config_changes, options)
+
+
+def _compiled_graphs(opt, mesh, config_changes=None, options=None):
+    """``opt``'s step compiled by the muon backend and run eagerly (see :func:`fsdp_graphs`):
+    the dumped graphs, ``"groups"`` (each of ``mesh``'s dimension groups by name, its size)
+    and ``"code"``."""
     from torch._inductor.utils import run_and_get_code
 
     from muon_compile.backend import muon_backend
@@ -195,15 +205,19 @@ def fsdp_graphs(rank, world, shapes, mesh_shape=None, config_changes=None, optim
         muon_backend(gm, example_inputs, options=options)
         return gm.forward
 
-    mesh = device_mesh(world, mesh_shape)
-    params = sharded_stack(shapes, mesh)
-    set_step_grads(params, shapes, 0)
-    opt = make_optimizer(optimizer, params, {})
     with tempfile.TemporaryDirectory() as dump, graph_caches_off(), config.override(dump_dir=dump, **(config_changes or {})):
         _, code = run_and_get_code(torch.compile(opt.step, backend=graphs_only))
         graphs = dumped_graphs(dump)
     groups = {mesh.get_group(d).group_name: mesh.size(d) for d in range(mesh.ndim)}
     return {**graphs, "groups": groups, "code": code}
+
+
+def tp_graphs(rank, world, mesh_shape, opt_kw=None):
+    """:func:`_compiled_graphs` of Muon over :func:`tp_block_model` (``mesh_shape`` of three
+    sizes: HSDP over TP) with step 0's gradients: for the fake process group."""
+    model, params = tp_block_model(mesh_shape)
+    set_tp_grads(params, 0)
+    return _compiled_graphs(muon_compile.Muon(params, **(opt_kw or {})), params[0].device_mesh)
 
 
 def assert_same_collectives(sequences):
@@ -719,20 +733,22 @@ def blockwise_reference(steps, tp, **opt_kw):
 
 def tp_block_model(mesh_shape=(2, 2)):
     """A :class:`TPBlock` with :func:`initial_weights`, parallelised with ``parallelize_module``
-    on the ``tp`` dimension of a ``(dp, tp)`` mesh, then ``fully_shard`` on ``dp``:
+    on the ``tp`` dimension of a ``(dp, tp)`` mesh, then ``fully_shard`` on ``dp`` (on a
+    ``(replicate, dp, tp)`` mesh of three sizes: HSDP on ``(replicate, dp)``):
     ``(model, weights in TP_NAMES order)``."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-    mesh = init_device_mesh("cpu", mesh_shape, mesh_dim_names=("dp", "tp"))
+    names = ("dp", "tp") if len(mesh_shape) == 2 else ("replicate", "dp", "tp")
+    mesh = init_device_mesh("cpu", mesh_shape, mesh_dim_names=names)
     model = TPBlock()
     with torch.no_grad():
         for name, w in zip(TP_NAMES, initial_weights(TP_SHAPES)):
             getattr(model, name).weight.copy_(w)
     plan = {**dict.fromkeys(TPBlock.COLWISE, ColwiseParallel()), **dict.fromkeys(TPBlock.ROWWISE, RowwiseParallel())}
     parallelize_module(model, mesh["tp"], plan)
-    fully_shard(model, mesh=mesh["dp"])
+    fully_shard(model, mesh=mesh[names[:-1]] if len(names) == 3 else mesh["dp"])
     return model, [getattr(model, name).weight for name in TP_NAMES]
 
 

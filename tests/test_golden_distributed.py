@@ -11,7 +11,7 @@ import torch
 import muon_compile.backend
 
 from dist_harness import fake_rank, run_fake
-from dist_workers import assert_same_collectives, collective_sequence, fsdp_graphs, launches_and_waits
+from dist_workers import assert_same_collectives, collective_sequence, fsdp_graphs, launches_and_waits, tp_graphs
 from golden import assert_golden
 
 from muon_compile.passes.schedule import stage_order
@@ -60,6 +60,20 @@ def test_hsdp_communicates_on_the_shard_submesh_only():
     shard_groups = {name for name, size in graphs["groups"].items() if size == 4}
     for _, _, args in sequence:
         assert args.rsplit(", ", 1)[1].strip("'") in shard_groups
+
+
+def test_hsdp_over_tp_world8_golden_and_one_all_to_all_pair():
+    """HSDP over TP at world 8, a (replicate 2, dp 2, tp 2) mesh: every weight of the TP block
+    (placements ``(Replicate, _StridedShard, Shard(0))`` and ``(Replicate, Shard(0), Shard(1))``)
+    is distributed by owner over the 4 ranks of its (dp, tp) sub-mesh, in one bucket: one
+    all-to-all pair, none on the replicate dimension, nothing left to DTensor."""
+    graphs = fake_rank(tp_graphs, 8, 0, (2, 2, 2))
+    assert_golden("hsdp_tp_w8_rank0.scheduled.txt", graphs["schedule_after"])
+    sequence = collective_sequence(graphs["lower_after"])
+    assert [kind for kind, _, _ in sequence] == ["all_to_all_single"] * 2
+    mesh_groups = set(graphs["groups"])
+    assert all(args.rsplit(", ", 1)[1].strip("'") not in mesh_groups for _, _, args in sequence)  # a group made over (dp, tp)
+    assert "sharded_newton_schulz" in graphs["distribute_before"] and "[2, 2]" in graphs["distribute_before"]
 
 
 def _stage_lines(text):
