@@ -1,7 +1,7 @@
 """Distributed benchmark of one Muon step on FSDP2 (DTensor ``Shard(0)``) parameters.
 
     torchrun --nproc-per-node 2 scripts/bench_distributed.py [--workload all] [--reps 7]
-        [--backend gloo|nccl]
+        [--backend gloo|nccl] [--tp N]
 
 Every rank builds the same FSDP2-sharded fp32 matrices with fixed gradients: with gloo
 (the default without one GPU per rank) on the CPU over 127.0.0.1, with nccl (the default
@@ -16,6 +16,16 @@ run, each on fresh parameters:
     muon-torch      unmodified torch.optim.Muon, backend="muon" (canonicalize), all_to_all
     hand-a2a        a hand-written owner-compute all-to-all Muon in Dion's style: same-shape
                     shards stacked, one all_to_all pair per shape, owners round-robin
+
+With ``--tp N`` the mesh is ``(W/N, N)``, named ``(dp, tp)``: the matrices alternate between
+``ColwiseParallel`` and ``RowwiseParallel`` on ``tp`` (gpt-small's qkv, out, up, down), then
+``fully_shard`` on ``dp``, and the arms are the tensor-parallel ones (the default ``--arms``):
+
+    tp-dtensor      muon_compile.Muon, backend="muon", each matrix left to DTensor's sharding
+                    rule (the routing before tensor-parallel layouts were planned)
+    muon-a2a        as above: tp_mode="distributed", by owner over the (dp, tp) group
+    tp-duplicated   tp_mode="duplicated": every rank of the group orthogonalises every matrix
+    tp-blockwise    tp_mode="blockwise": each TP block alone, by owner over dp
 
 An arm that fails (unmodified torch.optim.Muon cannot update a matrix with fewer rows
 than ranks) is reported with its error and measured again on the workload without such
@@ -35,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import math
 import os
 import statistics
@@ -47,7 +58,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
-from torch.distributed.tensor import distribute_tensor
+from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 from torch._inductor.utils import fresh_cache
 
 import muon_compile
@@ -104,7 +116,8 @@ class Stack(nn.Module):
 
 
 def sharded_params(shapes: list[Shape], mesh) -> list[nn.Parameter]:
-    """FSDP2-sharded weights with fixed values and gradients, the same on every run.
+    """FSDP2-sharded weights with fixed values and gradients, the same on every run; on a
+    ``(dp, tp)`` mesh, tensor-parallel first (column- and row-parallel in turn) and FSDP2 on ``dp``.
 
     The values are drawn on the CPU (one seeded generator, whatever the backend) and then
     moved to this rank's device.
@@ -116,11 +129,15 @@ def sharded_params(shapes: list[Shape], mesh) -> list[nn.Parameter]:
         for layer in model.layers:
             layer.weight.copy_(torch.randn(layer.weight.shape, generator=gen) * 0.02)
     model.to(device)
+    if mesh.mesh_dim_names == ("dp", "tp"):
+        plan = {f"layers.{i}": ColwiseParallel() if i % 2 == 0 else RowwiseParallel() for i in range(len(shapes))}
+        parallelize_module(model, mesh["tp"], plan)
+        mesh = mesh["dp"]
     fully_shard(model, mesh=mesh)
     params = [layer.weight for layer in model.layers]
     for p in params:
         grad = torch.randn(p.shape, generator=gen).to(device)
-        p.grad = distribute_tensor(grad, mesh, p.placements)
+        p.grad = distribute_tensor(grad, p.device_mesh, p.placements, src_data_rank=None)  # every rank drew the same
     return params
 
 
@@ -189,8 +206,14 @@ def torch_muon(params):
     return torch.optim.Muon(params, lr=LR, weight_decay=0.0).step
 
 
-def our_muon(params):
-    return muon_compile.Muon(params, lr=LR).step
+def our_muon(params, tp_mode=None):
+    return muon_compile.Muon(params, lr=LR, tp_mode=tp_mode).step
+
+
+def dtensor_routed(params):
+    """Our Muon with every matrix left to DTensor's sharding rule, as it was routed before
+    tensor-parallel layouts joined the plan."""
+    return our_muon(params)
 
 
 def hand_a2a(params):
@@ -205,7 +228,27 @@ ARMS: dict[str, tuple[str, Callable, str | None, str | None]] = {
     "muon-a2a": ("muon all_to_all", our_muon, "muon", "all_to_all"),
     "muon-torch": ("muon torch.optim.Muon (all_to_all)", torch_muon, "muon", "all_to_all"),
     "hand-a2a": ("hand-written all_to_all", hand_a2a, None, None),
+    "tp-dtensor": ("muon, DTensor's rule per matrix", dtensor_routed, "muon", None),
+    "tp-duplicated": ("muon tp duplicated", functools.partial(our_muon, tp_mode="duplicated"), "muon", None),
+    "tp-blockwise": ("muon tp blockwise (not exact Muon)", functools.partial(our_muon, tp_mode="blockwise"), "muon", None),
 }
+TP_ARMS = "tp-dtensor,muon-a2a,tp-duplicated,tp-blockwise"
+
+
+@contextlib.contextmanager
+def dtensor_routing(key: str):
+    """For the ``tp-dtensor`` arm: every DTensor's layout read as DTensor's own (while Dynamo
+    traces, which is when the optimizer's op is chosen)."""
+    if key != "tp-dtensor":
+        yield
+        return
+    from unittest import mock
+
+    from muon_compile import ns_op, routing
+
+    fallback = routing.Layout(routing.Kind.DTENSOR, reason="the tp-dtensor arm")
+    with mock.patch.object(ns_op, "layout_of", lambda x, tp_mode=None: fallback if isinstance(x, DTensor) else routing.Layout(routing.Kind.LOCAL)):
+        yield
 
 
 # -------------------------------------------------------------------------- measuring
@@ -283,7 +326,7 @@ def measure(key: str, shapes: list[Shape], mesh, warmup: int, reps: int) -> dict
     cache = fresh_cache() if backend else contextlib.nullcontext()
     strat = config.override(strategy=strategy) if strategy else contextlib.nullcontext()
     try:
-        with cache, strat:
+        with cache, strat, dtensor_routing(key):
             torch._dynamo.reset()
             step = build(sharded_params(shapes, mesh))
             if backend:
@@ -335,14 +378,15 @@ def machine_text() -> str:
     return f"{info['cpu']}, {info['cpu_count']} cpus{gpu}, torch {info['torch']}, {info['threads']} threads per rank"
 
 
-def report(name: str, shapes: list[Shape], results: list[dict], reps: int, warmup: int) -> str:
+def report(name: str, shapes: list[Shape], results: list[dict], reps: int, warmup: int, tp: int = 1) -> str:
     world = dist.get_world_size()
     expected = [2 * (world - 1) / world * local_bytes(shapes, world, r) / 2**20 for r in range(world)]
     ns = sum(ns_flops(r, c, NS_STEPS) for r, c in shapes) / 1e9
+    layout = f"mesh (dp {world // tp}, tp {tp})" if tp > 1 else f"world {world}"
     lines = [
-        f"=== {name}: {len(shapes)} fp32 matrices, {ns:.2f} GFLOP of NS per step, world {world} ({dist.get_backend()}) ===",
+        f"=== {name}: {len(shapes)} fp32 matrices, {ns:.2f} GFLOP of NS per step, {layout} ({dist.get_backend()}) ===",
         f"machine: {machine_text()}; median of {reps} steps after {warmup} warm-up (slowest rank)",
-        f"2(W-1)/W of each rank's local Muon-param bytes in bf16: {'/'.join(f'{m:.3f}' for m in expected)} MiB",
+        *([f"2(W-1)/W of each rank's local Muon-param bytes in bf16: {'/'.join(f'{m:.3f}' for m in expected)} MiB"] if tp == 1 else []),
         "",
         f"{'arm':<44} {'step ms':>9} {'min ms':>9} {'compile s':>9} {'colls':>6} {'sent MiB/rank':>17} {'GFLOP/rank':>17}",
         *[row(r) for r in results],
@@ -386,12 +430,15 @@ def init_backend(backend: str) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workload", choices=[*WORKLOADS, "all"], default="all")
-    parser.add_argument("--arms", default=",".join(ARMS), help=f"comma list of {list(ARMS)}")
+    parser.add_argument("--arms", default=None, help=f"comma list of {list(ARMS)} (default: all but the tp- ones; with --tp, {TP_ARMS})")
+    parser.add_argument("--tp", type=positive_int, default=1, help="tensor-parallel size: a (W/tp, tp) mesh (module docstring)")
     parser.add_argument("--reps", type=positive_int, default=7)
     parser.add_argument("--warmup", type=non_negative_int, default=2)
     parser.add_argument("--backend", choices=["gloo", "nccl"], default=default_backend(),
                         help="gloo on the CPU, or nccl with one GPU per rank (default here: %(default)s)")
     args = parser.parse_args()
+    if args.arms is None:
+        args.arms = TP_ARMS if args.tp > 1 else ",".join(k for k in ARMS if not k.startswith("tp-"))
     unknown = [key for key in args.arms.split(",") if key not in ARMS]
     if unknown:
         parser.error(f"unknown arm(s) {unknown}; choose from {list(ARMS)}")
@@ -399,7 +446,12 @@ def main() -> None:
         parser.error(f"--backend nccl: {problem}; use --backend gloo")
     mesh_device = init_backend(args.backend)
     world = dist.get_world_size()
-    mesh = init_device_mesh(mesh_device, (world,))
+    if world % args.tp:
+        parser.error(f"--tp {args.tp} does not divide the world size {world}")
+    if args.tp > 1:
+        mesh = init_device_mesh(mesh_device, (world // args.tp, args.tp), mesh_dim_names=("dp", "tp"))
+    else:
+        mesh = init_device_mesh(mesh_device, (world,))
     names = list(WORKLOADS) if args.workload == "all" else [args.workload]
     for name in names:
         shapes = WORKLOADS[name]
@@ -414,7 +466,7 @@ def main() -> None:
                 again["arm"] += f" (without {len(small)} matrix < W rows)"
                 results.append(again)
         if dist.get_rank() == 0:
-            print(report(name, shapes, results, args.reps, args.warmup) + "\n", flush=True)
+            print(report(name, shapes, results, args.reps, args.warmup, args.tp) + "\n", flush=True)
     dist.destroy_process_group()
 
 

@@ -16,7 +16,8 @@ from dist_harness import run_world
 from dist_workers import fsdp_muon, reference_run
 from muon_compile.planner import plots
 from muon_compile.planner import recommend as planner
-from muon_compile.config import Strategy
+from muon_compile.config import Strategy, TPMode
+from muon_compile.sharded_ns import ShardLayout
 from muon_compile.planner.model_shapes import MODELS, model
 from muon_compile.planner.network_profiles import profile
 from muon_compile.planner.step_cost import DEVICES, TIE
@@ -103,6 +104,38 @@ def test_sweep_covers_every_configuration_and_prices_hsdp_within_the_shard_group
     assert all(fastest.cost.step <= r.cost.step for r in rows)
     table = planner.describe(rows)
     assert table.count("<- fastest") == 1 and len(table.splitlines()) == 1 + 2 * 2 * 2
+
+
+def test_tp_layouts_are_the_routings_and_the_modes_are_priced_apart(capsys):
+    """``--tp``: the layout of a column- and of a row-parallel matrix is the one the routing
+    gives the DTensor FSDP2 makes over TP (mesh, dims, split: test_shard_layouts checks the
+    routing against DTensor); every TP mode is priced; ``duplicated`` is every rank computing
+    every matrix; ``blockwise`` orthogonalises a TP block over the data-parallel ranks and is
+    never the recommendation, only shown beside it."""
+    assert planner.tp_layout(12, 10, 8, "g", 2, 0, TPMode.DISTRIBUTED) == ShardLayout(12, 10, "g", (4, 2), (0, 0), (2, 0))
+    assert planner.tp_layout(10, 12, 8, "g", 2, 1, TPMode.DUPLICATED) == ShardLayout(10, 12, "g", (4, 2), (0, 1), (0, 0), "duplicated")
+    assert planner.tp_layout(10, 7, 2, "g", 2, 1, TPMode.DISTRIBUTED) == ShardLayout(10, 7, "g", (2,), (1,), (0,))
+    assert planner.tp_layout(7, 10, 8, "g", 2, 0, TPMode.BLOCKWISE) == ShardLayout(4, 10, "g", (4,), (0,), (0,), "blockwise")
+    llama = MODELS["llama-1b"]
+    assert llama.tp_split[:7] == (0, 0, 0, 1, 0, 0, 1) and len(llama.tp_split) == len(llama.matrices)
+    rows = planner.sweep(list(llama.matrices), 16, DEVICES["h100"], profile("nvlink-ib"), [1024], [1], tp=2, tp_split=llama.tp_split)
+    assert {(r.layout, r.mode, r.strategy) for r in rows} == {
+        ("FSDP 8 x TP 2", TPMode.DISTRIBUTED, Strategy.ALL_TO_ALL),
+        ("FSDP 8 x TP 2", TPMode.DISTRIBUTED, Strategy.ALL_GATHER),
+        ("FSDP 8 x TP 2", TPMode.DUPLICATED, Strategy.ALL_GATHER),
+        ("FSDP 8 x TP 2", TPMode.BLOCKWISE, Strategy.ALL_TO_ALL),
+        ("FSDP 8 x TP 2", TPMode.BLOCKWISE, Strategy.ALL_GATHER),
+    }
+    by = {(r.mode, r.strategy): r.cost for r in rows}
+    assert by[TPMode.DUPLICATED, Strategy.ALL_GATHER].ns == by[TPMode.DISTRIBUTED, Strategy.ALL_GATHER].ns
+    # the whole matrices over the 16 ranks of (dp, tp); a TP block over the 8 data-parallel ranks
+    assert len(by[TPMode.DISTRIBUTED, Strategy.ALL_TO_ALL].ns) == 16 and len(by[TPMode.BLOCKWISE, Strategy.ALL_TO_ALL].ns) == 8
+    assert planner.best(rows).mode is not TPMode.BLOCKWISE
+    planner.main(["--model", "llama-1b", "--world", "8,12", "--tp", "8", "--bucket-mb", "1024", "--prefetch", "1"])
+    out = capsys.readouterr().out
+    assert "TP 8" in out and "MUON_COMPILE_TP_MODE=" in out and "not Muon's exact update: " in out
+    assert "skipped: --tp 8 does not divide it" in out  # world 12
+    assert "recommended: " in out and "recommended: TP 8, MUON_COMPILE_TP_MODE=blockwise" not in out
 
 
 def test_owner_compute_beats_every_rank_computing_everything_within_a_node():

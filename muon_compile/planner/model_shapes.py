@@ -6,6 +6,9 @@ layout of ``nn.Linear.weight`` that FSDP2 shards by rows, in layer order; embedd
 the output head are left to AdamW, as every Muon recipe does. ``active`` is the number of
 parameters one token passes through (all of them for a dense model), which prices the
 forward and backward pass of a training step at ``6 * active`` FLOPs per token.
+``tp_split`` says, per matrix, which dimension tensor parallelism shards in Megatron's layout
+(torchtitan's plan): 0, the rows, for the column-parallel q, k, v, gate and up projections;
+1, the columns, for the row-parallel attention output and down projection.
 
 Models (the Llama entries from Meta's published ``config.json`` of each release):
 
@@ -35,26 +38,28 @@ class ModelShapes:
     source: str
     matrices: tuple[Shape, ...]
     active: int  # parameters a token passes through, embeddings and head included
+    tp_split: tuple[int, ...] = ()  # per matrix, the dimension tensor parallelism shards
 
     @property
     def muon_params(self) -> int:
         return sum(r * c for r, c in self.matrices)
 
 
-def _layer(hidden: int, heads: int, kv_heads: int, head_dim: int, ffn: int, experts: int = 1) -> list[Shape]:
+def _layer(hidden: int, heads: int, kv_heads: int, head_dim: int, ffn: int, experts: int = 1) -> list[tuple[Shape, int]]:
+    """A layer's matrices, each with the dimension tensor parallelism shards."""
     kv = kv_heads * head_dim
-    attention = [(heads * head_dim, hidden), (kv, hidden), (kv, hidden), (hidden, heads * head_dim)]
-    return attention + [(ffn, hidden), (ffn, hidden), (hidden, ffn)] * experts
+    attention = [((heads * head_dim, hidden), 0), ((kv, hidden), 0), ((kv, hidden), 0), ((hidden, heads * head_dim), 1)]
+    return attention + [((ffn, hidden), 0), ((ffn, hidden), 0), ((hidden, ffn), 1)] * experts
 
 
 def _model(name: str, source: str, layers: int, vocab: int, tied: bool, experts: int = 1, active_experts: int = 1, **dims: int) -> ModelShapes:
     hidden, ffn = dims["hidden"], dims["ffn"]
     layer = _layer(experts=experts, **dims)
-    matrices = tuple(layer * layers)
+    matrices = tuple(shape for shape, _ in layer) * layers
     ffn_params = 3 * hidden * ffn
-    per_layer = sum(r * c for r, c in layer) - (experts - active_experts) * ffn_params
+    per_layer = sum(r * c for (r, c), _ in layer) - (experts - active_experts) * ffn_params
     embeddings = vocab * hidden * (1 if tied else 2)
-    return ModelShapes(name, source, matrices, layers * per_layer + embeddings)
+    return ModelShapes(name, source, matrices, layers * per_layer + embeddings, tuple(d for _, d in layer) * layers)
 
 
 MODELS: dict[str, ModelShapes] = {

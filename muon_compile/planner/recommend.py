@@ -3,7 +3,7 @@ times per strategy, bucket size and prefetch depth, from shapes alone.
 
     python -m muon_compile.planner --model llama-8b --world 8,64,1024 \\
         [--device h100 | --profile FILE] [--network nvlink-ib] [--bucket-mb 64,256,1024,4096,16384] \\
-        [--prefetch 0,1,2] [--shard 8,64] [--memory-share 0.25] [--tokens 4194304] [--mfu 0.4]
+        [--prefetch 0,1,2] [--shard 8,64] [--tp 8] [--memory-share 0.25] [--tokens 4194304] [--mfu 0.4]
 
 The matrices of the model (:mod:`muon_compile.planner.model_shapes`) become the sharded
 Newton–Schulz sites an FSDP2 run over ``world`` ranks would have (one process group,
@@ -12,7 +12,13 @@ Newton–Schulz sites an FSDP2 run over ``world`` ranks would have (one process 
 model (:func:`muon_compile.planner.step_cost.predict`). Besides FSDP over the whole world, HSDP
 layouts are tried: Muon's collectives then run within shard groups of ``--shard`` ranks,
 and the replica groups repeat the step without communicating in it (the gradient
-all-reduce across replicas belongs to the backward pass, not priced here). For each
+all-reduce across replicas belongs to the backward pass, not priced here). With ``--tp T``
+the matrices are tensor-parallel first (Megatron's layout, ``ModelShapes.tp_split``) and FSDP2
+shards the rest over ``world / T`` (a shard group is then ``T`` times a data-parallel group),
+and every TP mode is priced (:class:`~muon_compile.config.TPMode`): ``distributed`` and
+``duplicated`` on the whole matrices, ``blockwise`` on each TP block over the data-parallel
+ranks alone; the recommendation is the fastest exact mode, and ``blockwise``, a different
+optimizer, is shown beside it. For each
 world size it prints, per layout, strategy and bucket size, at the best prefetch depth,
 the predicted optimizer step, its NS, pointwise, exposed-communication and launch-bound
 (the device waiting for the host) parts and its
@@ -49,7 +55,7 @@ from pathlib import Path
 import torch
 
 from .. import coefficients
-from ..config import Config, Strategy
+from ..config import Config, Strategy, TPMode
 from .model_shapes import MODELS, ModelShapes, model
 from .network_profiles import PROFILES as NETWORKS
 from .network_profiles import NetworkProfile
@@ -77,23 +83,58 @@ STATE_BYTES = 12
 
 
 def sharded_sites(
-    shapes: list[tuple[int, int]], world: int, args: NSArgs = DEFAULT_ARGS, rank: int = 0, group: str = "0"
+    shapes: list[tuple[int, int]],
+    world: int,
+    args: NSArgs = DEFAULT_ARGS,
+    rank: int = 0,
+    group: str = "0",
+    tp: int = 1,
+    tp_split: tuple[int, ...] = (),
+    mode: TPMode = TPMode.DISTRIBUTED,
 ) -> list[NSSite]:
     """The NS sites of FSDP2-sharded fp32 ``(rows, cols)`` matrices over ``world`` ranks
-    of process group ``group``, as the find pass reads them from ``rank``'s graph."""
+    of process group ``group``, as the find pass reads them from ``rank``'s graph; with
+    ``tp`` > 1, tensor-parallel first on ``tp_split[i]`` (:func:`tp_layout`)."""
+    layouts = [tp_layout(rows, cols, world, group, tp, tp_split[i] if tp > 1 else 0, mode) for i, (rows, cols) in enumerate(shapes)]
     return [
-        NSSite(i, 1, rows, cols, 2, torch.float32, "cuda", args, 0, None, Sharding(ShardLayout.row_chunks(rows, cols, group, world), rank))
-        for i, (rows, cols) in enumerate(shapes)
+        NSSite(i, 1, layout.rows, layout.cols, 2, torch.float32, "cuda", args, 0, None, Sharding(layout, rank))
+        for i, layout in enumerate(layouts)
     ]
 
 
-def plan_for(shapes: list[tuple[int, int]], world: int, strategy: Strategy, bucket_mb: float, args: NSArgs = DEFAULT_ARGS) -> DistPlan:
+def tp_layout(rows: int, cols: int, world: int, group: str, tp: int, dim: int, mode: TPMode) -> ShardLayout:
+    """The layout the routing gives a ``rows x cols`` matrix that tensor parallelism over
+    ``tp`` ranks shards on ``dim`` and FSDP2 shards again over ``world / tp`` (FSDP2 alone at
+    ``tp`` 1); under ``blockwise``, one TP block (the first, the largest) over the
+    data-parallel ranks."""
+    dp = world // tp
+    if tp == 1:
+        return ShardLayout.row_chunks(rows, cols, group, world)
+    if mode is TPMode.BLOCKWISE:
+        block = (-(-rows // tp), cols) if dim == 0 else (rows, -(-cols // tp))
+        return dataclasses.replace(ShardLayout.row_chunks(*block, group, dp), tp_mode=mode.value)
+    if dp == 1:
+        return ShardLayout(rows, cols, group, (tp,), (dim,), (0,), mode.value)
+    return ShardLayout(rows, cols, group, (dp, tp), (0, dim), (tp if dim == 0 else 0, 0), mode.value)
+
+
+def plan_for(
+    shapes: list[tuple[int, int]],
+    world: int,
+    strategy: Strategy,
+    bucket_mb: float,
+    args: NSArgs = DEFAULT_ARGS,
+    tp: int = 1,
+    tp_split: tuple[int, ...] = (),
+    mode: TPMode = TPMode.DISTRIBUTED,
+) -> DistPlan:
     """The plan of the step the passes compile for FSDP2-sharded ``shapes`` over ``world``
-    ranks: the distribute pass's (see :func:`sharded_sites`), and at one rank the
-    single-device path's (:func:`local_plan`)."""
-    if world == 1:
-        return local_plan(shapes, bucket_mb, args)
-    return plan_distributed(sharded_sites(shapes, world, args), bucket_mb=bucket_mb, strategy=strategy)
+    ranks (``tp`` > 1: tensor-parallel first, see :func:`sharded_sites`), and on a group of
+    one rank the single-device path's (:func:`local_plan`)."""
+    sites = sharded_sites(shapes, world, args, tp=tp, tp_split=tp_split, mode=mode)
+    if sites and sites[0].sharding.group_size == 1:
+        return local_plan([(site.rows, site.cols) for site in sites], bucket_mb, args)
+    return plan_distributed(sites, bucket_mb=bucket_mb, strategy=strategy)
 
 
 def local_plan(shapes: list[tuple[int, int]], bucket_mb: float, args: NSArgs = DEFAULT_ARGS) -> DistPlan:
@@ -133,15 +174,28 @@ class Prediction:
     cost: StepCost
     buffers: int  # bytes, see muon_compile.planner.step_cost.buffer_bytes
     state_fits: bool = True  # whether the state fits in the device's memory (unknown: it does)
+    tp: int = 1
+    mode: TPMode = TPMode.DISTRIBUTED
 
     @property
     def settings(self) -> tuple:
-        """What the user chooses: shard group size, strategy, bucket size, prefetch depth."""
-        return self.shard, self.strategy, self.bucket_mb, self.prefetch
+        """What the user chooses: shard group size, strategy, bucket size, prefetch depth, TP mode."""
+        return self.shard, self.strategy, self.bucket_mb, self.prefetch, self.mode
 
     @property
     def layout(self) -> str:
-        return "FSDP" if self.shard == self.world else f"HSDP {self.world // self.shard}x{self.shard}"
+        dp = self.shard // self.tp
+        if self.tp == 1:
+            return "FSDP" if self.shard == self.world else f"HSDP {self.world // self.shard}x{self.shard}"
+        if dp == 1:
+            return f"TP {self.tp}" if self.shard == self.world else f"{self.world // self.shard} replicas x TP {self.tp}"
+        fsdp = f"FSDP {dp}" if self.shard == self.world else f"HSDP {self.world // self.shard}x{dp}"
+        return f"{fsdp} x TP {self.tp}"
+
+    @property
+    def exact(self) -> bool:
+        """Whether the step is Muon's exact update (``blockwise`` is not)."""
+        return self.mode is not TPMode.BLOCKWISE
 
     def fits(self, max_buffers: float) -> bool:
         """Whether its buffers take at most ``max_buffers`` bytes (0: no limit), its state
@@ -166,9 +220,10 @@ def state_bytes(shapes: list[tuple[int, int]], shard: int) -> float:
     return STATE_BYTES * sum(r * c for r, c in shapes) / shard
 
 
-def shard_sizes(world: int, candidates: list[int]) -> list[int]:
-    """The shard group sizes among ``candidates`` that divide ``world``, and ``world`` itself."""
-    return sorted({s for s in candidates if 0 < s < world and world % s == 0} | {world})
+def shard_sizes(world: int, candidates: list[int], tp: int = 1) -> list[int]:
+    """The shard group sizes among ``candidates`` that divide ``world`` and that ``tp``
+    divides, and ``world`` itself."""
+    return sorted({s for s in candidates if 0 < s < world and world % s == 0 and s % tp == 0} | {world})
 
 
 def sweep(
@@ -180,20 +235,27 @@ def sweep(
     prefetches: list[int],
     shards: list[int] = (),
     strategies: tuple[Strategy, ...] = (Strategy.ALL_TO_ALL, Strategy.ALL_GATHER),
+    tp: int = 1,
+    tp_split: tuple[int, ...] = (),
 ) -> list[Prediction]:
     """Every configuration's :class:`Prediction` at ``world`` ranks, for each shard group
-    size of :func:`shard_sizes` (``shards``); in a shard group of one rank, the first of
-    ``strategies`` only: there every strategy compiles to the same step (:func:`local_plan`)."""
+    size of :func:`shard_sizes` (``shards``) and, with ``tp`` > 1, each TP mode; where one
+    rank computes alone (a shard group of one rank, ``blockwise`` over one data-parallel
+    rank) or every rank computes every matrix (``duplicated``), the first of ``strategies``
+    only: there every strategy compiles to the same step."""
     rows = []
-    for shard in shard_sizes(world, list(shards)):
+    for shard in shard_sizes(world, list(shards), tp):
         runs = not device.memory or state_bytes(shapes, shard) <= device.memory
-        for strategy in strategies if shard > 1 else strategies[:1]:
-            for mb in bucket_mbs:
-                plan = plan_for(shapes, shard, strategy, mb)
-                for k in prefetches:
-                    cost = predict(plan, k, device, network)
-                    buffers = buffer_bytes(plan, k)
-                    rows.append(Prediction(world, shard, strategy, mb, k, len(plan.buckets), cost, buffers, runs))
+        for mode in list(TPMode) if tp > 1 else [TPMode.DISTRIBUTED]:
+            alone = shard == 1 or mode is TPMode.DUPLICATED or (mode is TPMode.BLOCKWISE and shard == tp)
+            for strategy in strategies[:1] if alone else strategies:
+                for mb in bucket_mbs:
+                    plan = plan_for(shapes, shard, strategy, mb, tp=tp, tp_split=tp_split, mode=mode)
+                    shown = plan.buckets[0].strategy if mode is TPMode.DUPLICATED and plan.buckets else strategy
+                    for k in prefetches:
+                        cost = predict(plan, k, device, network)
+                        buffers = buffer_bytes(plan, k)
+                        rows.append(Prediction(world, shard, shown, mb, k, len(plan.buckets), cost, buffers, runs, tp, mode))
     return rows
 
 
@@ -205,6 +267,8 @@ def with_overlapped_exchanges(
     bucket_mbs: list[float],
     prefetches: list[int],
     shards: list[int] = (),
+    tp: int = 1,
+    tp_split: tuple[int, ...] = (),
 ) -> list[Prediction]:
     """``predictions`` (one world size's :func:`sweep`) with the ``all_to_all`` rows priced
     again as if every all-to-all overlapped all its peer exchanges: one latency instead
@@ -213,13 +277,15 @@ def with_overlapped_exchanges(
     world = predictions[0].world
     overlapped = dataclasses.replace(network, exchanges_in_flight=world)
     others = [p for p in predictions if p.strategy is not Strategy.ALL_TO_ALL]
-    return others + sweep(shapes, world, device, overlapped, bucket_mbs, prefetches, shards, (Strategy.ALL_TO_ALL,))
+    again = sweep(shapes, world, device, overlapped, bucket_mbs, prefetches, shards, (Strategy.ALL_TO_ALL,), tp, tp_split)
+    return others + [p for p in again if p.strategy is Strategy.ALL_TO_ALL]
 
 
-def best(predictions: list[Prediction], max_buffers: float = 0.0) -> Prediction | None:
+def best(predictions: list[Prediction], max_buffers: float = 0.0, exact: bool = True) -> Prediction | None:
     """The fastest configuration whose buffers take at most ``max_buffers`` bytes (0: no
-    limit; ties: the earlier one), or None when none fits."""
-    fitting = [p for p in predictions if p.fits(max_buffers)]
+    limit; ties: the earlier one), of Muon's exact update unless ``exact`` is False, or
+    None when none fits."""
+    fitting = [p for p in predictions if p.fits(max_buffers) and (p.exact or not exact)]
     return min(fitting, key=lambda p: p.cost.step, default=None)
 
 
@@ -228,9 +294,9 @@ def ties(predictions: list[Prediction], chosen: Prediction, max_buffers: float =
     ``max_buffers`` bytes and whose step is predicted within
     :data:`~muon_compile.planner.step_cost.TIE` of ``chosen``'s: the model cannot rank them
     against it (time both where it matters)."""
-    keys = dict.fromkeys((p.shard, p.strategy) for p in predictions)
-    keys.pop((chosen.shard, chosen.strategy), None)
-    rivals = (best([p for p in predictions if (p.shard, p.strategy) == key], max_buffers) for key in keys)
+    keys = dict.fromkeys((p.shard, p.strategy, p.mode) for p in predictions if p.exact)
+    keys.pop((chosen.shard, chosen.strategy, chosen.mode), None)
+    rivals = (best([p for p in predictions if (p.shard, p.strategy, p.mode) == key], max_buffers) for key in keys)
     return [p for p in rivals if p is not None and tied(p.cost.step, chosen.cost.step)]
 
 
@@ -254,19 +320,22 @@ def describe(predictions: list[Prediction], max_buffers: float = 0.0) -> str:
     fastest = best(predictions, max_buffers)
     shown: dict[tuple, Prediction] = {}
     for p in predictions:
-        key = (p.shard, p.strategy, p.bucket_mb)
+        key = (p.shard, p.mode, p.strategy, p.bucket_mb)
         held = shown.get(key)
         if held is None or _preference(p, max_buffers) < _preference(held, max_buffers):
             shown[key] = p
+    with_tp = any(p.tp > 1 for p in predictions)
+    width = 18 if with_tp else 12
     lines = [
-        f"{'layout':<12} {'strategy':<10} {'bucket MiB':>10} {'buckets':>7} {'prefetch':>8} "
+        f"{'layout':<{width}} {'tp mode' + ' ' * 6 if with_tp else ''}{'strategy':<10} {'bucket MiB':>10} {'buckets':>7} {'prefetch':>8} "
         f"{'step ms':>9} {'NS ms':>8} {'pointwise ms':>12} {'exposed comm':>12} {'launch-bound':>12} {'buffers GiB':>11}"
     ]
     for p in shown.values():
         r = p.cost.slowest_rank
         mark = "  <- fastest" if p is fastest else "" if p.fits(max_buffers) else "  (over memory)"
+        mode = f"{p.mode.value:<12} " if with_tp else ""
         lines.append(
-            f"{p.layout:<12} {p.strategy.value:<10} {p.bucket_mb:>10g} {p.buckets:>7} {p.prefetch:>8} "
+            f"{p.layout:<{width}} {mode}{p.strategy.value:<10} {p.bucket_mb:>10g} {p.buckets:>7} {p.prefetch:>8} "
             f"{p.cost.step * 1e3:>9.2f} {p.cost.ns[r] * 1e3:>8.2f} {p.cost.pointwise[r] * 1e3:>12.2f} "
             f"{p.exposed_share:>12.1%} {p.launch_share:>12.1%} {p.buffers / 2**30:>11.2f}{mark}"
         )
@@ -301,6 +370,7 @@ def main(argv: list[str] | None = None) -> None:
         "--shard", default=_listed(SHARDS), help="comma list of HSDP shard group sizes tried besides FSDP over the world (default %(default)s)"
     )
     parser.add_argument("--prefetch", default=_listed(PREFETCHES), help="comma list of depths (default %(default)s)")
+    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size: TP first, FSDP2 over the rest (default %(default)s)")
     parser.add_argument(
         "--memory-share", type=float, default=MEMORY_SHARE, help="of the device's memory, the most the bucket buffers may take (default %(default)s)"
     )
@@ -322,8 +392,8 @@ def main(argv: list[str] | None = None) -> None:
         shards = _numbers(args.shard, int)
     except ValueError as e:
         parser.error(f"--world, --bucket-mb, --prefetch and --shard take comma lists of numbers: {e}")
-    if min(worlds + shards, default=1) < 1 or min(mbs, default=1) <= 0 or min(depths, default=0) < 0:
-        parser.error("world and shard sizes must be >= 1, bucket sizes > 0, prefetch depths >= 0")
+    if min(worlds + shards, default=1) < 1 or min(mbs, default=1) <= 0 or min(depths, default=0) < 0 or args.tp < 1:
+        parser.error("world, shard and tp sizes must be >= 1, bucket sizes > 0, prefetch depths >= 0")
     if not 0 < args.memory_share <= 1:
         parser.error(f"--memory-share must be in (0, 1], got {args.memory_share}")
     limit = memory_limit(device, args.memory_share)
@@ -332,8 +402,12 @@ def main(argv: list[str] | None = None) -> None:
     print(f"network {network.name}: {network.source}")
     if limit:
         print(f"bucket buffers limited to {limit / 2**30:.1f} GiB per device ({args.memory_share:g} of its memory)")
+    tp = (args.tp, shapes.tp_split)
     for world in worlds:
-        predictions = sweep(list(shapes.matrices), world, device, network, mbs, depths, shards)
+        if world % args.tp:
+            print(f"\n=== world {world} ===\nskipped: --tp {args.tp} does not divide it")
+            continue
+        predictions = sweep(list(shapes.matrices), world, device, network, mbs, depths, shards, tp=tp[0], tp_split=tp[1])
         chosen = best(predictions, limit)
         train = training_seconds(shapes, args.tokens, world, device, args.mfu)
         print(f"\n=== world {world} ===")
@@ -355,7 +429,9 @@ def main(argv: list[str] | None = None) -> None:
         )
         for tie in ties(predictions, chosen, limit):
             print(f"    a tie, within {TIE:.0%}: {_configuration(tie)}")
-        overlapped = best(with_overlapped_exchanges(predictions, list(shapes.matrices), device, network, mbs, depths, shards), limit)
+        if (blockwise := best([p for p in predictions if not p.exact], limit, exact=False)) is not None:
+            print(f"    not Muon's exact update: {_configuration(blockwise)}")
+        overlapped = best(with_overlapped_exchanges(predictions, list(shapes.matrices), device, network, mbs, depths, shards, *tp), limit)
         print(
             "    if every all-to-all overlapped its peer exchanges (1 latency, not W - 1): "
             + (f"the same, {overlapped.cost.step * 1e3:.2f} ms per step" if overlapped.settings == chosen.settings
@@ -365,8 +441,9 @@ def main(argv: list[str] | None = None) -> None:
 
 def _configuration(p: Prediction) -> str:
     """``p``'s layout, its settings as the environment variables that select them, and its step."""
+    mode = f"MUON_COMPILE_TP_MODE={p.mode.value} " if p.tp > 1 else ""
     return (
-        f"{p.layout}, MUON_COMPILE_STRATEGY={p.strategy.value} MUON_COMPILE_BUCKET_MB={p.bucket_mb:g} "
+        f"{p.layout}, {mode}MUON_COMPILE_STRATEGY={p.strategy.value} MUON_COMPILE_BUCKET_MB={p.bucket_mb:g} "
         f"MUON_COMPILE_PREFETCH={p.prefetch}: {p.cost.step * 1e3:.2f} ms per step"
     )
 

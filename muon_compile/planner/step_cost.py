@@ -457,7 +457,7 @@ def predict(
         stretch[:] = [0.0] * world
 
     members = [m for b in plan.buckets for m in b.members]
-    elems = sum(m.rows_per_shard * m.cols for m in members)  # the longest shards
+    elems = sum(m.slot for m in members)  # the largest blocks
     update = UPDATE_ACCESSES * elems * param_itemsize / device.memory_bandwidth
     run((Seconds(device.step_overhead, 0.0),) * world)  # guards and the wrapper, before any launch
     run((Seconds(device.param_overhead * len(members), update),) * world)
