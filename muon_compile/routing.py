@@ -3,6 +3,9 @@
 
 * a plain tensor, a replicated DTensor, or a 3-D DTensor sharded on its batch (expert)
   dimension only: every matrix is whole on this rank -> ``newton_schulz`` on the local tensor;
+* a 3-D DTensor sharded also on a matrix dimension: as below, for each matrix of the local
+  stack, over the mesh dimensions that shard the matrices (those of the batch dimension
+  hold other matrices);
 * a 2-D DTensor whose placements are ``Shard`` or ``_StridedShard`` of its rows or columns on
   one or more mesh dimensions (the rest ``Replicate``): FSDP2's ``Shard(0)``, tensor
   parallelism's ``Shard(0)`` / ``Shard(1)``, FSDP2 on top of tensor parallelism (a
@@ -10,7 +13,7 @@
   -> ``sharded_newton_schulz`` over the process group of the sharded mesh dimensions (one
   dimension's own group, or a group over several made by :func:`prepare`), which the
   ``distribute`` pass buckets. Each rank holds a block (:class:`~.sharded_ns.ShardLayout`);
-* anything else (``Partial``, a 3-D stack sharded on a matrix dimension, a mesh whose ranks
+* anything else (``Partial``, a strided sharding of a stack's batch dimension, a mesh whose ranks
   are not in row-major order, a group over several mesh dimensions that :func:`prepare` did
   not make) -> ``newton_schulz`` on the DTensor itself: DTensor's sharding rule replicates
   the input (one collective per matrix, correct, not bucketed). The reason is logged when
@@ -173,19 +176,23 @@ def layout_of(x: Tensor, tp_mode: config.TPMode | str | None = None) -> Layout:
     placements = [x.placements[i] for i in mesh_dims]
     if not all(is_shard(p) or isinstance(p, _StridedShard) for p in placements):
         return Layout(Kind.DTENSOR, reason=f"placements {x.placements}: only Shard and Replicate are laid out here")
-    if x.dim() == 3:
-        if all(p.dim == 0 and not isinstance(p, _StridedShard) for p in placements):
+    offset = x.dim() - 2  # a stack's matrices are its last two dimensions
+    if offset:
+        if any(p.dim == 0 and isinstance(p, _StridedShard) for p in placements):
+            return Layout(Kind.DTENSOR, reason=f"placements {x.placements}: a strided sharding of the stack dimension")
+        # the stack dimension's shards hold other matrices: only the matrix dimensions' mesh dimensions form the group
+        mesh_dims, placements = [i for i, p in zip(mesh_dims, placements) if p.dim], [p for p in placements if p.dim]
+        if not mesh_dims:
             return Layout(Kind.LOCAL)
-        return Layout(Kind.DTENSOR, reason=f"placements {x.placements} shard the matrices of a 3-D stack")
     cfg = config.current()
     mode = cfg.tp_mode if tp_mode is None else config.TPMode.parse(tp_mode)
     tp = _tp_positions(x, mesh_dims, cfg.tp_dims)
     if not any(tp):
         mode = config.TPMode.DISTRIBUTED
     whole = ShardLayout(
-        x.shape[0], x.shape[1], "",
+        x.shape[-2], x.shape[-1], "",
         mesh=tuple(x.device_mesh.size(i) for i in mesh_dims),
-        dims=tuple(p.dim for p in placements),
+        dims=tuple(p.dim - offset for p in placements),
         split=tuple(_split_factor(p) for p in placements),
         tp_mode=mode.value,
     )

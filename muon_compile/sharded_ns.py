@@ -17,8 +17,9 @@ columns. FSDP2 alone is ``mesh=[W], dims=[0], split=[0]``: ``ceil(rows / W)`` ro
 it: ``duplicated`` on every rank of the group, otherwise by owner; under ``blockwise`` the
 matrix is one tensor-parallel block (:func:`tp_block`).
 
-Every rank of the group calls it with its block of the ``rows x cols`` matrix and gets back its
-block of ``newton_schulz`` of the whole matrix. It is one node per parameter in every rank's
+Every rank of the group calls it with its block of the ``rows x cols`` matrix (or a 3-D stack of
+such blocks, one per matrix of a stack laid out alike) and gets back its block of
+``newton_schulz`` of the whole matrix. It is one node per parameter in every rank's
 graph — also on a rank whose block is empty — which is what lets the ``distribute`` pass plan
 identical buckets on every rank. The op is a collective, so it is registered as
 side-effecting: dead-code elimination never removes it.
@@ -296,7 +297,7 @@ def own_block(whole: Tensor, layout: ShardLayout, rank: int) -> Tensor:
     block = layout.block(rank)
     if layout.is_row_chunks:
         start = min(rank * layout.rows_per_shard, layout.rows)
-        return whole[start : start + block.nrows]
+        return whole[..., start : start + block.nrows, :]
     return _take(whole, block)
 
 
@@ -328,19 +329,19 @@ def gather_orthogonalize_slice(local: Tensor, layout: ShardLayout, rank: int, ar
     """
     padded = pad_block(local.to(args.compute_dtype), layout)
     gathered = torch.ops._c10d_functional.all_gather_into_tensor(padded, layout.group_size, layout.group_name)
-    grid = torch.ops._c10d_functional.wait_tensor(gathered).view(layout.group_size, 1, *padded.shape)
-    ortho = orthogonalize(assemble(grid, layout)[0], args, policy)
-    return own_block(ortho, layout, rank).to(local.dtype)
+    grid = torch.ops._c10d_functional.wait_tensor(gathered).view(layout.group_size, -1, *padded.shape[-2:])
+    ortho = orthogonalize(assemble(grid, layout), args, policy)  # [n, rows, cols]
+    return own_block(ortho, layout, rank).reshape(local.shape).to(local.dtype)
 
 
 def check_shard(local: Tensor, layout: ShardLayout, rank: int) -> None:
     """Raise ``ValueError`` unless ``local`` has the shape of this rank's block."""
-    if local.dim() != 2:
-        raise ValueError(f"sharded_newton_schulz expects a 2-D block, got shape {tuple(local.shape)}")
+    if local.dim() not in (2, 3):
+        raise ValueError(f"sharded_newton_schulz expects a 2-D block or a 3-D stack of blocks, got shape {tuple(local.shape)}")
     block = layout.block(rank)
-    if tuple(local.shape) != (block.nrows, block.ncols):
+    if tuple(local.shape[-2:]) != (block.nrows, block.ncols):
         raise ValueError(
-            f"sharded_newton_schulz: rank {rank} of {layout.group_size} holds a {tuple(local.shape)} block of a "
+            f"sharded_newton_schulz: rank {rank} of {layout.group_size} holds a {tuple(local.shape[-2:])} block of a "
             f"{layout.rows}x{layout.cols} matrix laid out {layout.describe()}; that layout gives it "
             f"{(block.nrows, block.ncols)}"
         )

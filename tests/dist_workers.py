@@ -710,6 +710,43 @@ TP_NAMES = list({**TPBlock.COLWISE, **TPBlock.ROWWISE})
 TP_SHAPES = [{**TPBlock.COLWISE, **TPBlock.ROWWISE}[n] for n in TP_NAMES]
 
 
+# expert stacks on a 2x2 (ep, tp) mesh: (shape, the dimension each mesh dimension shards, None:
+# replicated) of column- and row-parallel experts, the third with experts, rows and columns
+# that 2 does not divide, and a 2-D matrix beside them
+EXPERT_LAYOUTS = [
+    ((4, 12, 10), (0, 1)),
+    ((4, 10, 7), (0, 2)),
+    ((3, 5, 7), (0, 1)),
+    ((10, 9), (None, 1)),
+]
+
+
+def expert_tp_muon(rank, world, steps, opt_kw, config_changes=None):
+    """:data:`EXPERT_LAYOUTS` as DTensor parameters on a 2x2 (ep, tp) mesh, ``steps``
+    compiled Muon steps with :func:`step_grads`. Returns the full weights, the pass counters
+    and the post-pass graph's collectives."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("ep", "tp"))
+    shapes = [shape for shape, _ in EXPERT_LAYOUTS]
+    placements = [[Replicate() if d is None else Shard(d) for d in dims] for _, dims in EXPERT_LAYOUTS]
+    params = [nn.Parameter(distribute_tensor(w, mesh, pl, src_data_rank=None)) for w, pl in zip(initial_weights(shapes), placements)]
+    opt = muon_compile.Muon(params, **opt_kw)
+    with tempfile.TemporaryDirectory() as dump, config.override(dump_dir=dump, **(config_changes or {})):
+        step = torch.compile(opt.step, backend="muon")
+        for s in range(steps):
+            for p, g, pl in zip(params, step_grads(shapes, s), placements):
+                p.grad = distribute_tensor(g, mesh, pl, src_data_rank=None)
+            step()
+        graphs = dumped_graphs(dump)
+    return {
+        "weights": [p.full_tensor() for p in params],
+        "counters": dict(muon_compile.counters),
+        "collectives": collective_sequence(graphs.get("lower_after", "")),
+    }
+
+
 def blockwise_reference(steps, tp, **opt_kw):
     """:func:`reference_run` of :class:`TPBlock`'s matrices with each tensor-parallel block
     orthogonalised alone: the rows of a column-parallel weight, the columns of a row-parallel

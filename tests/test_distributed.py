@@ -17,6 +17,8 @@ from dist_workers import (
     assert_same_collectives,
     automatic_dynamic_run,
     blockwise_reference,
+    expert_tp_muon,
+    EXPERT_LAYOUTS,
     fsdp_muon,
     generated_code,
     layout_reference,
@@ -340,3 +342,22 @@ def test_ranks_whose_tp_mode_differs_are_stopped_naming_the_plans():
     text = str(failed.value)
     assert "RankDivergenceError" in text and "disagree about the optimizer step" in text
     assert "tp duplicated" in text and "all_to_all over 4 ranks" in text
+
+
+@pytest.mark.parametrize("strategy", ["all_to_all", "all_gather"])
+def test_expert_stacks_sharded_on_a_matrix_dimension_join_the_bucket(strategy):
+    """World 4, a 2x2 (ep, tp) mesh: expert stacks sharded on the expert dimension and, column-
+    or row-parallel, on a matrix dimension (uneven experts, rows and columns), and a 2-D
+    tensor-parallel matrix, all distributed over the tp group in one bucket, none left to
+    DTensor, equal to the reference on the whole stacks."""
+    shapes = [shape for shape, _ in EXPERT_LAYOUTS]
+    results = run_world(expert_tp_muon, 4, STEPS, dict(OPT, ns_dtype=torch.float32), {"strategy": strategy})
+    reference = reference_run(shapes, STEPS, ns_dtype=torch.float32, **OPT)
+    initial = reference_run(shapes, 0)
+    for rank, result in enumerate(results):
+        for i, (got, want, start) in enumerate(zip(result["weights"], reference, initial)):
+            assert_rel_close(got - start, want - start, NS_RTOL["cpu"][torch.float32], f"rank {rank} stack {i} {tuple(want.shape)}")
+        assert result["counters"].get("route.dtensor_fallback", 0) == 0
+        assert result["counters"]["distribute.matrices"] == len(shapes) and result["counters"]["distribute.buckets"] == 1
+        kinds = [kind for kind, _, _ in result["collectives"]]
+        assert kinds == (["all_to_all_single"] * 2 if strategy == "all_to_all" else ["all_gather_into_tensor"])

@@ -177,3 +177,33 @@ def _layout_under(rank, world, mode):
     x = distribute_tensor(torch.zeros(7, 5), mesh, [Shard(0), Shard(1)], src_data_rank=None)
     routing.prepare(x, mode)
     return routing.layout_of(x, mode)
+
+
+def _stack_blocks(rank, world, placements, shape):
+    """On fake rank ``rank`` of a 2x2 (ep, tp) mesh: DTensor's local tensor of a 3-D stack and
+    the same cut by the routing: the experts DTensor gives this rank, each matrix's block."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import distribute_tensor
+
+    whole = torch.arange(shape[0] * shape[1] * shape[2], dtype=torch.float32).view(shape)
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("ep", "tp"))
+    x = distribute_tensor(whole, mesh, placements, src_data_rank=None)
+    experts = [p if p.dim == 0 else Replicate() for p in placements]
+    mine = distribute_tensor(whole, mesh, experts, src_data_rank=None).to_local()
+    routing.prepare(x)
+    layout = routing.layout_of(x)
+    assert layout.kind is routing.Kind.SHARDED, layout.reason
+    block = layout.shard.block(group_rank(layout.shard.group_name))
+    return x.to_local(), mine[:, indices(block.rows)][:, :, indices(block.cols)], layout.shard
+
+
+@pytest.mark.parametrize("placements", [[Shard(0), Shard(1)], [Shard(0), Shard(2)], [Shard(2), Shard(0)]], ids=str)
+@pytest.mark.parametrize("shape", [(4, 12, 10), (3, 5, 7)], ids=str)
+def test_a_stack_sharded_on_a_matrix_dimension_is_laid_out_per_matrix(placements, shape):
+    """A 3-D expert stack sharded on the expert dimension and on a matrix dimension: the group
+    is the matrix dimension's mesh dimension alone, and each matrix of the local stack is
+    its block (uneven experts, rows and columns)."""
+    for rank in range(4):
+        local, mine, layout = fake_rank(_stack_blocks, 4, rank, placements, shape)
+        assert layout.mesh == (2,) and (layout.rows, layout.cols) == shape[1:]
+        assert torch.equal(local, mine), (rank, layout)

@@ -62,6 +62,11 @@ def _pad_rows(t: Tensor, rows: int) -> Tensor:
     return pad(t, rows, t.size(-1))
 
 
+def _count(members: Sequence[DistMember]) -> int:
+    """The matrices of ``members`` (a stack's count for each of its members)."""
+    return sum(m.batch for m in members)
+
+
 def _layout_runs(members: Sequence[DistMember]) -> list[list[DistMember]]:
     """``members`` cut into runs of one layout, in order: the blocks that the reassembly
     (:func:`_received_groups`) and the cut-back (:func:`_scatter_rows`) move as one."""
@@ -92,10 +97,10 @@ def _scatter_rows(groups: Sequence[tuple[Sequence[DistMember], Tensor]], world: 
     for members, ortho in groups:
         start = 0
         for run in _layout_runs(members):
-            m, n = run[0], len(run)
+            m, n = run[0], _count(run)
             ys, rows = ortho[start : start + n], world * m.rows_per_shard
             if not m.shard.is_row_chunks:  # blocks of rows and columns: cut by their stretches
-                blocks.append(disassemble(ys.mT if m.rows > m.cols else ys, m.shard).reshape(world, n * m.slot))
+                blocks.append(disassemble(ys.mT if m.rows > m.cols else ys, m.shard).reshape(world, n * m.rows_per_shard * m.cols_per_shard))
                 start += n
                 continue
             if m.rows > m.cols:
@@ -104,7 +109,7 @@ def _scatter_rows(groups: Sequence[tuple[Sequence[DistMember], Tensor]], world: 
                 ys = torch.cat([ys, padding], dim=1)[:, :rows]
             else:
                 ys = _pad_rows(ys, rows)
-            blocks.append(ys.reshape(n, world, m.rows_per_shard, m.cols).permute(1, 0, 2, 3).reshape(world, n * m.slot))
+            blocks.append(ys.reshape(n, world, m.rows_per_shard, m.cols).permute(1, 0, 2, 3).reshape(world, n * m.rows_per_shard * m.cols_per_shard))
             start += n
     return (blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=1)).reshape(-1)
 
@@ -118,7 +123,14 @@ def _orthogonalize_stacked(groups: Sequence[tuple[Sequence[DistMember], Tensor]]
 def _by_member(groups: Sequence[tuple[Sequence[DistMember], Tensor]]) -> dict[int, Tensor]:
     """Each member's result of :func:`_orthogonalize_stacked`'s ``groups``, by site, in the
     member's own orientation (a tall member's canonical result transposed back)."""
-    return {m.site: y.mT if m.rows > m.cols else y for members, ortho in groups for m, y in zip(members, ortho.unbind(0))}
+    out = {}
+    for members, ortho in groups:
+        start = 0
+        for m in members:
+            y = ortho[start : start + m.batch] if m.stacked else ortho[start]
+            out[m.site] = y.mT if m.rows > m.cols else y
+            start += m.batch
+    return out
 
 
 def _received_groups(grid: Tensor, order: Sequence[DistMember]) -> list[tuple[list[DistMember], Tensor]]:
@@ -139,12 +151,13 @@ def _received_groups(grid: Tensor, order: Sequence[DistMember]) -> list[tuple[li
     groups: dict[tuple[int, int], tuple[list[DistMember], list[Tensor]]] = {}
     offset = 0
     for run in _layout_runs(order):
-        m, n = run[0], len(run)
-        whole = assemble(grid[:, offset : offset + n * m.slot].view(world, n, m.rows_per_shard, m.cols_per_shard), m.shard)
+        m, n = run[0], _count(run)
+        size = sum(r.slot for r in run)
+        whole = assemble(grid[:, offset : offset + size].view(world, n, m.rows_per_shard, m.cols_per_shard), m.shard)
         members, parts = groups.setdefault(m.canonical, ([], []))
         members.extend(run)
         parts.append(whole.mT if m.rows > m.cols else whole)
-        offset += n * m.slot
+        offset += size
     return [(members, parts[0] if len(parts) == 1 else torch.cat(parts)) for members, parts in groups.values()]
 
 
@@ -190,8 +203,10 @@ def _stages(bucket: DistBucket, dtypes: Sequence[torch.dtype]) -> list[tuple[Sta
         flat = _c10d.wait_tensor(returned)
         rows, offset = {}, 0
         for m in order:
-            block = flat[offset : offset + m.slot].view(m.rows_per_shard, m.cols_per_shard)[: m.local_rows]
-            rows[m.site] = block if m.local_cols == m.cols_per_shard else block[:, : m.local_cols]
+            shape = (m.batch, m.rows_per_shard, m.cols_per_shard) if m.stacked else (m.rows_per_shard, m.cols_per_shard)
+            block = flat[offset : offset + m.slot].view(shape)
+            block = block[:, : m.local_rows] if m.stacked else block[: m.local_rows]
+            rows[m.site] = block if m.local_cols == m.cols_per_shard else block[..., : m.local_cols]
             offset += m.slot
         return [rows[m.site].to(dtype[m.site]) for m in bucket.members]
 

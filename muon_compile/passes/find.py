@@ -55,8 +55,9 @@ class Sharding:
 class NSSite:
     """One NS op call: ``batch`` matrices of ``rows x cols`` (batch is 1 for a 2-D input).
 
-    For a sharded site ``rows`` is the global row count and ``sharding`` says where this
-    rank's rows are; for a plain site ``sharding`` is None.
+    For a sharded site ``rows`` and ``cols`` are the whole matrix's (``batch``: the matrices
+    of this rank's stack) and ``sharding`` says where this rank's block is; for a plain site
+    ``sharding`` is None.
     """
 
     index: int
@@ -93,7 +94,7 @@ def _site(index: int, node: fx.Node, level: int, meta_key: str) -> NSSite:
     sharding = None
     if call.shard is not None:
         sharding = Sharding(call.shard, group_rank(call.shard.group_name))
-        shape = (call.shard.rows, call.shard.cols)
+        shape = (*shape[:-2], call.shard.rows, call.shard.cols)  # a stack's local count of matrices, the global matrix
     reason = None
     if not all(isinstance(d, int) for d in shape):
         # "?" for a symbol: symbols are named per process, and the ranks compare plans

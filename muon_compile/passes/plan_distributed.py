@@ -36,8 +36,9 @@ EVERY_RANK = -1
 
 @dataclasses.dataclass(frozen=True)
 class DistMember:
-    """A sharded site in a bucket: a matrix laid out as ``shard`` over the bucket's group,
-    this rank's ``local_rows x local_cols`` block of it, every rank's block padded to
+    """A sharded site in a bucket: a matrix laid out as ``shard`` over the bucket's group
+    (``batch`` of them, laid out alike, for a stack: ``stacked``), this rank's
+    ``local_rows x local_cols`` block of it, every rank's block padded to
     ``rows_per_shard x cols_per_shard`` in transport, orthogonalised by ``owner``."""
 
     site: int
@@ -46,6 +47,8 @@ class DistMember:
     local_cols: int
     owner: int
     steps: int
+    batch: int = 1
+    stacked: bool = False
 
     @property
     def rows(self) -> int:
@@ -65,8 +68,8 @@ class DistMember:
 
     @property
     def slot(self) -> int:
-        """Elements of one rank's padded block."""
-        return self.rows_per_shard * self.cols_per_shard
+        """Elements of one rank's padded blocks (``batch`` of them)."""
+        return self.batch * self.rows_per_shard * self.cols_per_shard
 
     @property
     def canonical(self) -> tuple[int, int]:
@@ -81,14 +84,15 @@ class DistMember:
 
     @property
     def flops(self) -> int:
-        return ns_flops(self.rows, self.cols, self.steps)
+        return self.batch * ns_flops(self.rows, self.cols, self.steps)
 
     def describe(self) -> str:
         """``3:7x5 in blocks 2 (rows, tp blockwise)->1``: site, shape, layout unless FSDP2's
         plain row chunks, owner (``all``: every rank). The same on every rank of the group."""
         s = self.shard
         layout = "" if s.is_row_chunks and s.tp_mode == TPMode.DISTRIBUTED.value else f" in blocks {s.describe()}"
-        return f"{self.site}:{self.rows}x{self.cols}{layout}->{'all' if self.owner == EVERY_RANK else self.owner}"
+        shape = f"{self.batch}x" * self.stacked + f"{self.rows}x{self.cols}"
+        return f"{self.site}:{shape}{layout}->{'all' if self.owner == EVERY_RANK else self.owner}"
 
 
 def by_ns_group(members: Sequence[DistMember]) -> list[tuple[DistMember, ...]]:
@@ -170,7 +174,7 @@ class DistPlan:
 
 def _dist_member(site: NSSite, owner: int) -> DistMember:
     block = site.sharding.block
-    return DistMember(site.index, site.sharding.layout, block.nrows, block.ncols, owner, site.args.steps)
+    return DistMember(site.index, site.sharding.layout, block.nrows, block.ncols, owner, site.args.steps, site.batch, site.dims == 3)
 
 
 def _strategy(site: NSSite, strategy: Strategy) -> Strategy:
@@ -193,7 +197,7 @@ def plan_distributed(sites: list[NSSite], *, bucket_mb: float, strategy: Strateg
         run: list[NSSite] = []
         size = 0
         for s in group_sites:
-            nbytes = world * s.sharding.layout.rows_per_shard * s.sharding.layout.cols_per_shard * itemsize
+            nbytes = world * s.batch * s.sharding.layout.rows_per_shard * s.sharding.layout.cols_per_shard * itemsize
             if run and size + nbytes > cap:
                 runs.append(run)
                 run, size = [], 0
@@ -208,15 +212,15 @@ def plan_distributed(sites: list[NSSite], *, bucket_mb: float, strategy: Strateg
         run_strategy = _strategy(run[0], strategy)
         load = loads.setdefault(first.group_name, [0] * first.group_size)
         owners = {}
-        for s in sorted(run, key=lambda s: (-ns_flops(s.rows, s.cols, s.args.steps), s.index)):
+        for s in sorted(run, key=lambda s: (-s.batch * ns_flops(s.rows, s.cols, s.args.steps), s.index)):
             if run_strategy is Strategy.ALL_GATHER:
                 owners[s.index] = EVERY_RANK
                 for r in range(first.group_size):
-                    load[r] += ns_flops(s.rows, s.cols, s.args.steps)
+                    load[r] += s.batch * ns_flops(s.rows, s.cols, s.args.steps)
             else:
                 owner = min(range(first.group_size), key=lambda r: (load[r], r))
                 owners[s.index] = owner
-                load[owner] += ns_flops(s.rows, s.cols, s.args.steps)
+                load[owner] += s.batch * ns_flops(s.rows, s.cols, s.args.steps)
         members = tuple(_dist_member(s, owners[s.index]) for s in run)
         buckets.append(DistBucket(first.group_name, first.group_size, first.rank, run_strategy, run[0].args, members))
     return DistPlan(tuple(buckets), skipped, {g: tuple(v) for g, v in loads.items()})
