@@ -801,8 +801,8 @@ def tp_fsdp_muon(rank, world, steps, opt_kw, mesh_shape=(2, 2), config_changes=N
     """:func:`tp_block_model`; ``steps`` compiled Muon steps with the gradients of
     :func:`set_tp_grads` (``rank_opt_kw``: ``{rank: options}`` that rank's optimizer takes on
     top of ``opt_kw``; ``optimizer``: :func:`make_optimizer`'s kind). Returns the full weights
-    (in ``TP_NAMES`` order), the placements, the pass counters and the post-pass graph's
-    collectives."""
+    (in ``TP_NAMES`` order), the placements, the pass counters, the post-pass graph's
+    collectives and the explanation (``MUON_COMPILE_EXPLAIN``'s reports)."""
     _, params = tp_block_model(mesh_shape)
     opt = make_optimizer(optimizer, params, {**opt_kw, **(rank_opt_kw or {}).get(rank, {})})
     with tempfile.TemporaryDirectory() as dump, config.override(dump_dir=dump, **(config_changes or {})):
@@ -816,4 +816,5 @@ def tp_fsdp_muon(rank, world, steps, opt_kw, mesh_shape=(2, 2), config_changes=N
         "placements": [str(p.placements) for p in params],
         "counters": dict(muon_compile.counters),
         "collectives": collective_sequence(graphs.get("lower_after", "")),
+        "explanation": "\n".join(str(r) for r in explain.reports()),
     }

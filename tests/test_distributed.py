@@ -308,6 +308,7 @@ def test_fsdp2_on_tensor_parallel_blocks_matches_reference(run):
         assert result["counters"]["distribute.matrices"] == len(TP_SHAPES)
         assert result["counters"]["distribute.buckets"] == 1
         assert [kind for kind, _, _ in result["collectives"]] == collectives
+        assert ("tp duplicated" in result["explanation"]) == (opt_kw.get("tp_mode") == "duplicated")
 
 
 @pytest.mark.parametrize("mesh_shape", [(2, 2), (1, 4)], ids=["fsdp x tp", "tp only"])
@@ -327,6 +328,7 @@ def test_tp_blockwise_orthogonalises_each_tensor_parallel_block_alone(mesh_shape
         assert result["counters"].get("route.dtensor_fallback", 0) == 0
         kinds = [kind for kind, _, _ in result["collectives"]]
         if mesh_shape[0] > 1:
+            assert "tp blockwise" in result["explanation"]  # the plan names the mode
             assert result["counters"]["distribute.matrices"] == len(TP_SHAPES)
             assert kinds == ["all_to_all_single"] * 2 * result["counters"]["distribute.buckets"]
         else:
