@@ -99,9 +99,9 @@ class TPMode(enum.Enum):
     BLOCKWISE = "blockwise"  # each tensor-parallel block alone: not Muon's exact update
 
     @classmethod
-    def parse(cls, value: TPMode | str) -> TPMode:
-        """``value`` as a :class:`TPMode` (a member or its name); ``ValueError`` otherwise."""
-        return _parse(cls, value, "MUON_COMPILE_TP_MODE")  # type: ignore[return-value]
+    def parse(cls, value: TPMode | str, where: str = "MUON_COMPILE_TP_MODE") -> TPMode:
+        """``value`` as a :class:`TPMode` (a member or its name); ``ValueError`` naming ``where`` otherwise."""
+        return _parse(cls, value, where)  # type: ignore[return-value]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -288,7 +288,7 @@ class MuonAdamW(torch.optim.Optimizer):
         group["ns_dtype"] = _ns_dtype(group["ns_dtype"])
         check_algorithm(group["ns_algorithm"], "ns_algorithm")
         if group["tp_mode"] is not None:
-            group["tp_mode"] = config.TPMode.parse(group["tp_mode"]).value
+            group["tp_mode"] = config.TPMode.parse(group["tp_mode"], "tp_mode").value
         if group["adjust_lr"] not in ADJUST_LR_MODES:
             raise ValueError(f"unknown adjust_lr mode {group['adjust_lr']!r}; known: {ADJUST_LR_MODES}")
         if group["ns_eps"] is not None and not group["ns_eps"] >= 0:

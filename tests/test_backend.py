@@ -255,6 +255,16 @@ def test_strategy_is_one_enum_in_the_configuration():
 
 
 
+def test_tp_mode_is_parsed_and_validated_where_it_is_given():
+    assert config.from_env({"MUON_COMPILE_TP_MODE": "blockwise", "MUON_COMPILE_TP_DIMS": "tp, etp"}).tp_dims == ("tp", "etp")
+    assert config.from_env({"MUON_COMPILE_TP_MODE": "blockwise"}).tp_mode is config.TPMode.BLOCKWISE
+    with pytest.raises(ValueError, match=r"MUON_COMPILE_TP_MODE must be one of \['distributed', 'duplicated', 'blockwise'\], got 'split'"):
+        config.from_env({"MUON_COMPILE_TP_MODE": "split"})
+    with pytest.raises(ValueError, match=r"^tp_mode must be one of .*got 'split'"):
+        muon_compile.Muon(make_params(MIXED_SHAPES[:1]), tp_mode="split")
+    assert muon_compile.Muon(make_params(MIXED_SHAPES[:1]), tp_mode="duplicated").param_groups[0]["tp_mode"] == "duplicated"
+
+
 def test_dynamic_true_is_rejected_naming_the_fix():
     """``dynamic=True`` makes the optimizer's Python numbers symbolic, the Newton–Schulz
     coefficients among them: the backend refuses with the fix in the message. (Symbolic
