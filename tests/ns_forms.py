@@ -112,6 +112,19 @@ def rsqrt_of_squares(G, steps=5, dtype=torch.bfloat16):
     return X
 
 
+def two_divisions(G, steps=5, dtype=torch.bfloat16, eps=1e-7):
+    """The normalisation as two divisions: by the norm clamped at eps, then by a safety
+    factor (Polar Express's damping written apart)."""
+    a, b, c = KELLER
+    X = G.to(dtype)
+    X = X / X.norm(dim=(-2, -1), keepdim=True).clamp(min=eps)
+    X = X / POLAR_SAFETY
+    for _ in range(steps):
+        A = X @ X.mT
+        X = a * X + (b * A + c * A @ A) @ X
+    return X
+
+
 def reciprocal_of_norm_clamped_in_place(G, steps=5, dtype=torch.bfloat16):
     return reciprocal_of_clamped_norm(G, steps, dtype, in_place=True)
 
@@ -119,7 +132,7 @@ def reciprocal_of_norm_clamped_in_place(G, steps=5, dtype=torch.bfloat16):
 FORMS = {
     "keller": keller, "polar_express": polar_express, "addmm_clamped": addmm_clamped, "cubic": cubic,
     "spelled_out_norm": spelled_out_norm, "reciprocal_of_clamped_norm": reciprocal_of_clamped_norm,
-    "rsqrt_of_squares": rsqrt_of_squares,
+    "rsqrt_of_squares": rsqrt_of_squares, "two_divisions": two_divisions,
 }
 # recognised too, but DTensor itself cannot run them: tested on one device only
 SINGLE_DEVICE_FORMS = {**FORMS, "reciprocal_of_norm_clamped_in_place": reciprocal_of_norm_clamped_in_place}
@@ -222,10 +235,24 @@ def eps_under_the_root(G, steps=3, dtype=torch.float32):
 
 
 # near miss -> (input shapes, the reason the pass must give)
+def divided_again_but_read_undivided(G, steps=2, dtype=torch.bfloat16):
+    """:func:`two_divisions`, but the iteration also reads the matrix from before its second
+    division: that division is no part of the norm."""
+    a, b, c = KELLER
+    X = G.to(dtype)
+    X = X / X.norm(dim=(-2, -1), keepdim=True).clamp(min=1e-7)
+    Y = X / POLAR_SAFETY
+    for _ in range(steps):
+        A = Y @ Y.mT
+        Y = a * X + (b * A + c * A @ A) @ Y
+    return Y
+
+
 NEAR_MISSES = {
     septic: ([(8, 12)], "degree 3"),
     spectral_norm: ([(8, 12)], "not the Frobenius norm"),
     leaks_intermediate: ([(8, 12)], "intermediate"),
+    divided_again_but_read_undivided: ([(8, 12)], "degree 0"),
     whole_stack_norm: ([(2, 8, 12)], "not each matrix"),
     shifted_gram: ([(8, 12)], "outside the iteration"),
     foreign_norm: ([(8, 12)], "norm of another tensor"),

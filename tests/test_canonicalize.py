@@ -99,7 +99,7 @@ def test_any_number_of_steps(device, steps, tmp_path):
 
 
 def test_coefficients_eps_and_dtype_are_read_off_exactly():
-    from ns_forms import POLAR, POLAR_SAFETY, addmm_clamped, polar_express
+    from ns_forms import POLAR, POLAR_SAFETY, addmm_clamped, polar_express, two_divisions
 
     gm = _dynamo_graph(lambda G: polar_express(G, steps=4), _inputs([(8, 12)]))
     (match,), rejected = plan_canonical(gm.graph)
@@ -115,6 +115,13 @@ def test_coefficients_eps_and_dtype_are_read_off_exactly():
     assert (match.args.clamp_eps, match.args.eps) == (True, 1e-7)
     # tall: the final in-place scale is kept apart from the last step's coefficients
     assert [r.scale for r in match.replacements] == pytest.approx([1.5**0.5])
+
+    # a second division of the normalised matrix scales the clamped norm and its eps alike
+    gm = _dynamo_graph(lambda G: two_divisions(G, steps=2), _inputs([(8, 12)]))
+    (match,), rejected = plan_canonical(gm.graph)
+    assert not rejected
+    assert (match.args.norm_scale, match.args.eps, match.args.clamp_eps) == pytest.approx((POLAR_SAFETY, 1e-7 * POLAR_SAFETY, True))
+
 
 
 @pytest.mark.parametrize("table", [False, True], ids=["triple", "table"])

@@ -230,6 +230,13 @@ class NormOf:
             return None
         return dataclasses.replace(self, scale=self.scale * s)
 
+    def then_times(self, s: float) -> NormOf | None:
+        """The whole norm, eps included, times ``s > 0``: ``(n + eps) s = n s + eps s`` and
+        ``max(n, eps) s = max(n s, eps s)`` (a second division of the normalised matrix)."""
+        if not s > 0:
+            return None
+        return dataclasses.replace(self, scale=self.scale * s, eps=self.eps * s)
+
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Const:
@@ -578,7 +585,8 @@ class _Walk:
             if "rounding_mode" in kwargs:
                 return None
             if isinstance(x, (Odd, Gram)) and _is_scalar(other):
-                return scaled(x, float(other) if name == "mul" else 1.0 / float(other))
+                factor = float(other) if name == "mul" else 1.0 / float(other)
+                return self._renormalised(node, x, factor) or scaled(x, factor)
             if name == "mul" and _is_scalar(x) and isinstance(other, (Odd, Gram)):
                 return scaled(other, float(x))
             return None
@@ -725,6 +733,22 @@ class _Walk:
         if name in ("clamp", "clamp_min") and _arg(node, 2, "max") is None:
             return norm.plus(k, clamp=True)
         return None
+
+    def _renormalised(self, node: fx.Node, x: Odd | Gram, factor: float) -> Odd | None:
+        """``X0 * factor`` before any Gram product (``X = X / norm; X = X / 1.01``): the same
+        ``X0`` of a norm divided by ``factor``; None for any other value, and where the
+        undivided ``X0`` could still be read (the node is not in place, and its input has
+        other users)."""
+        if not (isinstance(x, Odd) and x.it == 0 and x.full() == ONE) or self.chains[x.chain].iterates:
+            return None
+        source = node.args[0] if node.args else None
+        if not node_kind(node)[1] and not (isinstance(source, fx.Node) and len(source.users) == 1):
+            return None
+        norm = self.chains[x.chain].norm.then_times(1.0 / factor)
+        if norm is None:
+            return None
+        self.chains[x.chain].norm = norm
+        return x
 
     def _start(self, node: fx.Node, source: fx.Node, x: Raw, norm: NormOf) -> Odd | None:
         """``M / norm(M)`` (or ``M * (1 / norm(M))``), ``source`` holding ``M``: the start of a chain."""
