@@ -280,14 +280,13 @@ def test_copies_fuse_into_generated_kernels():
         assert len(launches) - groups * 6 < len(shapes)
 
 
-# how the whole matrices of the 2x2 TP block are distributed: by owner (the default; in bf16
-# too), or by the "duplicated" TP mode, which plans the all_gather strategy's buckets (every
-# rank computing every matrix) whatever the strategy: the all_gather strategy's run on these
-# layouts would be the same step
+# how the whole matrices of the 2x2 TP block are distributed: by owner (the default), or by the
+# "duplicated" TP mode (here in bf16), which plans the all_gather strategy's buckets (every rank
+# computing every matrix) whatever the strategy: the all_gather strategy's run on these layouts
+# would be the same step
 WHOLE_MATRIX_RUNS = {
     "all_to_all": ({}, {"strategy": "all_to_all"}, ["all_to_all_single"] * 2),
-    "all_to_all bf16": ({"ns_dtype": torch.bfloat16}, {"strategy": "all_to_all"}, ["all_to_all_single"] * 2),
-    "tp duplicated": ({"tp_mode": "duplicated"}, {"strategy": "all_to_all"}, ["all_gather_into_tensor"]),
+    "tp duplicated bf16": ({"tp_mode": "duplicated", "ns_dtype": torch.bfloat16}, {"strategy": "all_to_all"}, ["all_gather_into_tensor"]),
 }
 
 
