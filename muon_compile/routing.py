@@ -67,6 +67,22 @@ def _sharded_dims(x: DTensor) -> list[int]:
     return [i for i, p in enumerate(x.placements) if not isinstance(p, Replicate) and x.device_mesh.size(i) > 1]
 
 
+def _on_matrices(x: DTensor, mesh_dims: list[int]) -> list[int]:
+    """Those of ``mesh_dims`` that shard ``x``'s matrices: a stack's batch dimension holds
+    other matrices, so its mesh dimensions take no part in the group."""
+    return mesh_dims if x.dim() == 2 else [i for i in mesh_dims if getattr(x.placements[i], "dim", None) != 0]
+
+
+def _mode(tp_mode: config.TPMode | str | None) -> config.TPMode:
+    """``tp_mode``, or ``MUON_COMPILE_TP_MODE`` where it is None."""
+    return config.current().tp_mode if tp_mode is None else config.TPMode.parse(tp_mode)
+
+
+def _not_tp(mesh_dims: list[int], tp: tuple[bool, ...]) -> list[int]:
+    """Those of ``mesh_dims`` that are not tensor-parallel (``tp``: per dimension, whether it is)."""
+    return [i for i, t in zip(mesh_dims, tp) if not t]
+
+
 def _key(x: DTensor, mesh_dims: list[int]) -> tuple[str, ...]:
     """What names this rank's sub-mesh over ``mesh_dims``: the groups of its dimensions."""
     return tuple(x.device_mesh.get_group(i).group_name for i in mesh_dims)
@@ -125,17 +141,16 @@ def _alive(group_name: str) -> bool:
 
 
 def prepare(x: Tensor, tp_mode: config.TPMode | str | None = None) -> None:
-    """Work out (and, for several sharded mesh dimensions, make) the process group of ``x``'s
-    sharded mesh dimensions, and under ``blockwise`` that of its dimensions that are not
+    """Work out (and, for several sharded mesh dimensions, make) the process group of the mesh
+    dimensions that shard ``x``'s matrices, and under ``blockwise`` that of those that are not
     tensor-parallel: every rank of that group must call it for the same tensors in the same
     order (the optimizer's constructor does), never inside a compiled region."""
     if not isinstance(x, DTensor) or x.device_mesh.get_coordinate() is None:
         return
-    mesh_dims = _sharded_dims(x)
+    mesh_dims = _on_matrices(x, _sharded_dims(x))
     candidates = [mesh_dims]
-    if (config.current().tp_mode if tp_mode is None else config.TPMode.parse(tp_mode)) is config.TPMode.BLOCKWISE:
-        tp = _tp_positions(x, mesh_dims, config.current().tp_dims)
-        candidates.append([i for i, t in zip(mesh_dims, tp) if not t])
+    if _mode(tp_mode) is config.TPMode.BLOCKWISE:
+        candidates.append(_not_tp(mesh_dims, _tp_positions(x, mesh_dims, config.current().tp_dims)))
     for dims in candidates:
         if dims and _kept(x, dims) is None:
             _GROUPS[_key(x, dims)] = _make_group(x, dims, create=True)
@@ -180,13 +195,12 @@ def layout_of(x: Tensor, tp_mode: config.TPMode | str | None = None) -> Layout:
     if offset:
         if any(p.dim == 0 and isinstance(p, _StridedShard) for p in placements):
             return Layout(Kind.DTENSOR, reason=f"placements {x.placements}: a strided sharding of the stack dimension")
-        # the stack dimension's shards hold other matrices: only the matrix dimensions' mesh dimensions form the group
-        mesh_dims, placements = [i for i, p in zip(mesh_dims, placements) if p.dim], [p for p in placements if p.dim]
+        mesh_dims = _on_matrices(x, mesh_dims)
+        placements = [x.placements[i] for i in mesh_dims]
         if not mesh_dims:
             return Layout(Kind.LOCAL)
-    cfg = config.current()
-    mode = cfg.tp_mode if tp_mode is None else config.TPMode.parse(tp_mode)
-    tp = _tp_positions(x, mesh_dims, cfg.tp_dims)
+    mode = _mode(tp_mode)
+    tp = _tp_positions(x, mesh_dims, config.current().tp_dims)
     if not any(tp):
         mode = config.TPMode.DISTRIBUTED
     whole = ShardLayout(
@@ -203,7 +217,7 @@ def layout_of(x: Tensor, tp_mode: config.TPMode | str | None = None) -> Layout:
             if not block[2]:  # the block is this rank's own: no communication
                 return Layout(Kind.LOCAL, reason="tp blockwise: this rank's tensor-parallel block alone")
             sub = ShardLayout(*block[:2], "", *block[2:], tp_mode=mode.value)  # type: ignore[misc]
-            return _sharded(x, [i for i, t in zip(mesh_dims, tp) if not t], sub)
+            return _sharded(x, _not_tp(mesh_dims, tp), sub)
         note = f"tp blockwise not possible ({block}); distributed by owner instead"
         whole = dataclasses.replace(whole, tp_mode=config.TPMode.DISTRIBUTED.value)
     return _sharded(x, mesh_dims, whole, note)
