@@ -82,10 +82,14 @@ def muon_backend(
         if mode is not None:
             patches.update(torch._inductor.list_mode_options(mode))
         patches.update(options or {})
-        cuda_graphs.decide(patches, example_inputs)
+        lift = cuda_graphs.decide(gm, patches, example_inputs)
+        if lift is not None:
+            example_inputs = lift.inputs(example_inputs)
         user_passes = patches.pop("post_grad_custom_post_pass", torch._inductor.config.post_grad_custom_post_pass)
         patches["post_grad_custom_post_pass"] = MuonGraphPass(cfg, rank_key(example_inputs), dump_name, user_passes)
         compiled = compile_fx(gm, example_inputs, config_patches=patches)
+        if lift is not None:
+            compiled = lift.wrap(compiled)
     return compiled if facts is None else rank_agreement.guard_collectives(compiled, list(facts.groups))
 
 

@@ -17,7 +17,7 @@ step, and after ``torch._dynamo.config.recompile_limit`` recompiles Dynamo runs 
 eagerly, silently. (torch 2.13 and later recompile once, then take the number as an
 input; 2.11 recompiles on every change.) It warns, once per process, when a CUDA graph is
 requested for a step whose tensors are not on CUDA (:func:`warn_cuda_graph_off_cuda`), or
-turned off for a CUDA step that reads 0-D CPU tensors (:func:`warn_cuda_graph_cpu_scalars`;
+turned off for a CUDA step that writes 0-D CPU tensors (:func:`warn_cuda_graph_cpu_scalars`;
 the decision is :mod:`muon_compile.cuda_graphs`').
 """
 
@@ -213,13 +213,14 @@ def warn_cuda_graph_off_cuda(devices: list[str]) -> None:
     )
 
 
-def warn_cuda_graph_cpu_scalars(count: int) -> None:
+def warn_cuda_graph_cpu_scalars(blocking: list[str]) -> None:
     """Warn, once per process, that a CUDA graph asked for by a step on CUDA was turned off
-    because the step reads ``count`` 0-D CPU tensors (:mod:`muon_compile.cuda_graphs`)."""
+    because the step writes (or returns) the 0-D CPU tensors named in ``blocking``
+    (:mod:`muon_compile.cuda_graphs`)."""
     _warn_once(
         "cuda_graph_cpu_scalars",
-        f"muon_compile: a CUDA graph was requested (mode='reduce-overhead' or triton.cudagraphs), and this step reads "
-        f"{count} 0-D CPU tensor(s) (hyper-parameters such as the learning rate, step counters): Inductor passes them "
-        f"to GPU kernels as values read at launch, which a replayed graph would keep from its capture, so a "
-        f"learning-rate scheduler's changes would be lost. The step is compiled without a CUDA graph.",
+        f"muon_compile: a CUDA graph was requested (mode='reduce-overhead' or triton.cudagraphs), and this step "
+        f"writes or returns 0-D CPU tensors ({', '.join(blocking)}; a step counter kept on the CPU, say): a "
+        f"replayed graph cannot update them on the host. The step is compiled without a CUDA graph. Keep such "
+        f"tensors on the parameters' device (torch.optim's capturable=True does so for its step counts).",
     )

@@ -7,7 +7,10 @@ Hyper-parameters (``lr``, ``momentum``, ``weight_decay``, AdamW's ``betas`` and 
 are stored in the param groups as 0-D float64 tensors, so a compiled step reads them as
 inputs: change them with ``group["lr"].fill_(v)`` or any ``torch.optim.lr_scheduler``
 (which fills tensor values in place) and nothing recompiles. Optimizer state is created
-at construction, so every rank holds the same state keys from step 0.
+at construction, so every rank holds the same state keys from step 0; counters (AdamW's
+``step``, ``skipped_steps``) live on the parameters' device and state on CUDA is marked as
+static addresses, so a step on a GPU can be replayed as a CUDA graph
+(:mod:`muon_compile.cuda_graphs`).
 """
 
 from __future__ import annotations
@@ -259,12 +262,13 @@ class MuonAdamW(torch.optim.Optimizer):
         super().add_param_group(param_group)
         group = self.param_groups[-1]
         if self._skip_nonfinite:
-            group.setdefault("skipped_steps", torch.zeros((), dtype=torch.int64))
+            group.setdefault("skipped_steps", torch.zeros((), dtype=torch.int64, device=_device_of(group)))
         if kind == "muon":
             self._prepare_muon_group(group)
         else:
             self._prepare_adamw_group(group)
         self._stacks.append(self._plan_stacks(group))
+        self._mark_static()
 
     def _plan_stacks(self, group: dict) -> stacks_mod.GroupStacks:
         """The bucket layout of a Muon group's state (:mod:`muon_compile.stacks`); no stacks
@@ -332,7 +336,7 @@ class MuonAdamW(torch.optim.Optimizer):
         for i, p in enumerate(group["params"]):
             self._check_real(group, i)
             state = self.state[p]
-            state.setdefault("step", torch.tensor(0.0, dtype=torch.float32))
+            state.setdefault("step", torch.zeros((), dtype=torch.float32, device=p.device))
             state.setdefault("exp_avg", torch.zeros_like(p, memory_format=torch.preserve_format))
             state.setdefault("exp_avg_sq", torch.zeros_like(p, memory_format=torch.preserve_format))
             self._offload_state_of(p)
@@ -422,6 +426,22 @@ class MuonAdamW(torch.optim.Optimizer):
                 group["betas"] = tuple(_scalar(b, "betas") for b in group["betas"])
             if self._skip_nonfinite:
                 group.setdefault("skipped_steps", torch.zeros((), dtype=torch.int64))
+                group["skipped_steps"] = group["skipped_steps"].to(_device_of(group))
+            if group["kind"] == "adamw":
+                for p in group["params"]:
+                    self.state[p]["step"] = self.state[p]["step"].to(p.device)
+        self._mark_static()
+
+    def _mark_static(self) -> None:
+        """Mark the state tensors on CUDA as static addresses, as torch.optim's optimizers
+        have Dynamo do: a step replayed as a CUDA graph then updates them where they are
+        instead of copying them in and out. Dynamo guards on their identity, so state
+        loaded from a checkpoint (new tensors) recompiles the step: a new capture, not a
+        stale one."""
+        stacked = [t for layout in self._stacks for stack in layout.stacks for t in stack.state.values()]
+        for t in [*stacked, *(t for state in self.state.values() for t in state.values())]:
+            if isinstance(t, Tensor) and t.device.type == "cuda":
+                torch._dynamo.mark_static_address(t, guard=True)
 
     def _check_loadable(self, state_dict: dict) -> None:
         """Raise ``ValueError`` at the first saved state tensor that does not fit (see
@@ -601,6 +621,12 @@ class MuonAdamW(torch.optim.Optimizer):
                 live=live,
             )
             self._end_step_state(self.state[p], state)
+
+
+def _device_of(group: dict) -> torch.device:
+    """Where a group's counters live: its parameters' device (the CPU for an empty group),
+    so that a step on a GPU writes no CPU tensor and can be captured as a CUDA graph."""
+    return group["params"][0].device if group["params"] else torch.device("cpu")
 
 
 def _gated(group: dict, live: Tensor) -> dict:

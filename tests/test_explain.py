@@ -172,37 +172,3 @@ def test_explain_reports_graph_breaks_and_recompiles():
     compiled(torch.ones(2), 2)
     compiled(torch.ones(2), 3)
     assert "recompiled because" in str(explain.reports()[-1])
-
-
-def _fake_cuda_inputs(scalar_device: str) -> list[torch.Tensor]:
-    """A CUDA step's graph inputs without a GPU (fake tensors): a parameter, its gradient and
-    a 0-D learning rate on ``scalar_device``."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    with FakeTensorMode():
-        return [torch.empty(8, 12, device="cuda"), torch.empty(8, 12, device="cuda"), torch.empty((), device=scalar_device)]
-
-
-def test_a_cuda_graph_is_turned_off_for_a_step_reading_cpu_scalars(monkeypatch):
-    """A replayed CUDA graph keeps the values of the 0-D CPU tensors its kernels read at
-    capture (Inductor passes them as launch values), so a scheduler's learning rate would be
-    lost: the option is turned off, with one warning per process; a step whose 0-D tensors
-    are on the GPU keeps it."""
-    from muon_compile import cuda_graphs
-
-    monkeypatch.setattr(explain, "_warned", set())
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        for _ in range(2):
-            patches = {"triton.cudagraphs": True}
-            cuda_graphs.decide(patches, _fake_cuda_inputs("cpu"))
-            assert patches["triton.cudagraphs"] is False
-        kept = {"triton.cudagraphs": True}
-        cuda_graphs.decide(kept, _fake_cuda_inputs("cuda"))
-        assert kept["triton.cudagraphs"] is True
-        untouched = {}
-        cuda_graphs.decide(untouched, _fake_cuda_inputs("cpu"))
-        assert untouched == {}
-    messages = [str(w.message) for w in caught if "CUDA graph" in str(w.message)]
-    assert len(messages) == 1, messages
-    assert "1 0-D CPU tensor(s)" in messages[0] and "compiled without a CUDA graph" in messages[0]
