@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch._inductor.compile_fx import compile_fx
 
-from . import config, cuda_graphs, explain, rank_agreement
+from . import config, cuda_graphs, explain, rank_agreement, tensorify
 from .cache_key import rank_key
 from .counters import pass_seconds
 from .passes import MuonGraphPass, new_dump_name, run_torch_passes
@@ -87,6 +87,7 @@ def muon_backend(
             example_inputs = lift.inputs(example_inputs)
         user_passes = patches.pop("post_grad_custom_post_pass", torch._inductor.config.post_grad_custom_post_pass)
         patches["post_grad_custom_post_pass"] = MuonGraphPass(cfg, rank_key(example_inputs), dump_name, user_passes)
+        tensorify.mark_unused_items(gm)  # no second Dynamo trace for the float64 hyper-parameters
         compiled = compile_fx(gm, example_inputs, config_patches=patches)
         if lift is not None:
             compiled = lift.wrap(compiled)

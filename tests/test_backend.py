@@ -274,3 +274,37 @@ def test_dynamic_true_is_rejected_naming_the_fix():
     step = torch.compile(muon_compile.Muon(params, lr=0.05).step, backend="muon", dynamic=True)
     with pytest.raises(torch._dynamo.exc.BackendCompilerFailed, match=r"coefficients .* are symbolic.*dynamic=False"):
         step()
+
+
+def test_a_step_with_float64_hyperparameters_is_traced_once(monkeypatch):
+    """Dynamo restarts the analysis of a frame whose 0-D float64 inputs have an unused
+    ``.item()`` symbol (muon_compile.tensorify); the backend marks those first, so the
+    step of an optimizer with float64 hyper-parameters is traced and compiled once."""
+    import muon_compile.backend as backend
+
+    compiles = []
+    real = backend.compile_fx
+    monkeypatch.setattr(backend, "compile_fx", lambda *args, **kw: compiles.append(1) or real(*args, **kw))
+    params = make_params([(8, 12), (12, 8)])
+    opt = muon_compile.Muon(params, ns_dtype=torch.float32)
+    assert opt.param_groups[0]["lr"].dtype == torch.float64
+    set_grads(params, 0)
+    torch.compile(opt.step, backend="muon")()
+    assert len(compiles) == 1
+
+
+def test_an_item_the_graph_takes_is_left_to_torch():
+    """Only symbols no node uses are marked: a graph that reads ``s.item()`` keeps its own."""
+    from muon_compile import tensorify
+
+    graphs = []
+
+    def keep(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    p, s = torch.ones(4), torch.tensor(0.5, dtype=torch.float64)
+    for fn in (lambda p, s: p * s, lambda p, s: p * s.item()):
+        torch._dynamo.reset()
+        torch.compile(fn, backend=keep)(p, s)
+    assert [tensorify.mark_unused_items(gm) for gm in graphs] == [1, 0]
