@@ -12,6 +12,7 @@ Tolerances: the compiled step against eager within ``NS_RTOL`` (the bf16 Newtonâ
 bound of tests/numerics.py), as every compiling test.
 """
 
+import copy
 import subprocess
 import sys
 import textwrap
@@ -199,7 +200,10 @@ def _captured_pair(make_opt, shapes, **compile_kw):
     return (eager_params, eager), (params, opt), step
 
 
-def _same_step(eager_params, params, eager, step, seed, what):
+def _same_step(eager_params, params, eager, opt, step, seed, what):
+    """One step of each from equal gradients, the updates compared; then the captured
+    optimizer's parameters and state set to eager's, in place (their captured addresses),
+    so that differences do not compound."""
     set_grads(eager_params, seed)
     set_grads(params, seed)
     before = [p.detach().clone() for p in eager_params]
@@ -207,6 +211,15 @@ def _same_step(eager_params, params, eager, step, seed, what):
     step()
     for i, (e, c, b) in enumerate(zip(eager_params, params, before)):
         assert_rel_close(c.detach().float() - b, e.detach().float() - b, NS_RTOL["cuda"][torch.bfloat16], f"{what}, param {i}")
+    _sync(eager_params, params, eager, opt)
+
+
+def _sync(eager_params, params, eager, opt):
+    with torch.no_grad():
+        for e, c in zip(eager_params, params):
+            c.copy_(e)
+            for key, value in eager.state[e].items():
+                opt.state[c][key].copy_(value)
 
 
 def _mixed(params):
@@ -223,7 +236,7 @@ def test_a_captured_step_follows_the_scheduler():
     (eager_params, eager), (params, opt), step = _captured_pair(_mixed, [(64, 96), (96, 64), (64, 64), (64,)])
     schedules = [torch.optim.lr_scheduler.LambdaLR(o, lambda s: 1.0 / (1 + s)) for o in (eager, opt)]
     for s in range(4):
-        _same_step(eager_params, params, eager, step, s, f"step {s}")
+        _same_step(eager_params, params, eager, opt, step, s, f"step {s}")
         for schedule in schedules:
             schedule.step()
     assert counters["inductor"]["cudagraph_skips"] == 0
@@ -242,7 +255,7 @@ def test_unmodified_torch_muon_with_a_tensor_lr_is_captured_and_scheduled():
     )
     schedules = [torch.optim.lr_scheduler.CosineAnnealingLR(o, T_max=4) for o in (eager, opt)]
     for s in range(4):
-        _same_step(eager_params, params, eager, step, s, f"step {s}")
+        _same_step(eager_params, params, eager, opt, step, s, f"step {s}")
         for schedule in schedules:
             schedule.step()
     assert counters["inductor"]["cudagraph_skips"] == 0
@@ -261,10 +274,11 @@ def test_a_parameter_without_a_gradient_at_capture_is_updated_once_it_has_one():
         eager_params[1].grad = params[1].grad = None
         eager.step()
         step()
+    _sync(eager_params, params, eager, opt)
     for p in (eager_params[1], params[1]):
         p.requires_grad_(True)
     unchanged = params[1].detach().clone()
-    _same_step(eager_params, params, eager, step, 7, "after the gradient appeared")
+    _same_step(eager_params, params, eager, opt, step, 7, "after the gradient appeared")
     assert not torch.equal(params[1], unchanged)
 
 
@@ -274,16 +288,16 @@ def test_a_checkpoint_loaded_after_capture_is_the_next_steps_state():
     torch._dynamo.reset()
     (eager_params, eager), (params, opt), step = _captured_pair(_mixed, [(64, 96), (96, 64), (64,)])
     for s in range(2):
-        _same_step(eager_params, params, eager, step, s, f"step {s}")
+        _same_step(eager_params, params, eager, opt, step, s, f"step {s}")
     donor_params = make_params([(64, 96), (96, 64), (64,)], seed=5, device="cuda")
     donor = _mixed(donor_params)
     for s in range(3):
         set_grads(donor_params, 50 + s)
         donor.step()
     checkpoint = donor.state_dict()
-    eager.load_state_dict(checkpoint)
-    opt.load_state_dict(checkpoint)
-    _same_step(eager_params, params, eager, step, 9, "after loading")
+    eager.load_state_dict(copy.deepcopy(checkpoint))  # load_state_dict keeps the tensors it is given, as torch.optim's
+    opt.load_state_dict(copy.deepcopy(checkpoint))
+    _same_step(eager_params, params, eager, opt, step, 9, "after loading")
 
 
 @pytest.mark.cuda
@@ -291,11 +305,11 @@ def test_a_checkpoint_loaded_after_capture_is_the_next_steps_state():
 def test_a_recompile_captures_anew():
     torch._dynamo.reset()
     (eager_params, eager), (params, opt), step = _captured_pair(_mixed, [(64, 96), (96, 64), (64,)])
-    _same_step(eager_params, params, eager, step, 0, "before")
+    _same_step(eager_params, params, eager, opt, step, 0, "before")
     for o in (eager, opt):
         o.param_groups[0]["nesterov"] = not o.param_groups[0]["nesterov"]  # a Python bool: Dynamo recompiles
     for s in range(1, 3):
-        _same_step(eager_params, params, eager, step, s, f"after the recompile, step {s}")
+        _same_step(eager_params, params, eager, opt, step, s, f"after the recompile, step {s}")
 
 
 _TEARDOWN = textwrap.dedent(
