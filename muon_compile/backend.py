@@ -6,11 +6,13 @@ Registered through the ``torch_dynamo_backends`` entry point, so
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Sequence
 from typing import Any
 
 import torch
+import torch._functorch.config
 from torch._inductor.compile_fx import compile_fx
 
 from . import config, cuda_graphs, explain, rank_agreement, tensorify
@@ -88,7 +90,11 @@ def muon_backend(
         user_passes = patches.pop("post_grad_custom_post_pass", torch._inductor.config.post_grad_custom_post_pass)
         patches["post_grad_custom_post_pass"] = MuonGraphPass(cfg, rank_key(example_inputs), dump_name, user_passes)
         tensorify.mark_unused_items(gm)  # no second Dynamo trace for the float64 hyper-parameters
-        compiled = compile_fx(gm, example_inputs, config_patches=patches)
+        tensorify.alpha_as_product(gm)  # a float lr given as alpha= stays an input: no recompile per value
+        # a symbolic float lr: no AOTAutograd cache, which served torch 2.13 a stale one (tensorify.py)
+        no_aot_cache = torch._functorch.config.patch(enable_autograd_cache=False)
+        with no_aot_cache if tensorify.float_inputs(gm) else contextlib.nullcontext():
+            compiled = compile_fx(gm, example_inputs, config_patches=patches)
         if lift is not None:
             compiled = lift.wrap(compiled)
     return compiled if facts is None else rank_agreement.guard_collectives(compiled, list(facts.groups))

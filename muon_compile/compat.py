@@ -47,6 +47,12 @@ def is_shard(placement: object) -> bool:
 # later log it unsorted. Read by :mod:`muon_compile.tracing`, which leaves that set alone there.
 DYNAMO_SORTS_CONFIG_SETS = _VERSION < (2, 13)
 
+# torch 2.11 (2.12 not run): Dynamo specialises a Python-float hyper-parameter, so each value a
+# scheduler gives it recompiles the step (8 graphs in 12 steps, then eager); 2.13 and 2.15 make
+# it an input at its first change (one recompile), given tensorify.alpha_as_product. Read by
+# the explanation, which warns at the first such recompile where every change recompiles.
+DYNAMO_SPECIALIZES_FLOATS = _VERSION < (2, 13)
+
 
 def dynamo_constant_folds() -> tuple[dict, dict]:
     """Dynamo's tables of functions it calls while tracing instead of recording them:

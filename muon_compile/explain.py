@@ -11,11 +11,11 @@ when it meets one, so the graph ends there) and the reason this graph is a recom
   returns the reports of the graphs it compiled.
 * :func:`reports` holds the reports of the last graphs compiled in this process.
 
-The backend also warns, once per hyper-parameter, when Dynamo recompiles a step a second
-time because a Python float in ``param_groups`` changed: an lr scheduler changes it every
-step, and after ``torch._dynamo.config.recompile_limit`` recompiles Dynamo runs the step
-eagerly, silently. (torch 2.13 and later recompile once, then take the number as an
-input; 2.11 recompiles on every change.) It warns, once per process, when a CUDA graph is
+The backend also warns, once per hyper-parameter, when Dynamo recompiles a step because a
+Python float in ``param_groups`` changed, as often as shows it recompiles at every change
+(once on torch 2.11, twice from 2.13, which recompile once and then take the number as an
+input): an lr scheduler changes it every step, and after
+``torch._dynamo.config.recompile_limit`` recompiles Dynamo runs the step eagerly, silently. It warns, once per process, when a CUDA graph is
 requested for a step whose tensors are not on CUDA (:func:`warn_cuda_graph_off_cuda`), or
 turned off for a CUDA step that writes 0-D CPU tensors (:func:`warn_cuda_graph_cpu_scalars`;
 the decision is :mod:`muon_compile.cuda_graphs`').
@@ -34,7 +34,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from .compat import recompile_reason
+from .compat import DYNAMO_SPECIALIZES_FLOATS, recompile_reason
 
 _KEPT = 64  # reports kept for :func:`reports`
 
@@ -163,17 +163,20 @@ _PARAM_GROUP_KEY = re.compile(r"param_groups\[(\d+)\]\[['\"](\w+)['\"]\]")
 
 
 def _warn_float_hyperparameter(reason: str | None) -> None:
-    """Warn once per hyper-parameter, at the second recompile caused by a changed Python
-    number in an optimizer's ``param_groups``."""
+    """Warn once per hyper-parameter at the recompile caused by a changed Python number in
+    an optimizer's ``param_groups`` that shows it recompiles at every change: the first where
+    Dynamo specialises floats (``compat.DYNAMO_SPECIALIZES_FLOATS``), else the second (torch
+    2.13 and later recompile once, then take the number as an input)."""
     match = _PARAM_GROUP_KEY.search(reason or "")
     if match is None or not re.search(r"==\s*-?[\d.]+(e-?\d+)?", reason):
         return
     key = match.group(2)
     _float_recompiles[key] += 1
-    if _float_recompiles[key] != 2:
+    if _float_recompiles[key] != (1 if DYNAMO_SPECIALIZES_FLOATS else 2):
         return
+    times = "once" if DYNAMO_SPECIALIZES_FLOATS else "twice"
     warnings.warn(
-        f"muon_compile: the optimizer step was recompiled twice because param_groups[{match.group(1)}]['{key}'] "
+        f"muon_compile: the optimizer step was recompiled {times} because param_groups[{match.group(1)}]['{key}'] "
         f"is a Python number that changed (a scheduler changes it every step). Each change "
         f"recompiles, and after torch._dynamo.config.recompile_limit recompiles the step runs eagerly. "
         f"Give it as a tensor instead, e.g. {key}=torch.tensor(0.02), and update it in place "

@@ -1,4 +1,5 @@
-"""Spare Dynamo a second trace of every step that reads 0-D float64 CPU tensors.
+"""Python scalars in a compiled step: spare Dynamo a second trace of every step that reads
+0-D float64 CPU tensors, and keep AOTAutograd's cache from a stale learning rate.
 
 Dynamo gives each 0-D float64 (or integer) CPU tensor input a symbolic value for a
 ``.item()`` that may come (``FakeTensorConverter.from_real_tensor``: the tensor's
@@ -15,11 +16,27 @@ tensors (float64, as exact as a Python float), so each first compile traced twic
 ``TensorifyState.specialize`` is given, then read by the pass); any symbol the graph uses is
 left to the pass. Where the internals differ (another torch), nothing is marked, and the
 restart happens as before.
+
+:func:`float_inputs`: torch 2.13's AOTAutograd cache served a stale learning rate to
+unmodified ``torch.optim.Muon`` with weight decay under a scheduler (a Python float ``lr``):
+on the recompile that makes ``lr`` a symbolic input, the cached graph kept a value and the
+step stopped recompiling, so every later step used it (12 steps of ``CosineAnnealingLR``:
+2 graphs, the parameters 0.088 away from eager's; with the cache off, or on torch 2.11 and
+2.15, 8 graphs and eager's values). The backend compiles a graph with symbolic float
+inputs without that cache (the FX graph cache still serves its kernels).
+
+:func:`alpha_as_product`: a symbolic float given as ``alpha=`` (``p.add_(u, alpha=-lr)``,
+as ``torch.optim.Muon`` writes its update) cannot become a tensor (``alpha`` is a Scalar
+argument), so AOTAutograd specialises it and every new learning rate recompiles the step
+(8 graphs in 12 scheduled steps, then eager). Written as ``p.add_(u * -lr)``, the same
+arithmetic Inductor generates for ``alpha``, the float becomes a graph input and the step
+compiles twice: once with the first value, once symbolic.
 """
 
 from __future__ import annotations
 
 import logging
+import operator
 
 import torch
 import torch.fx as fx
@@ -55,3 +72,49 @@ def mark_unused_items(gm: fx.GraphModule) -> int:
     if marked:
         log.debug("marked %d unused .item() symbol(s) of 0-D float inputs specialised", marked)
     return marked
+
+
+def float_inputs(gm: fx.GraphModule) -> list[str]:
+    """The names of ``gm``'s (a Dynamo graph's) symbolic Python-float inputs: a float
+    placeholder, or the 0-D tensor Dynamo passes a float as (its ``.item()`` taken)."""
+    return [
+        node.name
+        for node in gm.graph.find_nodes(op="placeholder")
+        if isinstance(node.meta.get("example_value"), torch.SymFloat)
+        or any(user.target == "item" for user in node.users)
+    ]
+
+
+_ALPHA_METHODS = {"add", "add_", "sub", "sub_"}
+_ALPHA_FUNCTIONS = {torch.add, torch.sub, torch.Tensor.add, torch.Tensor.add_, torch.Tensor.sub, torch.Tensor.sub_}
+
+
+def alpha_as_product(gm: fx.GraphModule) -> int:
+    """Rewrite ``x.add_(y, alpha=s)`` (and ``add``, ``sub``, ``sub_``, as methods or
+    functions) with a symbolic float ``s`` as ``x.add_(y * s)`` (see the module docstring);
+    the number rewritten."""
+    rewritten = 0
+    for node in list(gm.graph.nodes):
+        method = node.op == "call_method" and node.target in _ALPHA_METHODS
+        function = node.op == "call_function" and node.target in _ALPHA_FUNCTIONS
+        alpha = node.kwargs.get("alpha")
+        if not (method or function) or len(node.args) != 2 or not isinstance(alpha, fx.Node):
+            continue
+        other = node.args[1]
+        alpha_value, other_value = alpha.meta.get("example_value"), getattr(other, "meta", {}).get("example_value")
+        if not isinstance(alpha_value, torch.SymFloat) or not isinstance(other_value, torch.Tensor):
+            continue
+        try:
+            with other_value.fake_mode:
+                product_value = other_value * alpha_value
+        except Exception:  # a value fake tensors cannot multiply: leave the node as it is
+            continue
+        with gm.graph.inserting_before(node):
+            product = gm.graph.call_function(operator.mul, (other, alpha))
+        product.meta = {**other.meta, "example_value": product_value}
+        node.args = (node.args[0], product)
+        node.kwargs = {k: v for k, v in node.kwargs.items() if k != "alpha"}
+        rewritten += 1
+    if rewritten:
+        gm.recompile()
+    return rewritten

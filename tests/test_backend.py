@@ -7,6 +7,7 @@ import textwrap
 
 import pytest
 import torch
+import torch._functorch.config
 from torch._dynamo.utils import counters as dynamo_counters
 from torch._inductor.utils import fresh_cache
 
@@ -14,7 +15,7 @@ import muon_compile
 from muon_compile import config
 
 from helpers import MIXED_SHAPES, compare_steps, make_params, muon, set_grads
-from numerics import NS_RTOL
+from numerics import NS_RTOL, assert_rel_close
 
 
 def _sweep(ns_dtype, preset, nesterov):
@@ -308,3 +309,38 @@ def test_an_item_the_graph_takes_is_left_to_torch():
         torch._dynamo.reset()
         torch.compile(fn, backend=keep)(p, s)
     assert [tensorify.mark_unused_items(gm) for gm in graphs] == [1, 0]
+
+
+@pytest.mark.parametrize("weight_decay", [0.0, 0.1])
+def test_unmodified_torch_muon_with_a_float_lr_under_a_scheduler(weight_decay):
+    """torch.optim.Muon as published (a Python-float lr, ``add_(u, alpha=-lr)``) under a
+    cosine schedule, 12 steps, each update equal to eager's: from torch 2.13 two graphs (the
+    first value, then the lr as an input: muon_compile.tensorify.alpha_as_product), where
+    they were 8 and then eager; torch 2.11 recompiles at every change (compat), and the
+    backend warns at the first. With weight decay, torch 2.13's AOTAutograd cache once kept
+    the lr of the recompile: the updates here would then drift from eager's."""
+    from muon_compile.compat import DYNAMO_SPECIALIZES_FLOATS
+
+    shapes = [(8, 12), (12, 8)]
+    eager_params, params = make_params(shapes), make_params(shapes)
+    eager, opt = (torch.optim.Muon(p, lr=0.02, weight_decay=weight_decay) for p in (eager_params, params))
+    step = torch.compile(opt.step, backend="muon")  # before the schedulers wrap opt.step
+    schedules = [torch.optim.lr_scheduler.CosineAnnealingLR(o, T_max=10) for o in (eager, opt)]
+    dynamo_counters.clear()
+    with torch._inductor.config.patch(fx_graph_cache=True), torch._functorch.config.patch(enable_autograd_cache=True):
+        for s in range(12):
+            set_grads(eager_params, s)
+            set_grads(params, s)
+            before = [p.detach().clone() for p in eager_params]
+            eager.step()
+            step()
+            for i, (e, c, b) in enumerate(zip(eager_params, params, before)):
+                assert_rel_close(c.detach() - b, e.detach() - b, NS_RTOL["cpu"][torch.bfloat16], f"step {s} param {i}")
+            with torch.no_grad():
+                for e, c in zip(eager_params, params):
+                    c.copy_(e)
+                    opt.state[c]["momentum_buffer"].copy_(eager.state[e]["momentum_buffer"])
+            for schedule in schedules:
+                schedule.step()
+    graphs = dynamo_counters["stats"]["unique_graphs"]
+    assert graphs == 8 if DYNAMO_SPECIALIZES_FLOATS else graphs <= 2, graphs
