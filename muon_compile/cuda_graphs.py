@@ -24,7 +24,6 @@ as asked (Inductor leaves the CUDA graph out) and says so once per process.
 from __future__ import annotations
 
 import dataclasses
-import operator
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -33,16 +32,9 @@ import torch.fx as fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from . import explain
+from .fx_writes import flat_nodes, written_args
 
 OPTION = "triton.cudagraphs"
-
-# Python's in-place operators and item assignment, as Dynamo records them on tensors.
-_WRITES_FIRST = {
-    operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.ifloordiv, operator.imod,
-    operator.ipow, operator.iand, operator.ior, operator.ixor, operator.ilshift, operator.irshift,
-    operator.imatmul, operator.setitem,
-}
-
 
 @dataclasses.dataclass(frozen=True)
 class Lift:
@@ -116,7 +108,7 @@ def written_inputs(gm: fx.GraphModule, positions: Sequence[int]) -> list[str]:
     storages.pop(None, None)
     written: list[str] = []
     for node in gm.graph.nodes:
-        for target in _written_args(node):
+        for target in written_args(node):
             hit = storages.pop(_storage(target), None)
             if hit is not None:
                 written.append(_name(hit))
@@ -127,44 +119,10 @@ def _cpu_outputs(gm: fx.GraphModule) -> list[str]:
     """The graph's outputs that are CPU tensors (named), which a lift would move to the GPU."""
     (output,) = gm.graph.find_nodes(op="output")
     found = []
-    for node in _flat(output.args):
+    for node in flat_nodes(output.args):
         value = node.meta.get("example_value")
         if isinstance(value, torch.Tensor) and value.device.type == "cpu":
             found.append(f"the output {node.name}")
-    return found
-
-
-def _written_args(node: fx.Node) -> list[fx.Node]:
-    """The argument nodes ``node`` writes in place (a conservative reading of its target)."""
-    written = list(_flat([node.kwargs.get("out")]))
-    target = node.target
-    if node.op == "call_function" and isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
-        schemas = [target._schema] if isinstance(target, torch._ops.OpOverload) else [
-            getattr(target, name)._schema for name in target.overloads()
-        ]
-        for schema in schemas:
-            for position, argument in enumerate(schema.arguments):
-                if argument.alias_info is not None and argument.alias_info.is_write:
-                    value = node.args[position] if position < len(node.args) else node.kwargs.get(argument.name)
-                    written.extend(_flat([value]))
-        return written
-    if node.op == "call_method":
-        name = str(target)
-    elif node.op == "call_function":
-        if target in _WRITES_FIRST:
-            return written + list(_flat(node.args[:1]))
-        name = getattr(target, "__name__", "")
-    else:
-        return written
-    if name.endswith("_") and not name.endswith("__"):
-        written.extend(_flat(node.args[:1]))
-    return written
-
-
-def _flat(values: Any) -> list[fx.Node]:
-    """The FX nodes in ``values`` (nested lists and tuples)."""
-    found: list[fx.Node] = []
-    fx.node.map_arg(values, found.append)
     return found
 
 

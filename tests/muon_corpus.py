@@ -45,6 +45,7 @@ class Entry:
     dtype: torch.dtype  # the implementation's Newton–Schulz compute dtype
     stacks: bool = False  # one loop per stack of same-shape matrices (else one per matrix)
     logs_in_loop: bool = False  # a logging call inside the loop (one graph only with muon_compile.tracing)
+    today: str | None = None  # not yet recognised: what the backend meets (a rejection or a graph break)
 
     def loops(self, shapes) -> int:
         """How many Newton–Schulz loops one step of ``shapes`` runs."""
@@ -558,3 +559,10 @@ CORPUS = {
               ultralytics, torch.bfloat16),
     ]
 }
+
+# Published code kept as it runs in the wild (tests/published/, one module per entry), joined
+# here so every test and benchmark of the corpus takes them too; imported last, as those
+# modules import this one's helpers.
+from published import PUBLISHED  # noqa: E402
+
+CORPUS.update(PUBLISHED)

@@ -282,3 +282,27 @@ def exact_torch_muon():
     from unittest import mock
 
     return mock.patch.object(torch.optim._muon, "_zeropower_via_newtonschulz", _torch_muon_ns_fp64)
+
+
+# Loops the walk starts no candidate for: the explanation still names them (passes/near_miss.py).
+def stochastic_rounded(G, steps=3, dtype=torch.bfloat16):
+    """Normalised in fp32, then rounded to ``dtype`` stochastically through its bits (random
+    low bits added, then masked off): a cast the walk cannot read."""
+    X = G.float()
+    X = X / (X.norm() + 1e-7)
+    bits = X.view(torch.int32)
+    noise = torch.randint_like(bits, 0, 1 << 16)
+    X = ((bits + noise) & -65536).view(torch.float32).to(dtype)
+    return _keller_steps(X, steps)
+
+
+def unnormalised(G, steps=3, dtype=torch.float32):
+    """Iterated on the matrix as given, never divided by a norm."""
+    return _keller_steps(G.to(dtype), steps)
+
+
+# unseen loop -> (input shapes, the reason the explanation must give)
+UNSEEN = {
+    stochastic_rounded: ([(8, 12)], "integer values"),
+    unnormalised: ([(8, 12)], "not divided by a norm"),
+}

@@ -10,9 +10,10 @@ import torch
 
 import muon_compile
 from muon_compile.passes.canonicalize import plan_canonical
+from muon_compile.passes.near_miss import unseen_loops
 
 from helpers import compile_with_dump, count_ns_calls, dumped_graphs, make_params, set_grads
-from ns_forms import FORMS, NEAR_MISSES, SINGLE_DEVICE_FORMS, exact_torch_muon
+from ns_forms import FORMS, NEAR_MISSES, SINGLE_DEVICE_FORMS, UNSEEN, exact_torch_muon
 from numerics import NS_RTOL, assert_rel_close, assert_rewrite_close
 
 # wide, tall, square and odd matrices, and a tall / wide pair of one canonical shape
@@ -204,6 +205,26 @@ def test_near_miss_is_rejected_with_its_reason(fn):
     assert not matches and len(rejected) == 1
     assert reason in rejected[0].reason, rejected[0].reason
     assert gm.code == before  # planning does not touch the graph
+
+
+@pytest.mark.parametrize("fn", UNSEEN, ids=lambda f: f.__name__)
+def test_a_loop_the_walk_never_starts_is_found_with_its_reason(fn):
+    """No candidate, so no rejection: the near-miss search still finds the loop, once."""
+    shapes, reason = UNSEEN[fn]
+    gm = _dynamo_graph(fn, _inputs(shapes))
+    matches, rejected = plan_canonical(gm.graph)
+    assert not matches and not rejected
+    unseen = unseen_loops(gm.graph, [])
+    assert len(unseen) == 1 and reason in unseen[0][1], unseen
+
+
+@pytest.mark.parametrize("fn", list(FORMS.values()) + list(NEAR_MISSES), ids=lambda f: f.__name__)
+def test_no_loop_of_a_candidate_is_reported_unseen(fn):
+    """The loops the walk does see (recognised or rejected) are not reported again."""
+    shapes = NEAR_MISSES[fn][0] if fn in NEAR_MISSES else [(8, 12)]
+    gm = _dynamo_graph(fn, _inputs(shapes))
+    matches, rejected = plan_canonical(gm.graph)
+    assert unseen_loops(gm.graph, [m.chain for m in matches] + [r.chain for r in rejected]) == []
 
 
 @pytest.mark.slow

@@ -142,6 +142,20 @@ def test_explain_names_each_loop_its_line_its_verdict_and_the_buckets():
     assert report.graph_breaks == [] and report.recompile_reason is None
 
 
+def test_explain_names_a_loop_the_walk_never_started():
+    """A loop whose input went through a custom rounding after its normalisation forms no
+    candidate; the explanation names it at its first Gram product, with what stopped it."""
+
+    def rounded(W, G):
+        W.sub_(0.1 * ns_forms.stochastic_rounded(G).float())
+
+    (report,) = explain.explain(rounded, torch.randn(8, 12), torch.randn(8, 12))
+    text = str(report)
+    line = _line_of(ns_forms._keller_steps, "A = X @ X.mT")
+    assert f"loop at {line} in _keller_steps: NOT recognised: a loop of Gram products whose input passes " in text, text
+    assert "integer values" in text and muon_compile.counters["canonicalize.unseen"] == 1
+
+
 @pytest.mark.slow
 def test_explain_env_prints_each_graph_as_it_compiles(capsys):
     with config.override(explain=True):

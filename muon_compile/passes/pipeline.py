@@ -37,6 +37,7 @@ from .find import find_ns_sites
 from .graph_text import graph_text
 from .graph_utils import alias_pattern, check_contract, ns_call
 from .lower import lower_ns_ops
+from .near_miss import unseen_loops
 from .plan_algorithms import plan_algorithms
 from .plan_buckets import plan_buckets
 from .plan_distributed import plan_distributed
@@ -109,6 +110,10 @@ def _canonicalize(gm: fx.GraphModule, cfg: config_mod.Config, dump_name: str | N
         explain.note_loop(m.chain.start, True, f"newton_schulz({m.args.describe()}){fixed}")
     for r in rejected:
         explain.note_loop(r.chain.start, False, r.reason)
+    for node, reason in unseen_loops(gm.graph, [m.chain for m in matches] + [r.chain for r in rejected]):
+        counters["canonicalize.unseen"] += 1
+        log.info("Newton–Schulz-like loop at %s left as it was: %s", explain.source_line(node), reason)
+        explain.note_loop(node, False, reason)
     if not matches:
         return
     dumper = _Dumper(cfg.dump_dir, dump_name)

@@ -1,0 +1,51 @@
+"""Which tensors a node of a Dynamo graph writes in place: read by the CUDA-graph decision
+(:mod:`muon_compile.cuda_graphs`) and the near-miss search (``passes/near_miss.py``)."""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+# Python's in-place operators and item assignment, as Dynamo records them on tensors.
+_WRITES_FIRST = {
+    operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.ifloordiv, operator.imod,
+    operator.ipow, operator.iand, operator.ior, operator.ixor, operator.ilshift, operator.irshift,
+    operator.imatmul, operator.setitem,
+}
+
+
+def written_args(node: fx.Node) -> list[fx.Node]:
+    """The argument nodes ``node`` writes in place (a conservative reading of its target)."""
+    written = list(flat_nodes([node.kwargs.get("out")]))
+    target = node.target
+    if node.op == "call_function" and isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+        schemas = [target._schema] if isinstance(target, torch._ops.OpOverload) else [
+            getattr(target, name)._schema for name in target.overloads()
+        ]
+        for schema in schemas:
+            for position, argument in enumerate(schema.arguments):
+                if argument.alias_info is not None and argument.alias_info.is_write:
+                    value = node.args[position] if position < len(node.args) else node.kwargs.get(argument.name)
+                    written.extend(flat_nodes([value]))
+        return written
+    if node.op == "call_method":
+        name = str(target)
+    elif node.op == "call_function":
+        if target in _WRITES_FIRST:
+            return written + list(flat_nodes(node.args[:1]))
+        name = getattr(target, "__name__", "")
+    else:
+        return written
+    if name.endswith("_") and not name.endswith("__"):
+        written.extend(flat_nodes(node.args[:1]))
+    return written
+
+
+def flat_nodes(values: Any) -> list[fx.Node]:
+    """The FX nodes in ``values`` (nested lists and tuples)."""
+    found: list[fx.Node] = []
+    fx.node.map_arg(values, found.append)
+    return found

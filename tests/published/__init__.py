@@ -1,0 +1,16 @@
+"""Muon steps as published, one module per implementation, each kept in the structure of
+its source (order of operations, in-place ops, casts, loggers and helper calls, loop shape,
+per-iteration coefficients) and written in this suite's own words; each module's header
+names the repository, commit and lines it follows and what it leaves out.
+
+Issue 61 collected them: code that runs unmodified in the wild and that the backend did not
+recognise or bucket when it was added. ``Entry.today`` says what the backend meets in an
+entry not yet recognised; tests/test_corpus.py checks that, and that every other entry is
+recognised and bucketed like the rest of tests/muon_corpus.py.
+"""
+
+import importlib
+
+_MODULES = ()
+
+PUBLISHED = {entry.name: entry for entry in (importlib.import_module(f"published.{m}").ENTRY for m in _MODULES)}
