@@ -46,9 +46,12 @@ class Entry:
     stacks: bool = False  # one loop per stack of same-shape matrices (else one per matrix)
     logs_in_loop: bool = False  # a logging call inside the loop (one graph only with muon_compile.tracing)
     today: str | None = None  # not yet recognised: what the backend meets (a rejection or a graph break)
+    loops_of: Callable[[list], int] | None = None  # the step's own loop count, where stacks does not say it
 
     def loops(self, shapes) -> int:
         """How many Newton–Schulz loops one step of ``shapes`` runs."""
+        if self.loops_of is not None:
+            return self.loops_of(shapes)
         return len(set(map(tuple, shapes))) if self.stacks else len(shapes)
 
 

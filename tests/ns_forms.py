@@ -129,13 +129,30 @@ def reciprocal_of_norm_clamped_in_place(G, steps=5, dtype=torch.bfloat16):
     return reciprocal_of_clamped_norm(G, steps, dtype, in_place=True)
 
 
+def scaled_in_place_after(G, steps=5, dtype=torch.bfloat16):
+    """The result rescaled in place after the loop, row by row (NorMuon's variance
+    reduction), then read again through the loop's own variable."""
+    a, b, c = KELLER
+    X = G.to(dtype)
+    X = X / (X.norm(dim=(-2, -1), keepdim=True) + 1e-7)
+    for _ in range(steps):
+        A = X @ X.mT
+        X = a * X + (b * A + c * A @ A) @ X
+    row_moment = X.float().square().mean(dim=-1, keepdim=True)
+    X.mul_(row_moment.add(1e-10).rsqrt().to(X.dtype))
+    return X
+
+
 FORMS = {
     "keller": keller, "polar_express": polar_express, "addmm_clamped": addmm_clamped, "cubic": cubic,
     "spelled_out_norm": spelled_out_norm, "reciprocal_of_clamped_norm": reciprocal_of_clamped_norm,
     "rsqrt_of_squares": rsqrt_of_squares, "two_divisions": two_divisions,
 }
 # recognised too, but DTensor itself cannot run them: tested on one device only
-SINGLE_DEVICE_FORMS = {**FORMS, "reciprocal_of_norm_clamped_in_place": reciprocal_of_norm_clamped_in_place}
+SINGLE_DEVICE_FORMS = {
+    **FORMS, "reciprocal_of_norm_clamped_in_place": reciprocal_of_norm_clamped_in_place,
+    "scaled_in_place_after": scaled_in_place_after,  # on one device only to spare CI a world-2 compile
+}
 
 
 class TensorSettings:
@@ -248,6 +265,17 @@ def divided_again_but_read_undivided(G, steps=2, dtype=torch.bfloat16):
     return Y
 
 
+def updated_in_place_beside_a_copy(G, steps=2, dtype=torch.bfloat16):
+    """:func:`scaled_in_place_after`, but a copy of the result is read too: the op's one
+    result cannot both take the update and stay as it was."""
+    X = G.to(dtype)
+    X = X / (X.norm(dim=(-2, -1), keepdim=True) + 1e-7)
+    X = _keller_steps(X, steps)
+    kept = X.clone()
+    X.mul_(0.5 + X.float().abs().mean().to(X.dtype))
+    return X + kept
+
+
 NEAR_MISSES = {
     septic: ([(8, 12)], "degree 3"),
     spectral_norm: ([(8, 12)], "not the Frobenius norm"),
@@ -257,6 +285,7 @@ NEAR_MISSES = {
     shifted_gram: ([(8, 12)], "outside the iteration"),
     foreign_norm: ([(8, 12)], "norm of another tensor"),
     eps_under_the_root: ([(8, 12)], "under the square root"),
+    updated_in_place_beside_a_copy: ([(8, 12)], "while another copy of it is read"),
 }
 
 

@@ -21,7 +21,10 @@ Algorithm:
      update, the graph output) is an escape. The matcher's verdict on a chain is a
      :class:`Match` when every escape is the last iterate (up to a transpose or a scalar
      factor), every member has the iterate's dtype, and no intermediate is read after its
-     iteration; otherwise a :class:`Rejection` with the reason.
+     iteration; otherwise a :class:`Rejection` with the reason. An op after the loop may
+     update the result in place (NorMuon's ``v.mul_(scale)``): it then updates the op's
+     result, and later reads of that storage read the op that updated it, provided no
+     other copy of the result (another storage, or a scaled one) is read.
   5. Plan, then apply: each recognised chain becomes one op call, right after the
      division, on the node holding ``M`` (a DTensor goes through
      :func:`muon_compile.ns_op.newton_schulz_routed`, which picks the op for its layout)
@@ -51,6 +54,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 from torch.distributed.tensor import DTensor
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from muon_compile import explain
 from muon_compile.counters import counters
@@ -72,6 +76,7 @@ class Replacement:
     arg: fx.Node
     transposed: bool
     scale: float
+    through: fx.Node | None = None  # read as the in-place op ``through`` left the result: read ``through``
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,7 +137,12 @@ def match_chain(chain: Chain) -> Match | Rejection:
     triples = tuple(tuple(p) + (0.0,) * (3 - len(p)) for p in (*chain.steps, poly_trim(last)))
     norm = chain.norm
     args = NSArgs(triples, eps=norm.eps, norm_scale=norm.scale, clamp_eps=norm.clamp, compute_dtype=chain.dtype)
-    replacements = tuple(Replacement(e.user, e.arg, v.t, v.scale) for e, v in zip(chain.escapes, finals))
+    updating = [e for e in chain.escapes if e.updates and e.through is None]
+    direct = [(e, v) for e, v in zip(chain.escapes, finals) if e.through is None]
+    if updating and (len({_storage(e.arg) for e, _ in direct}) > 1 or any(v.scale != 1.0 for _, v in direct)):
+        # the op's one result would take the update for every copy of the loop's result
+        return Rejection(chain, f"{updating[0].user.name} updates the loop's result in place while another copy of it is read")
+    replacements = tuple(Replacement(e.user, e.arg, v.t, v.scale, e.through) for e, v in zip(chain.escapes, finals))
     return Match(chain, args, replacements)
 
 
@@ -156,6 +166,9 @@ def apply_canonical(graph: fx.Graph, matches: list[Match]) -> None:
             ns.meta["stack_trace"] = chain.start.meta.get("stack_trace")  # the user's line, for explain
         made: dict[tuple[bool, float], fx.Node] = {}
         for r in match.replacements:
+            if r.through is not None:  # the result as an op after the loop updated it in place
+                r.user.replace_input_with(r.arg, r.through)
+                continue
             key = (r.transposed, r.scale)
             if key not in made:
                 with graph.inserting_before(ns.next):
@@ -252,3 +265,6 @@ def reject_log(rejected: list[Rejection]) -> None:
         counters["canonicalize.rejected"] += 1
         log.info("canonicalize: left %s as it was: %s", r.chain.start.name, r.reason)
 
+
+def _storage(node: fx.Node) -> StorageWeakRef:
+    return StorageWeakRef(local_value(example_value(node)).untyped_storage())

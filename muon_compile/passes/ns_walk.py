@@ -282,11 +282,26 @@ class View:
 
 @dataclasses.dataclass(frozen=True)
 class Escape:
-    """``user``, which is no iteration step, reads chain value ``value`` through its argument ``arg``."""
+    """``user``, which is no iteration step, reads chain value ``value`` through its argument
+    ``arg``: as it is, or (``through``) as the in-place op ``through`` left it; ``updates``:
+    ``user`` writes it in place."""
 
     user: fx.Node
     arg: fx.Node
     value: Odd
+    through: fx.Node | None = None
+    updates: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Updated:
+    """A storage that held the chain value ``value`` (relative to its root) until ``by``, no
+    iteration step, wrote it in place (``v.mul_(scale)`` on the loop's result); ``by``'s
+    result is oriented ``orient`` relative to the root."""
+
+    value: Odd
+    by: fx.Node
+    orient: bool
 
 
 @dataclasses.dataclass(frozen=True)
@@ -378,6 +393,8 @@ class _Walk:
             return self.consts[x][0]  # a folded constant (a view of another one too), not written since
         o = self.orient.get(x)
         value = self.state.get(s)
+        if isinstance(value, Updated):
+            return value if o is not None else _OPAQUE_VIEW
         if isinstance(value, (Odd, Gram)):
             if o is None:
                 if self.alias_version.get(x) == self.version[s]:
@@ -426,14 +443,19 @@ class _Walk:
         if value is not None:
             self.state[s] = value
 
-    def mutate(self, target: fx.Node, value: Any) -> None:
-        """An in-place op wrote ``value`` (seen through ``target``) to ``target``'s storage."""
+    def mutate(self, target: fx.Node, value: Any, by: fx.Node | None = None) -> None:
+        """An in-place op wrote ``value`` (seen through ``target``) to ``target``'s storage;
+        ``by``: that op, where it is no iteration step."""
         s = _storage(target)
         if s is None:
             return
         self.version[s] = self.version.get(s, 0) + 1
         o = self.orient.get(target)
-        if isinstance(value, (Odd, Gram)) and o is not None:
+        before = self.state.get(s)
+        if by is not None and isinstance(before, (Odd, Updated)) and o is not None:
+            odd = before.value if isinstance(before, Updated) else before
+            self.state[s] = Updated(odd, by, o)  # the loop's result, written by an op after it
+        elif isinstance(value, (Odd, Gram)) and o is not None:
             self.state[s] = value.transposed(o) if isinstance(value, Odd) else value
         elif isinstance(value, NormOf):  # ``n.mul_(s).add_(eps)``: the norm's storage holds the new value
             self.state[s] = value
@@ -482,7 +504,7 @@ class _Walk:
         if target is not None:  # written in place, or into an ``out=`` buffer
             if chain_value and _storage(target) in self.inputs:
                 self.chains[result.chain].reject(f"{node.name} writes the loop's value into a graph input")
-            self.mutate(target, result)
+            self.mutate(target, result, by=None if chain_value else node)
             self.define(node, None, view_of=target)
         else:
             self.define(node, result)
@@ -530,15 +552,21 @@ class _Walk:
                 continue
             value = self.read(arg)
             if value is _OPAQUE_VIEW:
-                chain = self.chains[self.state[_storage(arg)].chain]
+                held = self.state[_storage(arg)]
+                chain = self.chains[(held.value if isinstance(held, Updated) else held).chain]
                 chain.reject(f"{user.name} reads the iterate through a view ({arg.name})")
+            elif isinstance(value, Updated):
+                chain = self.chains[value.value.chain]
+                o = self.orient[arg]
+                if o != value.orient:
+                    chain.reject(f"{user.name} reads the iterate {value.by.name} updated in place, transposed")
+                current = self._current(value.value.transposed(o))
+                if current is not None:
+                    chain.escapes.append(Escape(user, arg, current, through=value.by, updates=arg is mutated))
             elif isinstance(value, Gram):
                 self.chains[value.chain].reject(f"a Gram matrix is read by {user.name}, outside the iteration")
             elif isinstance(value, Odd):
-                chain = self.chains[value.chain]
-                if arg is mutated:
-                    chain.reject(f"{user.name} updates the iterate in place")
-                chain.escapes.append(Escape(user, arg, value))
+                self.chains[value.chain].escapes.append(Escape(user, arg, value, updates=arg is mutated))
 
     # evaluation of one node ---------------------------------------------------------
 
