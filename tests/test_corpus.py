@@ -7,10 +7,12 @@ import contextlib
 
 import pytest
 import torch
+from torch._dynamo.utils import counters as dynamo_counters
 
 import muon_compile
 from muon_compile.compat import DYNAMO_SORTS_CONFIG_SETS
 from muon_compile.passes.canonicalize import plan_canonical
+from muon_compile.passes.near_miss import unseen_loops
 
 from helpers import make_params, set_grads
 from muon_corpus import CORPUS
@@ -93,12 +95,17 @@ def test_entry_compiles_to_buckets_and_matches_eager(name, device):
     entry = corpus_entry(name)
     shapes = corpus_shapes(entry)
     start = [p.detach() for p in make_params(shapes, device=device)]
+    dynamo_counters.clear()
     got = run_entry(entry, shapes, backend="muon", device=device)
+    # a step that makes its state on the first call, or counts steps in a Python int, compiles
+    # a second graph at the second step (then no more); each graph has every loop
+    graphs = dynamo_counters["stats"]["unique_graphs"]
+    assert graphs <= 2, graphs
     loops = entry.loops(shapes)
-    assert muon_compile.counters["canonicalize.matched"] == loops
+    assert muon_compile.counters["canonicalize.matched"] == loops * graphs
     assert muon_compile.counters["canonicalize.rejected"] == 0
-    assert muon_compile.counters["find.ns_ops"] == loops
-    assert muon_compile.counters["bucket.buckets"] == 3
+    assert muon_compile.counters["find.ns_ops"] == loops * graphs
+    assert muon_compile.counters["bucket.buckets"] == 3 * graphs
     eager = run_entry(entry, shapes, device=device)
     exact = run_entry(entry, shapes, dtype=torch.float64, device=device)
     for i, (g, e, x, s) in enumerate(zip(got, eager, exact, start)):
@@ -119,6 +126,7 @@ def what_the_backend_meets(entry, shapes):
         m, r = plan_canonical(gm.graph)
         matched += len(m)
         reasons += [rejection.reason for rejection in r]
+        reasons += [reason for _, reason in unseen_loops(gm.graph, [x.chain for x in m] + [x.chain for x in r])]
     breaks = [str(b.reason).splitlines()[0] for b in seen.break_reasons]
     return (f"{seen.graph_count} graph(s); {matched}/{entry.loops(shapes)} matched; rejected: {'; '.join(reasons)}; "
             f"breaks: {'; '.join(breaks)}")

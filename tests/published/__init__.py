@@ -11,6 +11,9 @@ recognised and bucketed like the rest of tests/muon_corpus.py.
 
 import importlib
 
-_MODULES = ()
+_MODULES = (
+    "modded_nanogpt_normuon", "emerging_optimizers_absl", "heavyball_refused_call", "heavyball_stochastic_round",
+    "deepspeed_gram", "lucidrains_polar_express", "dion_generator", "deepmd_hybrid_muon",
+)
 
 PUBLISHED = {entry.name: entry for entry in (importlib.import_module(f"published.{m}").ENTRY for m in _MODULES)}
