@@ -129,6 +129,22 @@ def reciprocal_of_norm_clamped_in_place(G, steps=5, dtype=torch.bfloat16):
     return reciprocal_of_clamped_norm(G, steps, dtype, in_place=True)
 
 
+def identity_by_diagonal(G, steps=5, dtype=torch.bfloat16):
+    """Each step as ``(a I + (b I + c S) S) X`` with ``S = X X^T``, the identity terms added
+    on the diagonal in place."""
+    a, b, c = KELLER
+    X = G.to(dtype)
+    X = X / (X.norm(dim=(-2, -1), keepdim=True) + 1e-7)
+    for _ in range(steps):
+        S = X @ X.mT
+        Y = c * S
+        Y.diagonal(dim1=-2, dim2=-1).add_(b)
+        Y = Y @ S
+        Y.diagonal(dim1=-2, dim2=-1).add_(a)
+        X = Y @ X
+    return X
+
+
 def scaled_in_place_after(G, steps=5, dtype=torch.bfloat16):
     """The result rescaled in place after the loop, row by row (NorMuon's variance
     reduction), then read again through the loop's own variable."""
@@ -151,7 +167,8 @@ FORMS = {
 # recognised too, but DTensor itself cannot run them: tested on one device only
 SINGLE_DEVICE_FORMS = {
     **FORMS, "reciprocal_of_norm_clamped_in_place": reciprocal_of_norm_clamped_in_place,
-    "scaled_in_place_after": scaled_in_place_after,  # on one device only to spare CI a world-2 compile
+    # on one device only, to spare CI a world-2 compile each
+    "scaled_in_place_after": scaled_in_place_after, "identity_by_diagonal": identity_by_diagonal,
 }
 
 
@@ -276,6 +293,19 @@ def updated_in_place_beside_a_copy(G, steps=2, dtype=torch.bfloat16):
     return X + kept
 
 
+def shifted_diagonal(G, steps=2, dtype=torch.float32):
+    """:func:`identity_by_diagonal`, but added one place off the diagonal: no multiple of I."""
+    a, b, c = KELLER
+    X = G.to(dtype)
+    X = X / (X.norm(dim=(-2, -1), keepdim=True) + 1e-7)
+    for _ in range(steps):
+        S = X @ X.mT
+        Y = c * S
+        Y.diagonal(1).add_(b)
+        X = a * X + (Y @ S) @ X
+    return X
+
+
 NEAR_MISSES = {
     septic: ([(8, 12)], "degree 3"),
     spectral_norm: ([(8, 12)], "not the Frobenius norm"),
@@ -286,6 +316,7 @@ NEAR_MISSES = {
     foreign_norm: ([(8, 12)], "norm of another tensor"),
     eps_under_the_root: ([(8, 12)], "under the square root"),
     updated_in_place_beside_a_copy: ([(8, 12)], "while another copy of it is read"),
+    shifted_diagonal: ([(8, 12)], "is read by diagonal, outside the iteration"),
 }
 
 

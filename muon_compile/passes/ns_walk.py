@@ -29,7 +29,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from muon_compile.compat import VIEW_ATTRIBUTE_OPS
 
 from .graph_utils import local_value
-from .ns_algebra import GRAM, ONE, Gram, Odd, Value, combine, next_iterate, product, scaled
+from .ns_algebra import GRAM, ONE, Gram, Odd, Value, combine, next_iterate, poly_add, product, scaled
 
 __all__ = ["Chain", "Escape", "NormOf", "example_value", "node_kind", "walk_graph"]
 
@@ -44,6 +44,7 @@ _FUNCTIONS = {
     operator.matmul: "matmul", torch.matmul: "matmul", torch.mm: "matmul", torch.bmm: "matmul",
     torch.addmm: "addmm", torch.baddbmm: "addmm",
     torch.transpose: "transpose", torch.swapaxes: "transpose", torch.swapdims: "transpose", torch.t: "t",
+    torch.diagonal: "diagonal",
     torch.norm: "norm", torch.linalg.norm: "linalg_norm",
     torch.linalg.vector_norm: "vector_norm", torch.linalg.matrix_norm: "matrix_norm",
     torch.clamp: "clamp", torch.clamp_min: "clamp_min",
@@ -80,6 +81,15 @@ def node_kind(node: fx.Node) -> tuple[str | None, bool]:
     if name.endswith("_"):
         return name[:-1], True
     return name, False
+
+
+def _default_diagonal(node: fx.Node) -> bool:
+    """``X.diagonal()`` of the last two dimensions (any spelling of the default)."""
+    offset = _arg(node, 1, "offset", 0)
+    dims = (_arg(node, 2, "dim1", None), _arg(node, 3, "dim2", None))
+    rank = getattr(example_value(node.args[0]), "ndim", None)
+    last_two = {(None, None), (-2, -1)} | ({(0, 1)} if rank == 2 else set()) | ({(rank - 2, rank - 1)} if rank else set())
+    return offset == 0 and dims in last_two
 
 
 def _arg(node: fx.Node, index: int, key: str, default: Any = None) -> Any:
@@ -377,6 +387,7 @@ class _Walk:
         # an unoriented alias (``unbind``, ``view``...) and its storage's version when it was made
         self.alias_version: dict[fx.Node, int] = {}
         self.inputs = {_storage(n) for n in graph.nodes if n.op in ("placeholder", "get_attr")} - {None}
+        self.diagonals: dict[fx.Node, fx.Node] = {}  # a Gram value's diagonal view -> the Gram value's node
 
     # reads and writes ---------------------------------------------------------------
 
@@ -475,6 +486,8 @@ class _Walk:
 
     def visit(self, node: fx.Node) -> None:
         name, in_place = node_kind(node)
+        if self._diagonal(node, name, in_place):
+            return
         out = node.kwargs.get("out")
         out = out if isinstance(out, fx.Node) else None
         unread = _unread_input(node, name)
@@ -510,6 +523,38 @@ class _Walk:
             self.define(node, result)
             if isinstance(result, Const) and _storage(node) is not None:
                 self.consts[node] = (result, self.version[_storage(node)])
+
+    def _diagonal(self, node: fx.Node, name: str | None, in_place: bool) -> bool:
+        """``G.diagonal()`` of a Gram value ``G``, and ``.add_(c)`` / ``.sub_(c)`` of a
+        number on that diagonal: ``G + c I``, written into ``G``'s storage (HeavyBall's and
+        DeepSpeed's way to add the identity terms). Whether ``node`` was one of those."""
+        if name == "diagonal" and node.args and _default_diagonal(node):
+            base = node.args[0]
+            value = self.read(base)
+            if isinstance(value, Gram) and base in self.orient:
+                self.diagonals[node] = base
+                self.chains[value.chain].members.append(node)
+                return True
+            return False
+        if not (in_place and name in ("add", "sub") and node.args and node.args[0] in self.diagonals):
+            return False
+        amount = self.read(node.args[1]) if len(node.args) == 2 else None
+        alpha = node.kwargs.get("alpha", 1.0)
+        fixed = frozenset()
+        if isinstance(amount, Const) and amount.value.numel() == 1:
+            amount, fixed = float(amount), amount.inputs
+        if not (_is_scalar(amount) and _is_scalar(alpha) and set(node.kwargs) <= {"alpha"}):
+            return False
+        base = self.diagonals[node.args[0]]
+        gram = self.read(base)
+        if not isinstance(gram, Gram):
+            return False
+        sign = 1.0 if name == "add" else -1.0
+        self._commit(gram.chain, fixed)
+        self.mutate(base, Gram(gram.chain, gram.it, poly_add(gram.poly, ONE, 1.0, sign * alpha * amount), gram.side))
+        self.chains[gram.chain].members.append(node)
+        self.diagonals[node] = base  # ``d.add_(a).add_(b)``
+        return True
 
     def _track_inputs(self, value: Any, args: list, kwargs: dict) -> Any:
         """``value``, noting the graph inputs of the constants it was computed from: a norm

@@ -193,5 +193,4 @@ def heavyball_muon_refused(params, dtype):
 
 ENTRY = Entry("heavyball_refused_call",
               "HomebrewML/HeavyBall heavyball/utils.py (Muon; the step runs under torch._dynamo.utils.disable_cache_limit)",
-              "optimizer library", heavyball_muon_refused, torch.bfloat16,
-              today="a Gram matrix is read by diagonal, outside the iteration")
+              "optimizer library", heavyball_muon_refused, torch.bfloat16)
