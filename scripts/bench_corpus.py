@@ -11,7 +11,10 @@ What is measured, per entry and arm (timing, matmul counting and cold compiles a
   iteration per bucket;
 * for the compiled arms, the first call in a fresh Inductor cache (compile and run);
 * for ``muon``, whether every Newton–Schulz loop of the step became the op
-  (``canonicalize.matched`` equal to the entry's loop count, nothing rejected).
+  (``canonicalize.matched`` equal to the entry's loop count, nothing rejected), and the
+  Newton–Schulz ops of its first (cold) compile against the buckets they made;
+* the graphs one step runs (Dynamo's, without compiling: ``torch._dynamo.explain``): more
+  than one means graph breaks split the step.
 
 The eager arm runs under ``torch.compiler.set_stance("force_eager")``, so an entry whose
 loop is a nested ``@torch.compile`` function runs it eagerly too. Every arm starts from the
@@ -26,6 +29,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -63,9 +67,30 @@ def make_step(entry: Entry, device: torch.device, eager: bool):
     return eager_step
 
 
-def bench_entry(entry: Entry, device: torch.device, warmup: int, reps: int) -> tuple[list[ArmResult], bool]:
-    """The three arms' results, and whether ``backend="muon"`` recognised every loop."""
-    results, recognised = [], False
+@dataclasses.dataclass
+class EntryResult:
+    """One entry's arms, and what ``backend="muon"`` made of its step."""
+
+    entry: Entry
+    arms: list[ArmResult]
+    recognised: bool
+    graphs: int  # graphs one step runs
+    ops_to_buckets: str  # "NS ops -> buckets" of the cold compile
+
+
+def graphs_per_step(entry: Entry, device: torch.device) -> int:
+    """The graphs Dynamo makes of one step of ``entry`` (graph breaks split a step)."""
+    step = make_step(entry, device, eager=False)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        count = torch._dynamo.explain(step)().graph_count
+    torch._dynamo.reset()
+    return count
+
+
+def bench_entry(entry: Entry, device: torch.device, warmup: int, reps: int) -> EntryResult:
+    """The three arms' results and what ``backend="muon"`` made of the step."""
+    results, recognised, buckets = [], False, ""
     for name in ARM_NAMES:
         arm = Arm(name, name, lambda e, d, eager=name == "eager": make_step(e, d, eager), None if name == "eager" else name)
         muon_compile.counters.clear()
@@ -73,14 +98,16 @@ def bench_entry(entry: Entry, device: torch.device, warmup: int, reps: int) -> t
         if name == "muon":  # measure compiles twice (cold, then warm): each compile canonicalises
             c = muon_compile.counters
             recognised = c["canonicalize.matched"] == 2 * entry.loops(SHAPES) and c["canonicalize.rejected"] == 0
-    return results, recognised
+            buckets = f"{c['find.ns_ops']} -> {c['bucket.buckets']}"
+    return EntryResult(entry, results, recognised, graphs_per_step(entry, device), buckets)
 
 
-def report(rows: list[tuple[Entry, list[ArmResult], bool]]) -> str:
+def report(rows: list[EntryResult]) -> str:
     head = ["entry", "eager ms", "inductor ms", "muon ms", "muon / inductor", "matmuls eager / inductor / muon",
-            "first call s inductor / muon", "recognised"]
-    lines = [markdown_row(head), markdown_rule("lrrrrrrl")]
-    for entry, (eager, inductor, muon), recognised in rows:
+            "first call s inductor / muon", "graphs / step", "NS ops -> buckets", "recognised"]
+    lines = [markdown_row(head), markdown_rule("lrrrrrrrrl")]
+    for row in rows:
+        entry, (eager, inductor, muon), recognised = row.entry, row.arms, row.recognised
         ms = [r.median_s * 1e3 if r.median_s is not None else None for r in (eager, inductor, muon)]
         ratio = ms[2] / ms[1] if None not in ms[1:] else None
         errors = "; ".join(f"{r.key}: {r.error}" for r in (eager, inductor, muon) if r.error)
@@ -88,6 +115,7 @@ def report(rows: list[tuple[Entry, list[ArmResult], bool]]) -> str:
             entry.name, cell(ms[0], ".1f"), cell(ms[1], ".1f"), cell(ms[2], ".1f"), cell(ratio, ".2f"),
             " / ".join(cell(r.matmul_calls, "d") for r in (eager, inductor, muon)),
             f"{cell(inductor.cold_compile_s, '.1f')} / {cell(muon.cold_compile_s, '.1f')}",
+            str(row.graphs), row.ops_to_buckets,
             ("yes" if recognised else "NO") + (f" ({errors})" if errors else ""),
         ]))
     return "\n".join(lines)
@@ -109,8 +137,7 @@ def main() -> None:
     print(f"shapes: {len(SHAPES)} matrices, {sorted(set(SHAPES))}; warmup {args.warmup}, reps {args.reps}")
     rows = []
     for name in names:
-        results, recognised = bench_entry(CORPUS[name], device, args.warmup, args.reps)
-        rows.append((CORPUS[name], results, recognised))
+        rows.append(bench_entry(CORPUS[name], device, args.warmup, args.reps))
         print(report(rows[-1:]).splitlines()[-1], flush=True)
     print()
     print(report(rows))
