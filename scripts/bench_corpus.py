@@ -11,8 +11,9 @@ What is measured, per entry and arm (timing, matmul counting and cold compiles a
   iteration per bucket;
 * for the compiled arms, the first call in a fresh Inductor cache (compile and run);
 * for ``muon``, whether every Newton–Schulz loop of the step became the op
-  (``canonicalize.matched`` equal to the entry's loop count, nothing rejected), and the
-  Newton–Schulz ops of its first (cold) compile against the buckets they made;
+  (``canonicalize.matched`` a multiple of the entry's loop count, nothing rejected, the step
+  one graph), and the
+  Newton–Schulz ops of a compile against the buckets they made (xN: N compiles ran the passes);
 * the graphs one step runs (Dynamo's, without compiling: ``torch._dynamo.explain``): more
   than one means graph breaks split the step.
 
@@ -95,11 +96,15 @@ def bench_entry(entry: Entry, device: torch.device, warmup: int, reps: int) -> E
         arm = Arm(name, name, lambda e, d, eager=name == "eager": make_step(e, d, eager), None if name == "eager" else name)
         muon_compile.counters.clear()
         results.append(measure(arm, entry, device, warmup, reps))
-        if name == "muon":  # measure compiles twice (cold, then warm): each compile canonicalises
-            c = muon_compile.counters
-            recognised = c["canonicalize.matched"] == 2 * entry.loops(SHAPES) and c["canonicalize.rejected"] == 0
-            buckets = f"{c['find.ns_ops']} -> {c['bucket.buckets']}"
-    return EntryResult(entry, results, recognised, graphs_per_step(entry, device), buckets)
+        if name == "muon":  # measure compiles twice (cold, then warm), a step that makes its state a third time
+            c, loops = muon_compile.counters, entry.loops(SHAPES)
+            matched = c["canonicalize.matched"]
+            recognised = matched > 0 and matched % loops == 0 and c["canonicalize.rejected"] == 0
+            compiles = c["find.ns_ops"] // loops if c["find.ns_ops"] % loops == 0 and c["find.ns_ops"] else 1
+            buckets = f"{c['find.ns_ops'] // compiles} -> {c['bucket.buckets'] // compiles}"
+            buckets += f" (x{compiles})" if compiles > 1 else ""
+    graphs = graphs_per_step(entry, device)  # a step split by graph breaks: its loops are not bucketed together
+    return EntryResult(entry, results, recognised and graphs == 1, graphs, buckets)
 
 
 def report(rows: list[EntryResult]) -> str:

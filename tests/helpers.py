@@ -50,12 +50,18 @@ def compare_steps(make_opt, shapes, *, rtol, steps=2, dtype=torch.float32, backe
             else:
                 assert_rel_close(c.detach() - b, e.detach() - b, rtol, what)
         # continue both from the eager state so errors do not compound across steps
-        with torch.no_grad():
-            for e, c in zip(eager_params, comp_params):
-                c.copy_(e)
-                for key, value in eager.state[e].items():
-                    comp.state[c][key].copy_(value)
+        sync_to_eager(eager_params, comp_params, eager, comp)
     return comp_params
+
+
+def sync_to_eager(eager_params, params, eager, opt):
+    """Set ``opt``'s parameters and state to ``eager``'s, in place (their tensors, and any
+    captured addresses, stay), so that differences do not compound across compared steps."""
+    with torch.no_grad():
+        for e, c in zip(eager_params, params):
+            c.copy_(e)
+            for key, value in eager.state[e].items():
+                opt.state[c][key].copy_(value)
 
 
 @contextlib.contextmanager

@@ -14,7 +14,7 @@ from torch._inductor.utils import fresh_cache
 import muon_compile
 from muon_compile import config
 
-from helpers import MIXED_SHAPES, compare_steps, make_params, muon, set_grads
+from helpers import MIXED_SHAPES, compare_steps, make_params, muon, set_grads, sync_to_eager
 from numerics import NS_RTOL, assert_rel_close
 
 
@@ -336,10 +336,7 @@ def test_unmodified_torch_muon_with_a_float_lr_under_a_scheduler(weight_decay):
             step()
             for i, (e, c, b) in enumerate(zip(eager_params, params, before)):
                 assert_rel_close(c.detach() - b, e.detach() - b, NS_RTOL["cpu"][torch.bfloat16], f"step {s} param {i}")
-            with torch.no_grad():
-                for e, c in zip(eager_params, params):
-                    c.copy_(e)
-                    opt.state[c]["momentum_buffer"].copy_(eager.state[e]["momentum_buffer"])
+            sync_to_eager(eager_params, params, eager, opt)
             for schedule in schedules:
                 schedule.step()
     graphs = dynamo_counters["stats"]["unique_graphs"]

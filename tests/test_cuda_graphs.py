@@ -24,7 +24,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 import muon_compile
 from muon_compile import cuda_graphs, explain
-from helpers import make_params, set_grads
+from helpers import make_params, set_grads, sync_to_eager
 from numerics import NS_RTOL, assert_rel_close
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -211,15 +211,7 @@ def _same_step(eager_params, params, eager, opt, step, seed, what):
     step()
     for i, (e, c, b) in enumerate(zip(eager_params, params, before)):
         assert_rel_close(c.detach().float() - b, e.detach().float() - b, NS_RTOL["cuda"][torch.bfloat16], f"{what}, param {i}")
-    _sync(eager_params, params, eager, opt)
-
-
-def _sync(eager_params, params, eager, opt):
-    with torch.no_grad():
-        for e, c in zip(eager_params, params):
-            c.copy_(e)
-            for key, value in eager.state[e].items():
-                opt.state[c][key].copy_(value)
+    sync_to_eager(eager_params, params, eager, opt)
 
 
 def _mixed(params):
@@ -274,7 +266,7 @@ def test_a_parameter_without_a_gradient_at_capture_is_updated_once_it_has_one():
         eager_params[1].grad = params[1].grad = None
         eager.step()
         step()
-    _sync(eager_params, params, eager, opt)
+    sync_to_eager(eager_params, params, eager, opt)
     for p in (eager_params[1], params[1]):
         p.requires_grad_(True)
     unchanged = params[1].detach().clone()

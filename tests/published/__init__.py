@@ -1,6 +1,6 @@
-"""Muon steps as published, one module per implementation, each kept in the structure of
-its source (order of operations, in-place ops, casts, loggers and helper calls, loop shape,
-per-iteration coefficients) and written in this suite's own words; each module's header
+"""Muon steps as published, one module per implementation (``ENTRY``, or ``ENTRIES`` where one
+step gives two entries), each kept in the structure of its source (order of operations, in-place
+ops, casts, loggers and helper calls, loop shape, per-iteration coefficients) and written in this suite's own words; each module's header
 names the repository, commit and lines it follows and what it leaves out.
 
 Issue 61 collected them: code that runs unmodified in the wild and that the backend did not
@@ -12,8 +12,9 @@ recognised and bucketed like the rest of tests/muon_corpus.py.
 import importlib
 
 _MODULES = (
-    "modded_nanogpt_normuon", "emerging_optimizers_absl", "heavyball_refused_call", "heavyball_stochastic_round",
+    "modded_nanogpt_normuon", "emerging_optimizers_absl", "heavyball",
     "deepspeed_gram", "lucidrains_polar_express", "dion_generator", "deepmd_hybrid_muon",
 )
 
-PUBLISHED = {entry.name: entry for entry in (importlib.import_module(f"published.{m}").ENTRY for m in _MODULES)}
+_ENTRIES = [getattr(m, "ENTRIES", None) or (m.ENTRY,) for m in (importlib.import_module(f"published.{n}") for n in _MODULES)]
+PUBLISHED = {entry.name: entry for entries in _ENTRIES for entry in entries}
