@@ -29,10 +29,9 @@ from typing import Any
 
 import torch
 import torch.fx as fx
-from torch.multiprocessing.reductions import StorageWeakRef
 
 from . import explain
-from .fx_writes import flat_nodes, written_args
+from .fx_writes import flat_nodes, storage_of, written_args
 
 OPTION = "triton.cudagraphs"
 
@@ -104,12 +103,12 @@ def written_inputs(gm: fx.GraphModule, positions: Sequence[int]) -> list[str]:
     place, directly or through a view (an in-place method or function, ``out=``, an in-place
     operator or item assignment)."""
     placeholders = list(gm.graph.find_nodes(op="placeholder"))
-    storages = {_storage(placeholders[i]): placeholders[i] for i in positions}
+    storages = {storage_of(placeholders[i]): placeholders[i] for i in positions}
     storages.pop(None, None)
     written: list[str] = []
     for node in gm.graph.nodes:
         for target in written_args(node):
-            hit = storages.pop(_storage(target), None)
+            hit = storages.pop(storage_of(target), None)
             if hit is not None:
                 written.append(_name(hit))
     return written
@@ -124,16 +123,6 @@ def _cpu_outputs(gm: fx.GraphModule) -> list[str]:
         if isinstance(value, torch.Tensor) and value.device.type == "cpu":
             found.append(f"the output {node.name}")
     return found
-
-
-def _storage(node: Any) -> StorageWeakRef | None:
-    value = node.meta.get("example_value") if isinstance(node, fx.Node) else None
-    if not isinstance(value, torch.Tensor):
-        return None
-    try:
-        return StorageWeakRef(value.untyped_storage())
-    except (NotImplementedError, RuntimeError):  # a subclass without a storage of its own
-        return None
 
 
 def _name(placeholder: fx.Node) -> str:

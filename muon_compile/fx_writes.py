@@ -1,5 +1,6 @@
-"""Which tensors a node of a Dynamo graph writes in place: read by the CUDA-graph decision
-(:mod:`muon_compile.cuda_graphs`) and the near-miss search (``passes/near_miss.py``)."""
+"""The storage a node of an FX graph holds (through its fake value) and the tensors it writes
+in place: read by the CUDA-graph decision (:mod:`muon_compile.cuda_graphs`), ``canonicalize``'s
+walk and the near-miss search (``passes/``)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from typing import Any
 
 import torch
 import torch.fx as fx
+from torch.distributed.tensor import DTensor
+from torch.multiprocessing.reductions import StorageWeakRef
 
 # Python's in-place operators and item assignment, as Dynamo records them on tensors.
 _WRITES_FIRST = {
@@ -49,3 +52,19 @@ def flat_nodes(values: Any) -> list[fx.Node]:
     found: list[fx.Node] = []
     fx.node.map_arg(values, found.append)
     return found
+
+
+def local_value(t: torch.Tensor) -> torch.Tensor:
+    """A fake value's local tensor: the DTensor's shard, or the tensor itself."""
+    return t._local_tensor if isinstance(t, DTensor) else t
+
+
+def storage_of(node: Any) -> StorageWeakRef | None:
+    """The storage of ``node``'s fake value (a DTensor's shard's), or None where it has none."""
+    value = node.meta.get("example_value") if isinstance(node, fx.Node) else None
+    if not isinstance(value, torch.Tensor):
+        return None
+    try:
+        return StorageWeakRef(local_value(value).untyped_storage())
+    except (NotImplementedError, RuntimeError):  # a subclass without a storage of its own
+        return None

@@ -54,6 +54,19 @@ def compare_steps(make_opt, shapes, *, rtol, steps=2, dtype=torch.float32, backe
     return comp_params
 
 
+def step_and_compare(eager_params, params, eager, opt, step, seed, rtol, what):
+    """One eager and one compiled ``step`` from equal gradients (``seed``), each update against
+    eager's within ``rtol``; then ``opt`` set to eager's state (:func:`sync_to_eager`)."""
+    set_grads(eager_params, seed)
+    set_grads(params, seed)
+    before = [p.detach().clone() for p in eager_params]
+    eager.step()
+    step()
+    for i, (e, c, b) in enumerate(zip(eager_params, params, before)):
+        assert_rel_close(c.detach().float() - b, e.detach().float() - b, rtol, f"{what}, param {i}")
+    sync_to_eager(eager_params, params, eager, opt)
+
+
 def sync_to_eager(eager_params, params, eager, opt):
     """Set ``opt``'s parameters and state to ``eager``'s, in place (their tensors, and any
     captured addresses, stay), so that differences do not compound across compared steps."""

@@ -14,8 +14,8 @@ from torch._inductor.utils import fresh_cache
 import muon_compile
 from muon_compile import config
 
-from helpers import MIXED_SHAPES, compare_steps, make_params, muon, set_grads, sync_to_eager
-from numerics import NS_RTOL, assert_rel_close
+from helpers import MIXED_SHAPES, compare_steps, make_params, muon, set_grads, step_and_compare
+from numerics import NS_RTOL
 
 
 def _sweep(ns_dtype, preset, nesterov):
@@ -329,14 +329,7 @@ def test_unmodified_torch_muon_with_a_float_lr_under_a_scheduler(weight_decay):
     dynamo_counters.clear()
     with torch._inductor.config.patch(fx_graph_cache=True), torch._functorch.config.patch(enable_autograd_cache=True):
         for s in range(12):
-            set_grads(eager_params, s)
-            set_grads(params, s)
-            before = [p.detach().clone() for p in eager_params]
-            eager.step()
-            step()
-            for i, (e, c, b) in enumerate(zip(eager_params, params, before)):
-                assert_rel_close(c.detach() - b, e.detach() - b, NS_RTOL["cpu"][torch.bfloat16], f"step {s} param {i}")
-            sync_to_eager(eager_params, params, eager, opt)
+            step_and_compare(eager_params, params, eager, opt, step, s, NS_RTOL["cpu"][torch.bfloat16], f"step {s}")
             for schedule in schedules:
                 schedule.step()
     graphs = dynamo_counters["stats"]["unique_graphs"]

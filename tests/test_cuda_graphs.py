@@ -24,7 +24,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 import muon_compile
 from muon_compile import cuda_graphs, explain
-from helpers import make_params, set_grads, sync_to_eager
+from helpers import make_params, set_grads, step_and_compare, sync_to_eager
 from numerics import NS_RTOL, assert_rel_close
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -201,17 +201,9 @@ def _captured_pair(make_opt, shapes, **compile_kw):
 
 
 def _same_step(eager_params, params, eager, opt, step, seed, what):
-    """One step of each from equal gradients, the updates compared; then the captured
-    optimizer's parameters and state set to eager's, in place (their captured addresses),
-    so that differences do not compound."""
-    set_grads(eager_params, seed)
-    set_grads(params, seed)
-    before = [p.detach().clone() for p in eager_params]
-    eager.step()
-    step()
-    for i, (e, c, b) in enumerate(zip(eager_params, params, before)):
-        assert_rel_close(c.detach().float() - b, e.detach().float() - b, NS_RTOL["cuda"][torch.bfloat16], f"{what}, param {i}")
-    sync_to_eager(eager_params, params, eager, opt)
+    """:func:`helpers.step_and_compare` at the bf16 bound on CUDA; the sync keeps the captured
+    addresses (it copies in place)."""
+    step_and_compare(eager_params, params, eager, opt, step, seed, NS_RTOL["cuda"][torch.bfloat16], what)
 
 
 def _mixed(params):

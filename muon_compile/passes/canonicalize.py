@@ -54,12 +54,13 @@ from typing import Any
 import torch
 import torch.fx as fx
 from torch.distributed.tensor import DTensor
-from torch.multiprocessing.reductions import StorageWeakRef
 
 from muon_compile import explain
 from muon_compile.counters import counters
 from muon_compile.ns_args import NSArgs
 from muon_compile.ns_op import NEWTON_SCHULZ, newton_schulz_routed
+
+from muon_compile.fx_writes import storage_of
 
 from .graph_utils import local_value
 from .ns_algebra import ONE, Odd, next_iterate, poly_trim
@@ -139,7 +140,7 @@ def match_chain(chain: Chain) -> Match | Rejection:
     args = NSArgs(triples, eps=norm.eps, norm_scale=norm.scale, clamp_eps=norm.clamp, compute_dtype=chain.dtype)
     updating = [e for e in chain.escapes if e.updates and e.through is None]
     direct = [(e, v) for e, v in zip(chain.escapes, finals) if e.through is None]
-    if updating and (len({_storage(e.arg) for e, _ in direct}) > 1 or any(v.scale != 1.0 for _, v in direct)):
+    if updating and (len({storage_of(e.arg) for e, _ in direct}) > 1 or any(v.scale != 1.0 for _, v in direct)):
         # the op's one result would take the update for every copy of the loop's result
         return Rejection(chain, f"{updating[0].user.name} updates the loop's result in place while another copy of it is read")
     replacements = tuple(Replacement(e.user, e.arg, v.t, v.scale, e.through) for e, v in zip(chain.escapes, finals))
@@ -264,7 +265,3 @@ def reject_log(rejected: list[Rejection]) -> None:
     for r in rejected:
         counters["canonicalize.rejected"] += 1
         log.info("canonicalize: left %s as it was: %s", r.chain.start.name, r.reason)
-
-
-def _storage(node: fx.Node) -> StorageWeakRef:
-    return StorageWeakRef(local_value(example_value(node)).untyped_storage())

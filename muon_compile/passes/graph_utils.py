@@ -12,10 +12,10 @@ from torch._guards import detect_fake_mode
 from torch._inductor.decomposition import select_decomp_table
 from torch._inductor.pattern_matcher import stable_topological_sort
 from torch._subclasses.fake_tensor import FakeTensor
-from torch.distributed.tensor import DTensor
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from muon_compile import ns_op, routing, sharded_ns
+from muon_compile.fx_writes import local_value
 from muon_compile.ns_args import NSArgs
 from muon_compile.ns_op import NEWTON_SCHULZ
 from muon_compile.sharded_ns import SHARDED_NEWTON_SCHULZ, ShardLayout
@@ -43,11 +43,6 @@ __all__ = [
 
 class GraphContractError(RuntimeError):
     """A pass left the graph in a state the pipeline promises never to produce."""
-
-
-def local_value(t: torch.Tensor) -> torch.Tensor:
-    """A fake value's local tensor: the DTensor's shard, or the tensor itself."""
-    return t._local_tensor if isinstance(t, DTensor) else t
 
 
 def ns_nodes(graph: fx.Graph, targets: Sequence = NS_TARGETS) -> list[fx.Node]:

@@ -21,7 +21,7 @@ import torch
 import torch.fx as fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from muon_compile.fx_writes import flat_nodes, written_args
+from muon_compile.fx_writes import flat_nodes, storage_of, written_args
 
 from .ns_walk import Chain, example_value, node_kind
 
@@ -47,9 +47,9 @@ def _depending_on(graph: fx.Graph, starts: set[fx.Node]) -> set[fx.Node]:
     storages: set[StorageWeakRef] = set()
     for node in graph.nodes:
         inputs = flat_nodes((node.args, node.kwargs))
-        if node in starts or any(n in found or _storage(n) in storages for n in inputs):
+        if node in starts or any(n in found or storage_of(n) in storages for n in inputs):
             found.add(node)
-            storages.update(s for s in map(_storage, [node, *written_args(node)]) if s is not None)
+            storages.update(s for s in map(storage_of, [node, *written_args(node)]) if s is not None)
     return found
 
 
@@ -90,7 +90,7 @@ def _gram_loops(graph: fx.Graph) -> list[list[fx.Node]]:
     for node in graph.nodes:
         inputs = flat_nodes((node.args, node.kwargs))
         found = {root(loop_of[n]) for n in inputs if n in loop_of}
-        found |= {root(storage_loop[s]) for s in map(_storage, inputs) if s in storage_loop}
+        found |= {root(storage_loop[s]) for s in map(storage_of, inputs) if s in storage_loop}
         loop = min(found) if found else None
         for other in found:  # one loop depending on two: they are one
             parent[other] = loop
@@ -104,7 +104,7 @@ def _gram_loops(graph: fx.Graph) -> list[list[fx.Node]]:
             continue
         loop_of[node] = loop
         for target in [node, *written_args(node)]:
-            storage = _storage(target)
+            storage = storage_of(target)
             if storage is not None:
                 storage_loop[storage] = loop
     merged: dict[int, list[fx.Node]] = {}
@@ -129,13 +129,3 @@ def _reason(gram: fx.Node) -> str:
         tensors = [n for n in flat_nodes(node.args) if isinstance(example_value(n), torch.Tensor)]
         node = tensors[0] if tensors else None
     return "a loop of Gram products whose input is not divided by a norm of its own: the walk starts no loop there"
-
-
-def _storage(node: fx.Node) -> StorageWeakRef | None:
-    value = example_value(node)
-    if not isinstance(value, torch.Tensor):
-        return None
-    try:
-        return StorageWeakRef(value.untyped_storage())
-    except (NotImplementedError, RuntimeError):
-        return None

@@ -27,6 +27,8 @@ import torch.fx as fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from muon_compile.compat import VIEW_ATTRIBUTE_OPS
+from muon_compile.fx_writes import storage_of as _storage
+from muon_compile.fx_writes import written_args
 
 from .graph_utils import local_value
 from .ns_algebra import GRAM, ONE, Gram, Odd, Value, combine, next_iterate, poly_add, product, scaled
@@ -102,13 +104,6 @@ def example_value(node: Any) -> Any:
     return node.meta.get("example_value") if isinstance(node, fx.Node) else None
 
 
-def _storage(node: Any) -> StorageWeakRef | None:
-    t = example_value(node)
-    if not isinstance(t, torch.Tensor):
-        return None
-    return StorageWeakRef(local_value(t).untyped_storage())
-
-
 def _reads_metadata(node: fx.Node) -> bool:
     """``x.size()``, ``x.shape`` ...: reads no values, so it is no escape."""
     if node.op == "call_method":
@@ -156,19 +151,8 @@ def _unread_input(node: fx.Node, name: str | None) -> fx.Node | None:
 
 
 def _written_storages(graph: fx.Graph) -> set[StorageWeakRef]:
-    """The storages the graph writes: the first argument (or list of them: ``_foreach_*_``)
-    of each in-place call, and each ``out=`` buffer."""
-    written: set[StorageWeakRef] = set()
-    for node in graph.nodes:
-        if node.op not in ("call_function", "call_method"):
-            continue
-        name = node.target if node.op == "call_method" else getattr(node.target, "__name__", "")
-        targets = [node.kwargs.get("out")]
-        if isinstance(name, str) and name.endswith("_") and not name.endswith("__") and node.args:
-            first = node.args[0]
-            targets.extend(first if isinstance(first, (list, tuple)) else [first])
-        written.update(_storage(t) for t in targets if isinstance(t, fx.Node))
-    return written - {None}
+    """The storages the graph writes in place (:func:`muon_compile.fx_writes.written_args`)."""
+    return {_storage(t) for node in graph.nodes for t in written_args(node)} - {None}
 
 
 def _coefficient_table(node: fx.Node, value: torch.Tensor) -> bool:
