@@ -37,10 +37,22 @@ OPTION = "triton.cudagraphs"
 
 @dataclasses.dataclass(frozen=True)
 class Lift:
-    """Graph inputs (by position) compiled on ``device`` and copied there at every call."""
+    """Graph inputs (by position, grouped by dtype: one copy per group) compiled on ``device``
+    and copied there at every call."""
 
-    positions: tuple[int, ...]
+    groups: tuple[tuple[int, ...], ...]
     device: torch.device
+
+    @property
+    def positions(self) -> tuple[int, ...]:
+        return tuple(sorted(i for group in self.groups for i in group))
+
+    @classmethod
+    def of(cls, positions: Sequence[int], example_inputs: Sequence[Any], device: torch.device) -> Lift:
+        by_dtype: dict[torch.dtype, list[int]] = {}
+        for i in positions:
+            by_dtype.setdefault(example_inputs[i].dtype, []).append(i)
+        return cls(tuple(map(tuple, by_dtype.values())), device)
 
     def inputs(self, example_inputs: Sequence[Any]) -> list[Any]:
         """``example_inputs`` with the lifted ones on the device: what the step is compiled for."""
@@ -54,10 +66,7 @@ class Lift:
 
         def run(*args: Any) -> Any:
             inputs = list(args)
-            by_dtype: dict[torch.dtype, list[int]] = {}
-            for i in self.positions:
-                by_dtype.setdefault(inputs[i].dtype, []).append(i)
-            for positions in by_dtype.values():
+            for positions in self.groups:  # Dynamo's guards keep each input's dtype
                 values = torch.stack([inputs[i] for i in positions]).to(self.device).unbind()
                 for i, value in zip(positions, values):
                     inputs[i] = value
@@ -95,7 +104,7 @@ def decide(gm: fx.GraphModule, patches: dict[str, Any], example_inputs: Sequence
     for i in scalars:  # a lifted input is a fresh tensor every call: never a static address
         placeholders[i].meta.get("tensor_dict", {}).pop("_dynamo_static_input_type", None)
     device = next(t.device for t in example_inputs if isinstance(t, torch.Tensor) and t.device.type == "cuda")
-    return Lift(tuple(scalars), device)
+    return Lift.of(scalars, example_inputs, device)
 
 
 def written_inputs(gm: fx.GraphModule, positions: Sequence[int]) -> list[str]:

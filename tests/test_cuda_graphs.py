@@ -166,7 +166,7 @@ def test_a_lifted_step_reads_each_calls_hyper_parameters(monkeypatch):
     lifts = []
 
     def lift_all(gm, patches, example_inputs):
-        lifts.append(cuda_graphs.Lift(tuple(cuda_graphs.cpu_scalars(example_inputs)), torch.device("cpu")))
+        lifts.append(cuda_graphs.Lift.of(cuda_graphs.cpu_scalars(example_inputs), example_inputs, torch.device("cpu")))
         return lifts[-1]
 
     monkeypatch.setattr(cuda_graphs, "decide", lift_all)
