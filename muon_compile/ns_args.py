@@ -5,12 +5,13 @@ buckets by it, and the kernel runs it. It alone converts to and from the flat ar
 list of the custom ops' schema (:data:`NSArgs.SCHEMA`, after the tensor arguments)::
 
     float[] coefficients, int steps, float eps, float norm_scale, bool clamp_eps,
-    ScalarType compute_dtype, str algorithm
+    ScalarType compute_dtype, str algorithm, int[]? restarts=None
 
 In the type, ``coefficients`` holds one ``(a, b, c)`` triple per iteration, so two
 evaluations of the same function compare equal whatever schedule spelling produced
 them. In the flat form the trailing repeats of the last triple are dropped (the op
-repeats the last triple), so Keller's five identical steps read ``[a, b, c], 5``.
+repeats the last triple), so Keller's five identical steps read ``[a, b, c], 5``, and
+``restarts`` is left out when it is None (the schema's default).
 
 Adding a field means adding it here, to :data:`NSArgs.SCHEMA`, :meth:`NSArgs.to_op` and
 :meth:`NSArgs.from_op`, and to this module's tests; the ops, the kernel and the passes
@@ -92,6 +93,10 @@ class NSArgs:
             ``"gram"`` (on the small Gram matrix ``X X^T``, ``X`` multiplied once at the
             end) or ``"auto"`` (chosen per shape by :func:`muon_compile.ns_cost.choose`).
             Equal in exact arithmetic; they round differently.
+        restarts: for ``"gram"`` only, the iterations before which the Gram evaluation
+            restarts (``X <- Q X; R = X X^T``), in increasing order within ``(0, steps)``;
+            None: every :data:`muon_compile.ns_cost.RESTART_EVERY` iterations. ``canonicalize``
+            keeps those of a hand-written Gram loop.
 
     Raises ``ValueError`` naming the offending value for anything the op does not define.
     """
@@ -102,13 +107,14 @@ class NSArgs:
     clamp_eps: bool = False
     compute_dtype: torch.dtype = torch.bfloat16
     algorithm: str = AUTO
+    restarts: tuple[int, ...] | None = None
 
     # The schema fragment of these arguments in the custom ops, after their tensor arguments.
     SCHEMA: ClassVar[str] = (
         "float[] coefficients, int steps, float eps, float norm_scale, bool clamp_eps, ScalarType compute_dtype, "
-        "str algorithm"
+        "str algorithm, int[]? restarts=None"
     )
-    ARITY: ClassVar[int] = 7  # entries of the flat form
+    ARITY: ClassVar[int] = 8  # entries of the flat form (the last may be left out: None)
 
     def __post_init__(self) -> None:
         if isinstance(self.coefficients, (str, bytes)) or not isinstance(self.coefficients, Sequence) or not self.coefficients:
@@ -128,6 +134,16 @@ class NSArgs:
         if self.compute_dtype not in COMPUTE_DTYPES:
             raise ValueError(f"newton_schulz compute_dtype must be one of {COMPUTE_DTYPES}, got {self.compute_dtype!r}")
         check_algorithm(self.algorithm)
+        if self.restarts is not None:
+            restarts = tuple(self.restarts) if isinstance(self.restarts, Sequence) else None
+            if self.algorithm != GRAM or restarts is None or not all(
+                type(r) is int and 0 < r < len(self.coefficients) for r in restarts
+            ) or list(restarts) != sorted(set(restarts)):
+                raise ValueError(
+                    f"newton_schulz restarts must be increasing iteration indices in (0, steps) of algorithm "
+                    f"'gram', got {self.restarts!r} with algorithm {self.algorithm!r} and {len(self.coefficients)} steps"
+                )
+            object.__setattr__(self, "restarts", restarts)
         object.__setattr__(self, "eps", float(self.eps))
         object.__setattr__(self, "norm_scale", float(self.norm_scale))
 
@@ -153,20 +169,24 @@ class NSArgs:
         while len(triples) > 1 and triples[-2] == triples[-1]:
             triples.pop()
         flat = [v for t in triples for v in t]
-        return (flat, self.steps, self.eps, self.norm_scale, self.clamp_eps, self.compute_dtype, self.algorithm)
+        flat_args = (flat, self.steps, self.eps, self.norm_scale, self.clamp_eps, self.compute_dtype, self.algorithm)
+        return flat_args if self.restarts is None else (*flat_args, list(self.restarts))
 
     @classmethod
     def from_op(cls, flat: Sequence[object]) -> NSArgs:
-        """Inverse of :meth:`to_op`: the ops' flat arguments (exactly :data:`ARITY` of them)."""
-        if len(flat) != cls.ARITY:
+        """Inverse of :meth:`to_op`: the ops' flat arguments (:data:`ARITY` of them, or one
+        fewer without ``restarts``)."""
+        if len(flat) not in (cls.ARITY - 1, cls.ARITY):
             raise ValueError(f"newton_schulz takes {cls.ARITY} arguments after its tensors ({cls.SCHEMA}), got {len(flat)}")
-        coefficients, steps, eps, norm_scale, clamp_eps, compute_dtype, algorithm = flat
+        coefficients, steps, eps, norm_scale, clamp_eps, compute_dtype, algorithm = flat[:7]
+        restarts = flat[7] if len(flat) == cls.ARITY and flat[7] is not None else None
         values = list(coefficients)  # type: ignore[call-overload]
         if not values or len(values) % 3:
             raise ValueError(f"newton_schulz coefficients must hold 3*k values (k >= 1), got {len(values)}: {values!r}")
         triples = [tuple(values[i : i + 3]) for i in range(0, len(values), 3)]
         return cls.repeating(
-            triples, steps, eps=eps, norm_scale=norm_scale, clamp_eps=clamp_eps, compute_dtype=compute_dtype, algorithm=algorithm
+            triples, steps, eps=eps, norm_scale=norm_scale, clamp_eps=clamp_eps, compute_dtype=compute_dtype,
+            algorithm=algorithm, restarts=None if restarts is None else tuple(restarts),
         )  # type: ignore[arg-type]
 
     def describe(self) -> str:
@@ -181,5 +201,7 @@ class NSArgs:
             i = j + 1
         norm = f"max(norm * {self.norm_scale:g}, {self.eps:g})" if self.clamp_eps else f"norm * {self.norm_scale:g} + {self.eps:g}"
         algorithm = "" if self.algorithm == AUTO else f"; {self.algorithm}"
+        if self.restarts is not None:
+            algorithm += f", restarts before {list(self.restarts)}" if self.restarts else ", no restart"
         return f"{self.steps} steps {', '.join(runs)}; divide by {norm}; {self.compute_dtype}{algorithm}"
 

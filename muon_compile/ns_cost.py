@@ -71,9 +71,14 @@ def iteration_dtype(algorithm: str, compute_dtype: torch.dtype) -> torch.dtype:
     return compute_dtype
 
 
-def segments(steps: int) -> tuple[int, ...]:
-    """The lengths of the runs of Gram iterations between restarts (:data:`RESTART_EVERY`)."""
-    return tuple(min(RESTART_EVERY, steps - start) for start in range(0, steps, RESTART_EVERY))
+def segments(steps: int, restarts: tuple[int, ...] | None = None) -> tuple[int, ...]:
+    """The lengths of the runs of Gram iterations between restarts: before each iteration of
+    ``restarts`` (:attr:`muon_compile.ns_args.NSArgs.restarts`), or every :data:`RESTART_EVERY`
+    iterations when it is None. (The costs here assume the latter.)"""
+    if restarts is None:
+        return tuple(min(RESTART_EVERY, steps - start) for start in range(0, steps, RESTART_EVERY))
+    bounds = (0, *restarts, steps)
+    return tuple(end - start for start, end in zip(bounds, bounds[1:]))
 
 
 def products(algorithm: str, rows: int, cols: int, steps: int, compute_dtype: torch.dtype) -> tuple[Product, ...]:

@@ -100,7 +100,8 @@ def gram_iteration(X: Tensor, args: NSArgs, acc: torch.dtype, frobenius: Tensor)
         R = X X^T
         for each (a, b, c):  Z = c R R + b R + a I;  Q = Z Q (Q = Z the first time);
                              R = Z (Z R)             (not before a restart or the end)
-                             restart every RESTART_EVERY iterations: X = Q X; R = X X^T
+                             restart before each of args.restarts (default: every
+                             RESTART_EVERY iterations): X = Q X; R = X X^T
         result = Q X
 
     ``X`` is multiplied twice per run between restarts, the rest is ``rows x rows``. The
@@ -126,7 +127,7 @@ def gram_iteration(X: Tensor, args: NSArgs, acc: torch.dtype, frobenius: Tensor)
     eye = identity(X.size(-2), X.device, acc)
     Q = None
     i = 0
-    for length in segments(args.steps):
+    for length in segments(args.steps, args.restarts):
         if Q is not None:
             X = torch.bmm(Q, X)
         R = torch.bmm(X, X.mT)

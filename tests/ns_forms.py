@@ -159,6 +159,32 @@ def scaled_in_place_after(G, steps=5, dtype=torch.bfloat16):
     return X
 
 
+def gram_with_restart(G, steps=5, dtype=torch.bfloat16, restart=2):
+    """The iteration carried out on the Gram matrix ``R = X X^T`` (the shape of DeePMD-kit's and
+    DeepSpeed's Gram loops): ``Z = a I + b R + c R^2`` with ``I`` from ``torch.eye``, the factors
+    gathered in ``Q`` (``Q <- Q Z``), ``R <- Z R Z`` in between, ``X <- Q X`` once before
+    iteration ``restart`` and at the end; Polar Express' per-iteration coefficients."""
+    X = G.to(dtype)
+    tall = G.size(-2) > G.size(-1)
+    if tall:
+        X = X.mT
+    X = X / (X.norm(dim=(-2, -1), keepdim=True) + 1e-7)
+    eye = torch.eye(X.size(-2), dtype=dtype, device=X.device)
+    R = X @ X.mT
+    Q = None
+    for i, (a, b, c) in enumerate(POLAR[:steps]):
+        if i == restart:
+            X = Q @ X
+            R = X @ X.mT
+            Q = None
+        Z = a * eye + b * R + c * (R @ R)
+        Q = Z if Q is None else Q @ Z
+        if i + 1 < steps and i + 1 != restart:
+            R = Z @ (R @ Z)
+    X = Q @ X
+    return X.mT if tall else X
+
+
 FORMS = {
     "keller": keller, "polar_express": polar_express, "addmm_clamped": addmm_clamped, "cubic": cubic,
     "spelled_out_norm": spelled_out_norm, "reciprocal_of_clamped_norm": reciprocal_of_clamped_norm,
@@ -169,6 +195,7 @@ SINGLE_DEVICE_FORMS = {
     **FORMS, "reciprocal_of_norm_clamped_in_place": reciprocal_of_norm_clamped_in_place,
     # on one device only, to spare CI a world-2 compile each
     "scaled_in_place_after": scaled_in_place_after, "identity_by_diagonal": identity_by_diagonal,
+    "gram_with_restart": gram_with_restart,
 }
 
 
@@ -306,6 +333,20 @@ def shifted_diagonal(G, steps=2, dtype=torch.float32):
     return X
 
 
+def gram_missing_a_factor(G, steps=3, dtype=torch.float32):
+    """:func:`gram_with_restart` without restart, but ``R <- Z R``: no Gram matrix of an iterate."""
+    X = G.to(dtype)
+    X = X / (X.norm(dim=(-2, -1), keepdim=True) + 1e-7)
+    eye = torch.eye(X.size(-2), dtype=dtype)
+    R = X @ X.mT
+    Q = None
+    for a, b, c in POLAR[:steps]:
+        Z = a * eye + b * R + c * (R @ R)
+        Q = Z if Q is None else Q @ Z
+        R = Z @ R
+    return Q @ X
+
+
 NEAR_MISSES = {
     septic: ([(8, 12)], "degree 3"),
     spectral_norm: ([(8, 12)], "not the Frobenius norm"),
@@ -317,6 +358,7 @@ NEAR_MISSES = {
     eps_under_the_root: ([(8, 12)], "under the square root"),
     updated_in_place_beside_a_copy: ([(8, 12)], "while another copy of it is read"),
     shifted_diagonal: ([(8, 12)], "is read by diagonal, outside the iteration"),
+    gram_missing_a_factor: ([(8, 12)], "the last step is a polynomial of degree 26"),
 }
 
 

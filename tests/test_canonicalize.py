@@ -125,6 +125,22 @@ def test_coefficients_eps_and_dtype_are_read_off_exactly():
 
 
 
+@pytest.mark.parametrize("shape", [(8, 12), (12, 8), (2, 8, 12)])
+def test_a_loop_on_the_gram_matrix_is_read_off_exactly(shape):
+    """``R <- Z R Z``, ``Q <- Q Z`` and a restart ``X <- Q X``: the op with ``algorithm="gram"``,
+    each iteration's coefficients exactly as written (not re-derived from ``Z R Z``), the
+    restart where the code put it."""
+    from ns_forms import POLAR, gram_with_restart
+
+    gm = _dynamo_graph(lambda G: gram_with_restart(G, steps=5), _inputs([shape]))
+    (match,), rejected = plan_canonical(gm.graph)
+    assert not rejected
+    assert match.args.coefficients == tuple(POLAR[:5])
+    assert (match.args.algorithm, match.args.compute_dtype, match.args.eps) == ("gram", torch.bfloat16, 1e-7)
+    assert match.chain.restarts == match.args.restarts == (2,)
+    assert [r.scale for r in match.replacements] == [1.0]
+
+
 @pytest.mark.parametrize("table", [False, True], ids=["triple", "table"])
 def test_tensor_settings_held_as_graph_inputs_are_planned_as_constants(table):
     """eps, norm scale and coefficients (a triple, or one row per iteration) read from tensor

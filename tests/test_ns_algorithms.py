@@ -40,6 +40,24 @@ def test_gram_flops_closed_form():
     assert ns_cost.ns_flops(n, m, 5, "gram") == ns_cost.ns_flops(m, n, 5, "gram")  # tall = its transpose
 
 
+@pytest.mark.parametrize("restarts", [None, (), (2,), (1, 3, 4)], ids=["default", "none", "2", "1-3-4"])
+def test_gram_restarts_where_asked(restarts):
+    """``NSArgs.restarts`` (kept from a hand-written Gram loop) splits the Gram iteration
+    there; in fp64 every split computes the textbook polynomial (to 1e-12, the products'
+    rounding over 5 steps on a unit-norm input)."""
+    bounds = (0, *restarts, 5) if restarts is not None else None
+    expected = ns_cost.segments(5) if bounds is None else tuple(b - a for a, b in zip(bounds, bounds[1:]))
+    assert ns_cost.segments(5, restarts) == expected
+    x = torch.randn(3, 16, 40, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    args = dataclasses.replace(ns_args("polar_express", 5, compute_dtype=torch.float64), algorithm="gram", restarts=restarts)
+    textbook = orthogonalize(x, dataclasses.replace(args, algorithm="textbook", restarts=None))
+    with FlopCounterMode(display=False) as counter:
+        got = orthogonalize(x, args)
+    torch.testing.assert_close(got, textbook, rtol=0, atol=1e-12)
+    runs, m, n = len(expected), 16, 40  # the kernel restarts where asked: 4 k m^2 n + (8 T - 6 k) m^3
+    assert counter.get_total_flops() == 3 * (4 * runs * m * m * n + (8 * 5 - 6 * runs) * m**3)
+
+
 def test_pointwise_bytes_by_hand():
     """The memory-bound passes beside the products, bf16 in and out: textbook reads the
     matrix twice and writes it once (norm, scale), and per iteration reads two ``m x m``

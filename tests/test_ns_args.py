@@ -20,8 +20,12 @@ def test_flat_form_round_trips(preset, steps):
     args = coeffs.ns_args(preset, steps, eps=1e-6, compute_dtype=torch.float32, clamp_eps=True)
     assert args.steps == steps and len(args.coefficients) == steps
     flat = args.to_op()
-    assert len(flat) == NSArgs.ARITY
-    assert NSArgs.from_op(flat) == args
+    assert len(flat) == NSArgs.ARITY - 1  # restarts None: left to the schema's default
+    assert NSArgs.from_op(flat) == NSArgs.from_op((*flat, None)) == args
+    if steps > 1:
+        gram = dataclasses.replace(args, algorithm="gram", restarts=(1,))
+        assert len(gram.to_op()) == NSArgs.ARITY and gram.to_op()[-1] == [1]
+        assert NSArgs.from_op(gram.to_op()) == gram != dataclasses.replace(gram, restarts=None)
 
 
 def test_one_value_per_function():
@@ -48,6 +52,8 @@ def test_describe_names_every_argument():
     assert text == "5 steps (3.4445, -4.775, 2.0315) x5; divide by max(norm * 1, 1e-06); torch.bfloat16"
     gram = dataclasses.replace(coeffs.ns_args("keller", 5), algorithm="gram")
     assert gram.describe().endswith("; torch.bfloat16; gram")
+    assert dataclasses.replace(gram, restarts=(2,)).describe().endswith("; gram, restarts before [2]")
+    assert dataclasses.replace(gram, restarts=()).describe().endswith("; gram, no restart")
 
 
 @pytest.mark.parametrize(
@@ -61,6 +67,9 @@ def test_describe_names_every_argument():
         (dict(coefficients=(KELLER,), clamp_eps=1), "clamp_eps must be a bool"),
         (dict(coefficients=(KELLER,), compute_dtype=torch.int32), "compute_dtype"),
         (dict(coefficients=(KELLER,), algorithm="fast"), r"algorithm must be one of \['auto', 'textbook', 'gram'\]"),
+        (dict(coefficients=(KELLER,) * 5, restarts=(2,)), "restarts .* of algorithm 'gram'"),
+        (dict(coefficients=(KELLER,) * 5, algorithm="gram", restarts=(3, 2)), "increasing"),
+        (dict(coefficients=(KELLER,) * 5, algorithm="gram", restarts=(5,)), r"in \(0, steps\)"),
     ],
 )
 def test_invalid_arguments_raise_value_error(fields, match):
@@ -73,7 +82,7 @@ def test_invalid_arguments_raise_value_error(fields, match):
     [
         (([1.0, 2.0, 3.0, 4.0], 5, 1e-7, 1.0, False, torch.float32, "auto"), r"3\*k values"),
         (([*KELLER], 0, 1e-7, 1.0, False, torch.float32, "auto"), "steps must be >= 1"),
-        (([*KELLER], 5, 1e-7, 1.0, False, torch.float32), "takes 7 arguments"),
+        (([*KELLER], 5, 1e-7, 1.0, False), "takes 8 arguments"),
     ],
 )
 def test_invalid_flat_form_raises_value_error(flat, match):

@@ -57,7 +57,7 @@ from torch.distributed.tensor import DTensor
 
 from muon_compile import explain
 from muon_compile.counters import counters
-from muon_compile.ns_args import NSArgs
+from muon_compile.ns_args import AUTO, GRAM, NSArgs
 from muon_compile.ns_op import NEWTON_SCHULZ, newton_schulz_routed
 
 from muon_compile.fx_writes import storage_of
@@ -137,7 +137,11 @@ def match_chain(chain: Chain) -> Match | Rejection:
         return Rejection(chain, f"the last step is a polynomial of degree {len(last) - 1}, not 1 or 2")
     triples = tuple(tuple(p) + (0.0,) * (3 - len(p)) for p in (*chain.steps, poly_trim(last)))
     norm = chain.norm
-    args = NSArgs(triples, eps=norm.eps, norm_scale=norm.scale, clamp_eps=norm.clamp, compute_dtype=chain.dtype)
+    args = NSArgs(
+        triples, eps=norm.eps, norm_scale=norm.scale, clamp_eps=norm.clamp, compute_dtype=chain.dtype,
+        # a loop on the Gram matrix stays one, restarted where the code restarts it
+        algorithm=GRAM if chain.gram else AUTO, restarts=chain.restarts if chain.gram else None,
+    )
     updating = [e for e in chain.escapes if e.updates and e.through is None]
     direct = [(e, v) for e, v in zip(chain.escapes, finals) if e.through is None]
     if updating and (len({storage_of(e.arg) for e, _ in direct}) > 1 or any(v.scale != 1.0 for _, v in direct)):

@@ -31,7 +31,10 @@ from muon_compile.fx_writes import storage_of as _storage
 from muon_compile.fx_writes import written_args
 
 from .graph_utils import local_value
-from .ns_algebra import GRAM, ONE, Gram, Odd, Value, combine, next_iterate, poly_add, product, scaled
+from .ns_algebra import (
+    CHAIN_VALUES, GRAM, ONE, Gram, Identity, Odd, Transfer, Value, combine, gram_step, next_iterate, poly_add, product,
+    scaled,
+)
 
 __all__ = ["Chain", "Escape", "NormOf", "example_value", "node_kind", "walk_graph"]
 
@@ -46,7 +49,7 @@ _FUNCTIONS = {
     operator.matmul: "matmul", torch.matmul: "matmul", torch.mm: "matmul", torch.bmm: "matmul",
     torch.addmm: "addmm", torch.baddbmm: "addmm",
     torch.transpose: "transpose", torch.swapaxes: "transpose", torch.swapdims: "transpose", torch.t: "t",
-    torch.diagonal: "diagonal",
+    torch.diagonal: "diagonal", torch.eye: "eye",
     torch.norm: "norm", torch.linalg.norm: "linalg_norm",
     torch.linalg.vector_norm: "vector_norm", torch.linalg.matrix_norm: "matrix_norm",
     torch.clamp: "clamp", torch.clamp_min: "clamp_min",
@@ -179,9 +182,11 @@ def _fixed_inputs(graph: fx.Graph, input_values: Mapping[fx.Node, Any]) -> dict[
     return fixed
 
 
-def _pending_key(v: Odd | Gram) -> tuple:
+def _pending_key(v: Value) -> tuple:
     """An odd value up to orientation (a transpose reads the same scalar factors)."""
-    return (v.chain, v.it, v.poly, v.scale) if isinstance(v, Odd) else (v.chain, v.it, v.poly, v.side)
+    if isinstance(v, Odd):
+        return (v.chain, v.it, v.poly, v.scale)
+    return (v.chain, v.it, v.poly, v.side, getattr(v, "start", None))
 
 
 # ------------------------------------------------------------------ abstract values
@@ -318,6 +323,8 @@ class Chain:
     escapes: tuple[Escape, ...]
     reason: str | None
     fixed: tuple[tuple[fx.Node, torch.Tensor], ...] = ()  # graph inputs read as constants, with their values
+    gram: bool = False  # an iteration ended on the Gram matrix (``R <- Z R Z``): the loop iterates on it
+    restarts: tuple[int, ...] = ()  # iterations before which an accumulated factor multiplied X (``X <- Q X``)
 
 
 @dataclasses.dataclass
@@ -335,6 +342,8 @@ class _Loop:
     escapes: list[Escape] = dataclasses.field(default_factory=list)
     reason: str | None = None
     fixed: dict[fx.Node, torch.Tensor] = dataclasses.field(default_factory=dict)
+    gram: bool = False
+    restarts: set[int] = dataclasses.field(default_factory=set)
 
     @property
     def it(self) -> int:
@@ -349,6 +358,7 @@ class _Loop:
         return Chain(
             self.id, self.start, self.source, self.norm, self.dtype, tuple(self.steps), self.iterates,
             tuple(self.members), tuple(self.escapes), self.reason, tuple(self.fixed.items()),
+            self.gram, tuple(sorted(r for r in self.restarts if r < self.it)),
         )
 
 
@@ -372,6 +382,7 @@ class _Walk:
         self.alias_version: dict[fx.Node, int] = {}
         self.inputs = {_storage(n) for n in graph.nodes if n.op in ("placeholder", "get_attr")} - {None}
         self.diagonals: dict[fx.Node, fx.Node] = {}  # a Gram value's diagonal view -> the Gram value's node
+        self.gram_polys: dict[tuple[int, int], set] = {}  # (chain, iteration) -> its Gram values' polynomials of degree <= 2
 
     # reads and writes ---------------------------------------------------------------
 
@@ -390,7 +401,7 @@ class _Walk:
         value = self.state.get(s)
         if isinstance(value, Updated):
             return value if o is not None else _OPAQUE_VIEW
-        if isinstance(value, (Odd, Gram)):
+        if isinstance(value, CHAIN_VALUES):
             if o is None:
                 if self.alias_version.get(x) == self.version[s]:
                     return None  # made by a node that read the value: that read is the escape
@@ -405,11 +416,15 @@ class _Walk:
         return value  # NormOf
 
     def _current(self, v: Value) -> Value | None:
-        """``v`` re-read at its chain's current iteration (an old iterate is ``X_k``; any
-        other value of a finished iteration makes the chain unrecognisable)."""
+        """``v`` re-read at its chain's current iteration (an old iterate is ``X_k``, a
+        Gram iteration's accumulated factor a :class:`Transfer`). An earlier iterate ``s X_j``
+        stays what it is (a Transfer may multiply it: a restart); any other value of a
+        finished iteration makes the chain unrecognisable."""
         chain = self.chains[v.chain]
         while v.it < chain.it:
             nxt = next_iterate(v, chain.steps[v.it])
+            if nxt is None and isinstance(v, Odd) and len(v.full()) == 1:
+                return v
             if nxt is None:
                 chain.reject(f"an intermediate of iteration {v.it} is used after that iteration ended")
                 return None
@@ -450,7 +465,7 @@ class _Walk:
         if by is not None and isinstance(before, (Odd, Updated)) and o is not None:
             odd = before.value if isinstance(before, Updated) else before
             self.state[s] = Updated(odd, by, o)  # the loop's result, written by an op after it
-        elif isinstance(value, (Odd, Gram)) and o is not None:
+        elif isinstance(value, CHAIN_VALUES) and o is not None:
             self.state[s] = value.transposed(o) if isinstance(value, Odd) else value
         elif isinstance(value, NormOf):  # ``n.mul_(s).add_(eps)``: the norm's storage holds the new value
             self.state[s] = value
@@ -478,17 +493,17 @@ class _Walk:
         args = [None if a is unread else self.read(a) for a in node.args]
         kwargs = {k: self.read(v) for k, v in node.kwargs.items() if k != "out"}
         result = self.evaluate(node, name, args, kwargs) if name else None
-        result = self._track_inputs(result, args, kwargs)
+        result = self._track_inputs(self._gram_of_next(result), args, kwargs)
         if isinstance(result, View):
             self.define(node, None, view_of=result.source, flip=result.flip)
             value = self.read(node)
-            if isinstance(value, (Odd, Gram)):
+            if isinstance(value, CHAIN_VALUES):
                 self.chains[value.chain].members.append(node)
             return
         if _reads_metadata(node) or name == "empty":  # ``empty_like(X)`` reads X's shape, not its values
             self.define(node, None)
             return
-        chain_value = isinstance(result, (Odd, Gram))
+        chain_value = isinstance(result, CHAIN_VALUES)
         if chain_value:
             chain = self.chains[result.chain]
             chain.members.append(node)
@@ -505,7 +520,7 @@ class _Walk:
             self.define(node, None, view_of=target)
         else:
             self.define(node, result)
-            if isinstance(result, Const) and _storage(node) is not None:
+            if isinstance(result, (Const, Identity)) and _storage(node) is not None:
                 self.consts[node] = (result, self.version[_storage(node)])
 
     def _diagonal(self, node: fx.Node, name: str | None, in_place: bool) -> bool:
@@ -535,7 +550,9 @@ class _Walk:
             return False
         sign = 1.0 if name == "add" else -1.0
         self._commit(gram.chain, fixed)
-        self.mutate(base, Gram(gram.chain, gram.it, poly_add(gram.poly, ONE, 1.0, sign * alpha * amount), gram.side))
+        shifted = Gram(gram.chain, gram.it, poly_add(gram.poly, ONE, 1.0, sign * alpha * amount), gram.side)
+        self._note(shifted)
+        self.mutate(base, shifted)
         self.chains[gram.chain].members.append(node)
         self.diagonals[node] = base  # ``d.add_(a).add_(b)``
         return True
@@ -551,9 +568,9 @@ class _Walk:
             return dataclasses.replace(value, inputs=value.inputs | inputs)
         if isinstance(value, ReciprocalOf) and inputs:
             return ReciprocalOf(dataclasses.replace(value.norm, inputs=value.norm.inputs | inputs))
-        if not isinstance(value, (Odd, Gram)):
+        if not isinstance(value, CHAIN_VALUES):
             return value
-        chain_args = [v for v in operands if isinstance(v, (Odd, Gram))]
+        chain_args = [v for v in operands if isinstance(v, CHAIN_VALUES)]
         carried = [self.pending.get(_pending_key(v)) for v in chain_args]
         inputs = inputs.union(*(c for c in carried if c))
         # one odd value scaled, or odd values that are all scaled ones combined (``X * lr + X * wd``)
@@ -592,7 +609,7 @@ class _Walk:
                 current = self._current(value.value.transposed(o))
                 if current is not None:
                     chain.escapes.append(Escape(user, arg, current, through=value.by, updates=arg is mutated))
-            elif isinstance(value, Gram):
+            elif isinstance(value, (Gram, Transfer)):
                 self.chains[value.chain].reject(f"a Gram matrix is read by {user.name}, outside the iteration")
             elif isinstance(value, Odd):
                 self.chains[value.chain].escapes.append(Escape(user, arg, value, updates=arg is mutated))
@@ -612,7 +629,9 @@ class _Walk:
             folded = self._fold(node, name, args, kwargs)
             if folded is not None:
                 return folded
-        if name in ("contiguous", "clone") and isinstance(x, (Odd, Gram)) and len(args) == 1:
+        if name == "eye" or (any(isinstance(a, Identity) for a in args) and not any(isinstance(a, CHAIN_VALUES) for a in args)):
+            return self._identity(node, name, args, kwargs)
+        if name in ("contiguous", "clone") and isinstance(x, CHAIN_VALUES) and len(args) == 1:
             # a copy holds the same value; a no-op ``contiguous`` is the tensor itself
             return View(node.args[0], False) if _storage(node) == _storage(node.args[0]) else x
         if name in _CASTS or name in ("to", "type"):
@@ -628,26 +647,26 @@ class _Walk:
             return self._start(node, node.args[i], args[i], args[1 - i].norm)
         if isinstance(x, NormOf) or (len(args) > 1 and isinstance(args[1], NormOf)):
             return self._norm_arith(node, name, args, kwargs)
-        chains = {v.chain for v in (*args, *kwargs.values()) if isinstance(v, (Odd, Gram))}
+        chains = {v.chain for v in (*args, *kwargs.values()) if isinstance(v, CHAIN_VALUES)}
         if len(chains) != 1:
             return None
         if name in ("add", "sub"):
             other = args[1] if len(args) > 1 else kwargs.get("other")
             alpha = kwargs.get("alpha", 1)
-            if not (_is_scalar(alpha) and isinstance(x, (Odd, Gram)) and isinstance(other, (Odd, Gram))):
+            if not (_is_scalar(alpha) and isinstance(x, (*CHAIN_VALUES, Identity)) and isinstance(other, (*CHAIN_VALUES, Identity))):
                 return None
             return combine(x, other, 1.0, float(alpha) * (-1.0 if name == "sub" else 1.0))
         if name in ("mul", "div"):
             other = args[1] if len(args) > 1 else kwargs.get("other")
             if "rounding_mode" in kwargs:
                 return None
-            if isinstance(x, (Odd, Gram)) and _is_scalar(other):
+            if isinstance(x, CHAIN_VALUES) and _is_scalar(other):
                 factor = float(other) if name == "mul" else 1.0 / float(other)
                 return self._renormalised(node, x, factor) or scaled(x, factor)
-            if name == "mul" and _is_scalar(x) and isinstance(other, (Odd, Gram)):
+            if name == "mul" and _is_scalar(x) and isinstance(other, CHAIN_VALUES):
                 return scaled(other, float(x))
             return None
-        if name == "neg" and isinstance(x, (Odd, Gram)):
+        if name == "neg" and isinstance(x, CHAIN_VALUES):
             return scaled(x, -1.0)
         if name == "matmul" and len(args) == 2:
             return self._matmul(*args)
@@ -656,7 +675,7 @@ class _Walk:
             prod = self._matmul(args[1], args[2])
             if _unread_input(node, name) is not None and _is_scalar(alpha) and prod is not None:
                 return scaled(prod, float(alpha))  # beta=0: the input is ignored
-            if not (_is_scalar(beta) and _is_scalar(alpha) and isinstance(x, (Odd, Gram)) and prod is not None):
+            if not (_is_scalar(beta) and _is_scalar(alpha) and isinstance(x, CHAIN_VALUES) and prod is not None):
                 return None
             return combine(x, prod, float(beta), float(alpha))
         return None
@@ -824,9 +843,58 @@ class _Walk:
         # chain values are oriented like the root of M's storage, the op's input
         return Odd(chain.id, 0, ONE, 1.0, self.orient[source])
 
-    def _matmul(self, u: Any, v: Any) -> Value | None:
-        if not (isinstance(u, (Odd, Gram)) and isinstance(v, (Odd, Gram))) or u.chain != v.chain:
+    def _identity(self, node: fx.Node, name: str, args: list, kwargs: dict) -> Identity | None:
+        """``torch.eye(n)``, and what keeps it ``s I`` for each of its matrices: a multiple, a
+        cast, a copy, a batch dimension added or expanded in front."""
+        out, src = example_value(node), example_value(node.args[0]) if node.args else None
+        if not isinstance(out, torch.Tensor) or out.dim() < 2 or out.shape[-1] != out.shape[-2]:
             return None
+        if name == "eye":
+            return Identity() if len(node.args) == 1 and set(kwargs) <= {"dtype", "device", "layout", "requires_grad", "pin_memory"} else None
+        x = args[0]
+        if name in ("mul", "div") and len(args) == 2 and not kwargs:
+            eye, k = (x, args[1]) if isinstance(x, Identity) else (args[1], x)
+            # a Python number only: a tensor's value would have to be checked at run time
+            if not (isinstance(eye, Identity) and isinstance(k, (int, float))) or (name == "div" and eye is not x):
+                return None
+            return scaled(eye, float(k) if name == "mul" else 1.0 / float(k))
+        keeps = name in ("contiguous", "clone", "unsqueeze", "expand") or _cast_dtype(node, name) is not None
+        if isinstance(x, Identity) and keeps and isinstance(src, torch.Tensor) and src.shape[-2:] == out.shape[-2:]:
+            return x
+        return None
+
+    def _note(self, value: Gram | Transfer) -> None:
+        """Keep the polynomial of degree <= 2 of a Gram value or a Transfer: a step
+        :func:`_gram_of_next` may find (``Z``, or ``Q <- Z Q`` with ``Z`` never formed alone)."""
+        if len(value.poly) <= 3:
+            self.gram_polys.setdefault((value.chain, value.it), set()).add(value.poly)
+
+    def _gram_of_next(self, value: Any) -> Any:
+        """``value``, or, for a Gram value ``L q(L)^2`` of the current iteration
+        (:func:`~.ns_algebra.gram_step`), the end of that iteration with step ``q``: the value
+        is then ``L`` of the next one (a loop iterating on the Gram matrix)."""
+        if not isinstance(value, (Gram, Transfer)) or value.it != self.chains[value.chain].it:
+            return value
+        chain = self.chains[value.chain]
+        if isinstance(value, Transfer):
+            self._note(value)
+            return value
+        step = gram_step(value.poly, self.gram_polys.get((chain.id, chain.it), ()))
+        if step is None:
+            self._note(value)
+            return value
+        chain.steps.append(step)
+        chain.gram = True
+        return Gram(chain.id, chain.it, GRAM, value.side)
+
+    def _matmul(self, u: Any, v: Any) -> Value | None:
+        if not (isinstance(u, CHAIN_VALUES) and isinstance(v, CHAIN_VALUES)) or u.chain != v.chain:
+            return None
+        if isinstance(u, Transfer) != isinstance(v, Transfer) and Odd in (type(u), type(v)):
+            result = product(u, v)  # X <- Q X: the accumulated factor applied (a restart, or the end)
+            if result is not None:
+                self.chains[u.chain].restarts.add(result.it + 1)
+            return result
         chain = self.chains[u.chain]
         if isinstance(u, Odd) and isinstance(v, Odd) and u.t != v.t:
             chain.iterates = True

@@ -145,5 +145,4 @@ def deepspeed_gram(params, dtype):
 
 ENTRY = Entry("deepspeed_gram",
               "deepspeedai/DeepSpeed deepspeed/runtime/zero/muon/original_muon.py (Gram Newton–Schulz, the default method)",
-              "distributed library", deepspeed_gram, torch.float16,
-              today="is a polynomial of degree 12 in X X^T")
+              "distributed library", deepspeed_gram, torch.float16)
