@@ -68,7 +68,7 @@ def muon_backend(
     """
     cfg = config.current()
     dump_name = new_dump_name()
-    with explain.collecting(cfg.explain):
+    with explain.collecting(cfg.explain, gm):
         run_torch_passes(gm, cfg, dump_name, example_inputs)
         start = time.perf_counter()
         facts = fingerprint(gm, example_inputs, cfg, _traced_frame_locals())

@@ -4,7 +4,10 @@ For every graph: each Newton–Schulz-like loop found (the user's file and line,
 the FX node's stack trace), recognised with its arguments or left as it was with the
 reason, the bucket and distribution plans, and what Dynamo recorded for the step: the
 graph breaks it met while tracing this graph (Dynamo compiles the graph traced so far
-when it meets one, so the graph ends there) and the reason this graph is a recompile.
+when it meets one, so the graph ends there), where the step is split around this graph
+(:mod:`muon_compile.splits`: a recognised loop alone in its graph is reported "recognised,
+not bucketed: the step is split by <reason> at <file>:<line>") and the reason this graph is
+a recompile.
 
 * ``MUON_COMPILE_EXPLAIN=1`` prints each :class:`GraphReport` as its graph compiles.
 * :func:`explain` (a notebook) runs a step compiled with ``backend="muon"`` once and
@@ -35,6 +38,7 @@ import torch
 import torch.fx as fx
 
 from .compat import DYNAMO_SPECIALIZES_FLOATS, recompile_reason
+from .splits import splits
 
 _KEPT = 64  # reports kept for :func:`reports`
 
@@ -55,6 +59,7 @@ class GraphReport:
     compile_id: str
     recompile_reason: str | None = None
     graph_breaks: list[str] = dataclasses.field(default_factory=list)  # met while tracing it
+    split_by: list[str] = dataclasses.field(default_factory=list)  # where the step is split around it (:mod:`.splits`)
     loops: list[LoopReport] = dataclasses.field(default_factory=list)
     plans: list[str] = dataclasses.field(default_factory=list)
 
@@ -64,10 +69,16 @@ class GraphReport:
             lines.append(f"  recompiled because: {self.recompile_reason.splitlines()[0].strip()}")
         for reason in self.graph_breaks:
             lines.append(f"  ends at a graph break: {reason}")
+        for split in self.split_by:
+            lines.append(f"  the step is split by {split}")
         if not self.loops:
             lines.append("  no Newton–Schulz loop in this graph")
+        # a recognised loop alone in a graph of a split step: nothing to bucket it with
+        alone = self.split_by and sum(loop.recognised for loop in self.loops) == 1
         for loop in self.loops:
             verdict = "recognised" if loop.recognised else "NOT recognised"
+            if loop.recognised and alone:
+                verdict = f"recognised, not bucketed: the step is split by {'; '.join(self.split_by)}"
             lines.append(f"  loop at {loop.where}: {verdict}: {loop.detail}")
         for plan in self.plans:
             lines += ["  " + line for line in plan.splitlines()]
@@ -87,10 +98,10 @@ def reports() -> list[GraphReport]:
 
 
 @contextlib.contextmanager
-def collecting(printing: bool) -> Iterator[GraphReport]:
-    """The report of the graph the backend is about to compile (printed at the end if ``printing``)."""
+def collecting(printing: bool, gm: fx.GraphModule | None = None) -> Iterator[GraphReport]:
+    """The report of the graph the backend is about to compile, ``gm`` (printed at the end if ``printing``)."""
     global _current, _made
-    report = GraphReport(_compile_id(), recompile_reason(), _new_graph_breaks())
+    report = GraphReport(_compile_id(), recompile_reason(), _new_graph_breaks(), splits(gm) if gm is not None else [])
     _warn_float_hyperparameter(report.recompile_reason)
     _current = report
     try:

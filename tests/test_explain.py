@@ -186,3 +186,43 @@ def test_explain_reports_graph_breaks_and_recompiles():
     compiled(torch.ones(2), 2)
     compiled(torch.ones(2), 3)
     assert "recompiled because" in str(explain.reports()[-1])
+
+
+def _one_loop(G):
+    return ns_forms.keller(G, steps=2)
+
+
+def test_explain_names_the_split_that_leaves_a_recognised_loop_alone():
+    """A recognised loop alone in its graph, because the step is split around it, is
+    reported "recognised, not bucketed: the step is split by <reason> at <file>:<line>":
+    a graph break the graph ends at or resumes after, or a caller Dynamo skipped (a graph
+    break in a loop: DeePMD-kit's ``sorted(key=data_ptr)``), which then runs eagerly."""
+
+    def broken(G, H):
+        W = _one_loop(G)
+        torch._dynamo.graph_break()
+        return W, _one_loop(H)
+
+    def sorted_by_address(Gs):
+        out = []
+        for group in [Gs]:
+            group.sort(key=lambda t: t.data_ptr())
+            out += [_one_loop(G) for G in group]
+        return out
+
+    here = inspect.getsourcefile(test_explain_names_the_split_that_leaves_a_recognised_loop_alone)
+    line = {key: inspect.getsourcelines(fn)[1] + offset for key, fn, offset in
+            (("break", broken, 2), ("sort", sorted_by_address, 3))}
+    with config.override(passes="canonicalize"):
+        first, second = explain.explain(broken, torch.randn(8, 12), torch.randn(8, 12))
+        skipped = explain.explain(sorted_by_address, [torch.randn(8, 12), torch.randn(8, 12)])
+    assert f"recognised, not bucketed: the step is split by a graph break (" in str(first)
+    assert f"at {here}:{line['break']}, where this graph ends" in str(first)
+    assert (f"recognised, not bucketed: the step is split by a graph break at {here}:{line['break']} in broken, "
+            f"after which this graph resumes") in str(second)
+    assert skipped and all(
+        f"recognised, not bucketed: the step is split by " in str(r) and f"at {here}:{line['sort']}, so Dynamo runs "
+        f"sorted_by_address eagerly" in str(r) for r in skipped
+    ), [str(r) for r in skipped]
+    # loops of an unsplit step are not reported as split
+    assert "split" not in str(explain.explain(lambda a, b: (_one_loop(a), _one_loop(b)), torch.randn(8, 12), torch.randn(8, 12))[0])
