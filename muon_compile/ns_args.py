@@ -5,13 +5,14 @@ buckets by it, and the kernel runs it. It alone converts to and from the flat ar
 list of the custom ops' schema (:data:`NSArgs.SCHEMA`, after the tensor arguments)::
 
     float[] coefficients, int steps, float eps, float norm_scale, bool clamp_eps,
-    ScalarType compute_dtype, str algorithm, int[]? restarts=None
+    ScalarType compute_dtype, str algorithm, int[]? restarts=None, bool normalize=True
 
 In the type, ``coefficients`` holds one ``(a, b, c)`` triple per iteration, so two
 evaluations of the same function compare equal whatever schedule spelling produced
 them. In the flat form the trailing repeats of the last triple are dropped (the op
 repeats the last triple), so Keller's five identical steps read ``[a, b, c], 5``, and
-``restarts`` is left out when it is None (the schema's default).
+the trailing arguments that hold the schema's defaults (``restarts`` None, ``normalize``
+True) are left out.
 
 Adding a field means adding it here, to :data:`NSArgs.SCHEMA`, :meth:`NSArgs.to_op` and
 :meth:`NSArgs.from_op`, and to this module's tests; the ops, the kernel and the passes
@@ -97,6 +98,10 @@ class NSArgs:
             restarts (``X <- Q X; R = X X^T``), in increasing order within ``(0, steps)``;
             None: every :data:`muon_compile.ns_cost.RESTART_EVERY` iterations. ``canonicalize``
             keeps those of a hand-written Gram loop.
+        normalize: divide by the norm first (True), or take the input as given, already
+            normalised (False: a loop whose input went through a custom rounding after its
+            normalisation, which the code keeps); ``eps``, ``norm_scale`` and ``clamp_eps``
+            are then unused.
 
     Raises ``ValueError`` naming the offending value for anything the op does not define.
     """
@@ -108,13 +113,15 @@ class NSArgs:
     compute_dtype: torch.dtype = torch.bfloat16
     algorithm: str = AUTO
     restarts: tuple[int, ...] | None = None
+    normalize: bool = True
 
     # The schema fragment of these arguments in the custom ops, after their tensor arguments.
     SCHEMA: ClassVar[str] = (
         "float[] coefficients, int steps, float eps, float norm_scale, bool clamp_eps, ScalarType compute_dtype, "
-        "str algorithm, int[]? restarts=None"
+        "str algorithm, int[]? restarts=None, bool normalize=True"
     )
-    ARITY: ClassVar[int] = 8  # entries of the flat form (the last may be left out: None)
+    ARITY: ClassVar[int] = 9  # entries of the flat form (the last two may be left out: defaults)
+    REQUIRED: ClassVar[int] = 7  # entries without a default
 
     def __post_init__(self) -> None:
         if isinstance(self.coefficients, (str, bytes)) or not isinstance(self.coefficients, Sequence) or not self.coefficients:
@@ -144,6 +151,8 @@ class NSArgs:
                     f"'gram', got {self.restarts!r} with algorithm {self.algorithm!r} and {len(self.coefficients)} steps"
                 )
             object.__setattr__(self, "restarts", restarts)
+        if not isinstance(self.normalize, bool):
+            raise ValueError(f"newton_schulz normalize must be a bool, got {self.normalize!r}")
         object.__setattr__(self, "eps", float(self.eps))
         object.__setattr__(self, "norm_scale", float(self.norm_scale))
 
@@ -170,23 +179,30 @@ class NSArgs:
             triples.pop()
         flat = [v for t in triples for v in t]
         flat_args = (flat, self.steps, self.eps, self.norm_scale, self.clamp_eps, self.compute_dtype, self.algorithm)
-        return flat_args if self.restarts is None else (*flat_args, list(self.restarts))
+        restarts = None if self.restarts is None else list(self.restarts)
+        if not self.normalize:
+            return (*flat_args, restarts, False)
+        return flat_args if restarts is None else (*flat_args, restarts)
 
     @classmethod
     def from_op(cls, flat: Sequence[object]) -> NSArgs:
-        """Inverse of :meth:`to_op`: the ops' flat arguments (:data:`ARITY` of them, or one
-        fewer without ``restarts``)."""
-        if len(flat) not in (cls.ARITY - 1, cls.ARITY):
-            raise ValueError(f"newton_schulz takes {cls.ARITY} arguments after its tensors ({cls.SCHEMA}), got {len(flat)}")
-        coefficients, steps, eps, norm_scale, clamp_eps, compute_dtype, algorithm = flat[:7]
-        restarts = flat[7] if len(flat) == cls.ARITY and flat[7] is not None else None
+        """Inverse of :meth:`to_op`: the ops' flat arguments (:data:`ARITY` of them, or fewer
+        down to :data:`REQUIRED`, the rest at their defaults)."""
+        if not cls.REQUIRED <= len(flat) <= cls.ARITY:
+            raise ValueError(
+                f"newton_schulz takes {cls.REQUIRED} to {cls.ARITY} arguments after its tensors ({cls.SCHEMA}), got {len(flat)}"
+            )
+        coefficients, steps, eps, norm_scale, clamp_eps, compute_dtype, algorithm = flat[: cls.REQUIRED]
+        extra = flat[cls.REQUIRED :]
+        restarts = extra[0] if len(extra) > 0 else None
+        normalize = extra[1] if len(extra) > 1 else True
         values = list(coefficients)  # type: ignore[call-overload]
         if not values or len(values) % 3:
             raise ValueError(f"newton_schulz coefficients must hold 3*k values (k >= 1), got {len(values)}: {values!r}")
         triples = [tuple(values[i : i + 3]) for i in range(0, len(values), 3)]
         return cls.repeating(
             triples, steps, eps=eps, norm_scale=norm_scale, clamp_eps=clamp_eps, compute_dtype=compute_dtype,
-            algorithm=algorithm, restarts=None if restarts is None else tuple(restarts),
+            algorithm=algorithm, restarts=None if restarts is None else tuple(restarts), normalize=normalize,
         )  # type: ignore[arg-type]
 
     def describe(self) -> str:
@@ -203,5 +219,6 @@ class NSArgs:
         algorithm = "" if self.algorithm == AUTO else f"; {self.algorithm}"
         if self.restarts is not None:
             algorithm += f", restarts before {list(self.restarts)}" if self.restarts else ", no restart"
-        return f"{self.steps} steps {', '.join(runs)}; divide by {norm}; {self.compute_dtype}{algorithm}"
+        norm = f"divide by {norm}" if self.normalize else "the input taken as normalised"
+        return f"{self.steps} steps {', '.join(runs)}; {norm}; {self.compute_dtype}{algorithm}"
 

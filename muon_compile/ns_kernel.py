@@ -31,7 +31,8 @@ def orthogonalize(x: Tensor, args: NSArgs, policy: str = AUTO) -> Tensor:
        gives exactly the per-matrix result; :func:`to_low_precision` keeps this rounding
        where a torch version's fusion would drop it), then ``X0 = X / (||X||_F * norm_scale + eps)``
        (or ``/ max(||X||_F * norm_scale, eps)`` when ``clamp_eps``), evaluated in at
-       least fp32 and, for the textbook iteration, rounded once to ``compute_dtype``.
+       least fp32 and, for the textbook iteration, rounded once to ``compute_dtype``
+       (``X0 = X`` without ``args.normalize``: an input normalised by the caller).
     3. The iteration, by the algorithm :func:`algorithm_for` names (``auto`` resolved
        under ``policy``):
 
@@ -72,10 +73,13 @@ def orthogonalize(x: Tensor, args: NSArgs, policy: str = AUTO) -> Tensor:
 def normalized(batch: Tensor, args: NSArgs) -> tuple[Tensor, Tensor, Tensor]:
     """Step 2 of :func:`orthogonalize` on a batch of wide matrices: ``X0`` in at least fp32,
     with the norms (``||X||_F * norm_scale``, ``[batch, 1, 1]``) and the denominators
-    (``norm + eps``, or ``max(norm, eps)`` when ``clamp_eps``) it was divided by."""
+    (``norm + eps``, or ``max(norm, eps)`` when ``clamp_eps``) it was divided by; without
+    ``args.normalize``, ``X`` as given, its norms, and denominators of 1."""
     acc = torch.promote_types(args.compute_dtype, torch.float32)
     X = to_low_precision(batch, args.compute_dtype).to(acc)
     norm = torch.linalg.vector_norm(X, dim=(-2, -1), keepdim=True)
+    if not args.normalize:
+        return X, norm, torch.ones_like(norm)
     if args.norm_scale != 1.0:
         norm = norm * args.norm_scale
     denom = norm.clamp_min(args.eps) if args.clamp_eps else norm + args.eps

@@ -159,6 +159,21 @@ def scaled_in_place_after(G, steps=5, dtype=torch.bfloat16):
     return X
 
 
+def stochastic_rounded(G, steps=3, dtype=torch.bfloat16, normalise=True):
+    """Normalised in fp32, then rounded to ``dtype`` stochastically through its bits (random
+    low bits added, then masked off, HeavyBall's way): a cast the walk cannot read, so the op
+    takes the rounded matrix as it is (``normalize=False``)."""
+    X = G.float()
+    if normalise:
+        X = X / (X.norm(dim=(-2, -1), keepdim=True) + 1e-7)
+    if dtype != torch.bfloat16:  # as HeavyBall: only a rounding to bf16 is random
+        return _keller_steps(X.to(dtype), steps)
+    bits = X.view(torch.int32)
+    noise = torch.randint_like(bits, 0, 1 << 16)
+    X = ((bits + noise) & -65536).view(torch.float32).to(dtype)
+    return _keller_steps(X, steps)
+
+
 def gram_with_restart(G, steps=5, dtype=torch.bfloat16, restart=2):
     """The iteration carried out on the Gram matrix ``R = X X^T`` (the shape of DeePMD-kit's and
     DeepSpeed's Gram loops): ``Z = a I + b R + c R^2`` with ``I`` from ``torch.eye``, the factors
@@ -195,7 +210,7 @@ SINGLE_DEVICE_FORMS = {
     **FORMS, "reciprocal_of_norm_clamped_in_place": reciprocal_of_norm_clamped_in_place,
     # on one device only, to spare CI a world-2 compile each
     "scaled_in_place_after": scaled_in_place_after, "identity_by_diagonal": identity_by_diagonal,
-    "gram_with_restart": gram_with_restart,
+    "gram_with_restart": gram_with_restart, "stochastic_rounded": stochastic_rounded,
 }
 
 
@@ -387,15 +402,9 @@ def exact_torch_muon():
 
 
 # Loops the walk starts no candidate for: the explanation still names them (passes/near_miss.py).
-def stochastic_rounded(G, steps=3, dtype=torch.bfloat16):
-    """Normalised in fp32, then rounded to ``dtype`` stochastically through its bits (random
-    low bits added, then masked off): a cast the walk cannot read."""
-    X = G.float()
-    X = X / (X.norm() + 1e-7)
-    bits = X.view(torch.int32)
-    noise = torch.randint_like(bits, 0, 1 << 16)
-    X = ((bits + noise) & -65536).view(torch.float32).to(dtype)
-    return _keller_steps(X, steps)
+def rounded_unnormalised(G, steps=3, dtype=torch.bfloat16):
+    """:func:`stochastic_rounded` of a matrix never divided by a norm."""
+    return stochastic_rounded(G, steps, dtype, normalise=False)
 
 
 def unnormalised(G, steps=3, dtype=torch.float32):
@@ -405,6 +414,6 @@ def unnormalised(G, steps=3, dtype=torch.float32):
 
 # unseen loop -> (input shapes, the reason the explanation must give)
 UNSEEN = {
-    stochastic_rounded: ([(8, 12)], "integer values"),
+    rounded_unnormalised: ([(8, 12)], "integer values"),
     unnormalised: ([(8, 12)], "not divided by a norm"),
 }

@@ -143,11 +143,11 @@ def test_explain_names_each_loop_its_line_its_verdict_and_the_buckets():
 
 
 def test_explain_names_a_loop_the_walk_never_started():
-    """A loop whose input went through a custom rounding after its normalisation forms no
+    """A loop whose input went through a custom rounding, never normalised, forms no
     candidate; the explanation names it at its first Gram product, with what stopped it."""
 
     def rounded(W, G):
-        W.sub_(0.1 * ns_forms.stochastic_rounded(G).float())
+        W.sub_(0.1 * ns_forms.rounded_unnormalised(G).float())
 
     (report,) = explain.explain(rounded, torch.randn(8, 12), torch.randn(8, 12))
     text = str(report)

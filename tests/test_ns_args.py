@@ -20,11 +20,13 @@ def test_flat_form_round_trips(preset, steps):
     args = coeffs.ns_args(preset, steps, eps=1e-6, compute_dtype=torch.float32, clamp_eps=True)
     assert args.steps == steps and len(args.coefficients) == steps
     flat = args.to_op()
-    assert len(flat) == NSArgs.ARITY - 1  # restarts None: left to the schema's default
-    assert NSArgs.from_op(flat) == NSArgs.from_op((*flat, None)) == args
+    assert len(flat) == NSArgs.REQUIRED  # restarts None, normalize True: left to the schema's defaults
+    assert NSArgs.from_op(flat) == NSArgs.from_op((*flat, None)) == NSArgs.from_op((*flat, None, True)) == args
+    given = dataclasses.replace(args, normalize=False)
+    assert len(given.to_op()) == NSArgs.ARITY and NSArgs.from_op(given.to_op()) == given != args
     if steps > 1:
         gram = dataclasses.replace(args, algorithm="gram", restarts=(1,))
-        assert len(gram.to_op()) == NSArgs.ARITY and gram.to_op()[-1] == [1]
+        assert len(gram.to_op()) == NSArgs.ARITY - 1 and gram.to_op()[-1] == [1]
         assert NSArgs.from_op(gram.to_op()) == gram != dataclasses.replace(gram, restarts=None)
 
 
@@ -54,6 +56,8 @@ def test_describe_names_every_argument():
     assert gram.describe().endswith("; torch.bfloat16; gram")
     assert dataclasses.replace(gram, restarts=(2,)).describe().endswith("; gram, restarts before [2]")
     assert dataclasses.replace(gram, restarts=()).describe().endswith("; gram, no restart")
+    given = dataclasses.replace(coeffs.ns_args("keller", 5), normalize=False).describe()
+    assert given == "5 steps (3.4445, -4.775, 2.0315) x5; the input taken as normalised; torch.bfloat16"
 
 
 @pytest.mark.parametrize(
@@ -70,6 +74,7 @@ def test_describe_names_every_argument():
         (dict(coefficients=(KELLER,) * 5, restarts=(2,)), "restarts .* of algorithm 'gram'"),
         (dict(coefficients=(KELLER,) * 5, algorithm="gram", restarts=(3, 2)), "increasing"),
         (dict(coefficients=(KELLER,) * 5, algorithm="gram", restarts=(5,)), r"in \(0, steps\)"),
+        (dict(coefficients=(KELLER,), normalize=1), "normalize must be a bool"),
     ],
 )
 def test_invalid_arguments_raise_value_error(fields, match):
@@ -82,7 +87,7 @@ def test_invalid_arguments_raise_value_error(fields, match):
     [
         (([1.0, 2.0, 3.0, 4.0], 5, 1e-7, 1.0, False, torch.float32, "auto"), r"3\*k values"),
         (([*KELLER], 0, 1e-7, 1.0, False, torch.float32, "auto"), "steps must be >= 1"),
-        (([*KELLER], 5, 1e-7, 1.0, False), "takes 8 arguments"),
+        (([*KELLER], 5, 1e-7, 1.0, False), "takes 7 to 9 arguments"),
     ],
 )
 def test_invalid_flat_form_raises_value_error(flat, match):

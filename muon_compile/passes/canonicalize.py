@@ -141,6 +141,7 @@ def match_chain(chain: Chain) -> Match | Rejection:
         triples, eps=norm.eps, norm_scale=norm.scale, clamp_eps=norm.clamp, compute_dtype=chain.dtype,
         # a loop on the Gram matrix stays one, restarted where the code restarts it
         algorithm=GRAM if chain.gram else AUTO, restarts=chain.restarts if chain.gram else None,
+        normalize=not norm.given,  # an input normalised, then rounded by the code itself: taken as it is
     )
     updating = [e for e in chain.escapes if e.updates and e.through is None]
     direct = [(e, v) for e, v in zip(chain.escapes, finals) if e.through is None]

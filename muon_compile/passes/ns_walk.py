@@ -218,6 +218,7 @@ class NormOf:
     clamp: bool = False
     bad: str | None = None
     inputs: frozenset[fx.Node] = frozenset()  # graph inputs whose values the scale and eps came from
+    given: bool = False  # no division at all: the loop's input is taken as normalised (see ``_given_start``)
 
     def plus(self, eps: float, clamp: bool) -> NormOf | None:
         if self.eps != 0.0 or self.clamp:
@@ -444,7 +445,9 @@ class _Walk:
             # other alias of a known storage stays unoriented, so a chain read through it escapes
             src = node.args[0] if node.args else None
             same = isinstance(src, fx.Node) and src in self.orient and _storage(src) == s
-            if same and example_value(src).shape == example_value(node).shape and local_value(example_value(src)).stride() == local_value(example_value(node)).stride():
+            before, after = example_value(src) if same else None, example_value(node)
+            # (a view as another dtype, ``bits = X.view(torch.int32)``, is no longer the matrix)
+            if same and (before.shape, before.dtype) == (after.shape, after.dtype) and local_value(before).stride() == local_value(after).stride():
                 self.orient[node] = self.orient[src]
             else:
                 self.alias_version[node] = self.version[s]
@@ -647,6 +650,8 @@ class _Walk:
             return self._start(node, node.args[i], args[i], args[1 - i].norm)
         if isinstance(x, NormOf) or (len(args) > 1 and isinstance(args[1], NormOf)):
             return self._norm_arith(node, name, args, kwargs)
+        if name == "matmul" and len(args) == 2 and isinstance(args[0], Raw) and isinstance(args[1], Raw):
+            return self._given_start(node.args[0], *args)
         chains = {v.chain for v in (*args, *kwargs.values()) if isinstance(v, CHAIN_VALUES)}
         if len(chains) != 1:
             return None
@@ -887,6 +892,27 @@ class _Walk:
         chain.gram = True
         return Gram(chain.id, chain.it, GRAM, value.side)
 
+    def _given_start(self, first: fx.Node, u: Raw, v: Raw) -> Value | None:
+        """``Y @ Y^T`` of a plain matrix ``Y`` computed from a normalised one (the start of a
+        chain that formed no Gram matrix: a cast the walk cannot read followed the division,
+        such as a stochastic rounding through integer bits): a chain whose input is ``Y``,
+        taken as it is (the op's ``normalize=False``); the code that made ``Y`` stays.
+        ``first``: the product's first argument."""
+        s = _storage(first)
+        if u.origin != v.origin or u.t == v.t or s not in self.root or self.version[s] != 0:
+            return None
+        source = self.root[s]  # Y itself (``u``'s origin is the matrix Y was cast from)
+        t = example_value(source)
+        if not isinstance(t, torch.Tensor) or t.dim() not in (2, 3) or not t.dtype.is_floating_point or t.requires_grad:
+            return None
+        starts = {c.start for c in self.chains if not c.iterates}  # a division by a norm, however taken
+        if not _depends_on(source, starts):
+            return None
+        chain = _Loop(len(self.chains), source, source, NormOf(u.origin, given=True), t.dtype)
+        self.chains.append(chain)
+        self.state[s] = Odd(chain.id, 0, ONE)
+        return self._matmul(Odd(chain.id, 0, ONE, 1.0, u.t), Odd(chain.id, 0, ONE, 1.0, v.t))
+
     def _matmul(self, u: Any, v: Any) -> Value | None:
         if not (isinstance(u, CHAIN_VALUES) and isinstance(v, CHAIN_VALUES)) or u.chain != v.chain:
             return None
@@ -907,6 +933,20 @@ class _Walk:
                 return Gram(chain.id, chain.it, GRAM, "R" if u.t else "L")
         return product(u, v)
 
+
+
+def _depends_on(node: fx.Node, targets: set[fx.Node]) -> bool:
+    """Whether ``node`` is computed from one of ``targets``."""
+    seen, frontier = set(), [node]
+    while frontier:
+        n = frontier.pop()
+        if n in targets:
+            return True
+        for m in n.all_input_nodes:
+            if m not in seen:
+                seen.add(m)
+                frontier.append(m)
+    return False
 
 
 def walk_graph(graph: fx.Graph, input_values: Mapping[fx.Node, Any] | None = None) -> list[Chain]:

@@ -228,6 +228,5 @@ ENTRIES = (
           "optimizer library", functools.partial(heavyball_muon, dither=False, refused_call=True), torch.bfloat16),
     Entry("heavyball_stochastic_round",
           "HomebrewML/HeavyBall heavyball/utils.py (Muon; NS input rounded to bf16 at random)",
-          "optimizer library", functools.partial(heavyball_muon, dither=True, refused_call=False), torch.bfloat16,
-          today="passes through integer values"),
+          "optimizer library", functools.partial(heavyball_muon, dither=True, refused_call=False), torch.bfloat16),
 )
