@@ -36,6 +36,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 from torch.distributed.tensor import DTensor, Replicate
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.distributed.tensor.placement_types import _StridedShard
 
 from . import config
@@ -100,7 +101,8 @@ def _make_group(x: DTensor, mesh_dims: list[int], create: bool) -> tuple[str | N
     are several), or None and why not."""
     mesh = x.device_mesh
     index = tuple(slice(None) if i in mesh_dims else c for i, c in enumerate(mesh.get_coordinate()))
-    ranks = mesh.mesh[index].flatten().tolist()  # row-major
+    with unset_fake_temporarily():  # torch 2.11 builds the mesh tensor on demand: not under a fake mode
+        ranks = mesh.mesh[index].flatten().tolist()  # row-major
     if ranks != sorted(ranks):  # a group numbers its ranks in ascending order
         return None, f"the ranks {ranks} of its sub-mesh are not in row-major order"
     if len(mesh_dims) == 1:

@@ -9,6 +9,8 @@ import tempfile
 import pytest
 import torch
 
+from muon_compile.compat import DYNAMO_SORTS_CONFIG_SETS
+
 from dist_harness import run_world
 from dist_workers import (
     FSDP_SHAPES,
@@ -143,9 +145,10 @@ def check_fsdp2_steps(results, names, run, dtype_of):
                 assert_rewrite_close(got - s, e - s, x - s, dtype_of(name), f"{name} rank {rank} matrix {i}")
 
 
-# three corpus entries whose spellings DTensor runs as written (timm's and kozistr's ``out=``
-# buffers are plain tensors, which DTensor does not mix with sharded ones)
-FSDP2_CORPUS = ("keller_muon", "moonlight", "ultralytics")
+# corpus entries whose spellings DTensor runs as written (timm's and kozistr's ``out=`` buffers
+# are plain tensors, which DTensor does not mix with sharded ones), two of them published code
+# as it runs (tests/published/: absl logging in the loop, a call Dynamo refuses around the step)
+FSDP2_CORPUS = ("keller_muon", "moonlight", "ultralytics", "emerging_optimizers_absl", "heavyball_refused_call")
 
 
 def test_fsdp2_corpus_entries_are_bucketed():
@@ -154,8 +157,10 @@ def test_fsdp2_corpus_entries_are_bucketed():
     from dist_workers import corpus_entries, corpus_run
     from muon_corpus import CORPUS
 
-    results = run_world(corpus_entries, 2, 2, FSDP2_CORPUS)
-    check_fsdp2_steps(results, FSDP2_CORPUS, corpus_run, lambda name: CORPUS[name].dtype)
+    # torch < 2.13 leaves a logging call in the loop to break the graph (as test_corpus skips it)
+    names = tuple(n for n in FSDP2_CORPUS if not (CORPUS[n].logs_in_loop and DYNAMO_SORTS_CONFIG_SETS))
+    results = run_world(corpus_entries, 2, 2, names)
+    check_fsdp2_steps(results, names, corpus_run, lambda name: CORPUS[name].dtype)
 
 
 def test_fsdp2_adamw_part_compiles_into_the_same_step_without_collectives():
