@@ -141,3 +141,25 @@ def test_an_entry_not_yet_recognised_fails_as_recorded(name):
     met = what_the_backend_meets(entry, shapes)
     assert entry.today in met, met
     assert not met.startswith(f"1 graph(s); {entry.loops(shapes)}/{entry.loops(shapes)} matched; rejected: ;"), met
+
+
+def test_deepmd_gram_routine_is_recognised_where_traced():
+    """DeePMD-kit's step never reaches the backend whole (``what_the_backend_meets``), but its
+    Gram routine, traced by itself as the backend would see it in an unsplit step, is one op:
+    the damped Polar Express coefficients exactly, fp16, ``algorithm="gram"`` restarted where
+    the code restarts (before iteration 2)."""
+    from published.deepmd_hybrid_muon import PE_DAMPED, _DeepmdGramCall
+
+    routine = _DeepmdGramCall()
+    graphs = []
+
+    def capture(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch.compile(routine._run, backend=capture)(torch.randn(3, 8, 24))
+    (gm,) = graphs
+    (match,), rejected = plan_canonical(gm.graph)
+    assert not rejected
+    args = match.args
+    assert args.coefficients == PE_DAMPED and (args.compute_dtype, args.algorithm, args.restarts) == (torch.float16, "gram", (2,))
