@@ -17,6 +17,8 @@
 #                Llama 3 8B; arms eager torch.optim.Muon, the default backend, muon, muon
 #                with the CUDA graph, the textbook roofline and the roofline of the products
 #                chosen, and the peers                          -> bench_single.txt/.json
+#   sym          scripts/bench_sym.py: the symmetric product kernel against bmm, m 256-8192,
+#                X Xᵀ and S S in bf16                             -> bench_sym.txt/.json
 #   tests        the CUDA instances of the device-parametrised tests (pytest -m cuda, 4
 #                workers)                                         -> tests.log, junit.xml
 #   calibrate    the planner's profile of this GPU (python -m muon_compile.planner.calibrate:
@@ -32,7 +34,7 @@
 # and arm), BENCH_DIST_ARGS adds to the distributed one's.
 # Exit status: non-zero when a step failed (the later steps still run).
 set -uo pipefail
-KNOWN=(bench tests calibrate distributed)
+KNOWN=(bench sym tests calibrate distributed)
 DEVICE=cuda
 if [ "${1:-}" = "--device" ]; then
   DEVICE="${2:-}"
@@ -109,6 +111,14 @@ if wanted bench; then
   # shellcheck disable=SC2086
   bounded "$PY" scripts/bench_single_device.py --device "$DEVICE" --json "$REPORT/bench_single.json" \
     ${BENCH_SINGLE_ARGS:-$BENCH_DEFAULT} > "$REPORT/bench_single.txt" 2> "$REPORT/bench_single.log" || status=1
+fi
+
+if wanted sym; then
+  step "symmetric products against bmm on $DEVICE"
+  SYM_ARGS=()
+  [ "$DEVICE" = cpu ] && SYM_ARGS=(--sizes 32,64 --reps 2 --warmup 1)  # the steps checked: off CUDA the op is bmm
+  bounded "$PY" scripts/bench_sym.py --device "$DEVICE" --json "$REPORT/bench_sym.json" "${SYM_ARGS[@]}" \
+    > "$REPORT/bench_sym.txt" 2> "$REPORT/bench_sym.log" || status=1
 fi
 
 if wanted tests; then

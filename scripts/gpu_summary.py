@@ -8,6 +8,8 @@ Lines, in the order of gpu_check.sh's steps:
 * the single-device benchmark (bench_single.json): per workload, each arm's median step
   time, its ratios to the ``muon`` and the ``roofline`` arms, and where measured its GPU
   kernels per step and its cold compile seconds;
+* the symmetric products (bench_sym.json): per product kind, the symmetric kernel's time
+  over ``bmm``'s at each size, and what ran as the kernel;
 * the CUDA tests' counts (junit.xml);
 * the calibration (profile.json, read as the planner reads it,
   :func:`muon_compile.planner.profiles.load`): the device's peak bf16 matmul rate over the
@@ -54,6 +56,19 @@ def bench_lines(report: Path) -> list[str]:
             if arm.get("cold_compile_s") is not None:
                 cells.append(f"compiled in {arm['cold_compile_s']:.0f} s")
             lines.append(f"  {arm['name']:<42} " + "  ".join(cells))
+    return lines
+
+
+def sym_lines(report: Path) -> list[str]:
+    path = report / "bench_sym.json"
+    if not path.exists():
+        return ["symmetric products: missing (no bench_sym.json; see bench_sym.log)"]
+    data = json.loads(path.read_text())
+    lines = []
+    for kind in ("gram", "square"):
+        rows = [r for r in data["rows"] if r["kind"] == kind]
+        ratios = ", ".join(f"{r['m']}: {r['ratio']:.2f}" for r in rows)
+        lines.append(f"symmetric products, {kind}, sym / bmm time by m: {ratios or 'none'} ({data['kernel']})")
     return lines
 
 
@@ -106,7 +121,8 @@ def main(argv: list[str]) -> int:
         print(__doc__.strip().splitlines()[2].strip(), file=sys.stderr)
         return 2
     report = Path(argv[0])
-    lines = ["=== gpu_check summary ===", *environment_lines(report), *bench_lines(report), tests_line(report)]
+    lines = ["=== gpu_check summary ===", *environment_lines(report), *bench_lines(report), *sym_lines(report)]
+    lines.append(tests_line(report))
     lines += [*calibrate_lines(report), distributed_line(report)]
     print("\n".join(lines))
     return 0

@@ -35,6 +35,11 @@ def write_report(folder: Path) -> None:
             {**arm, "key": "dion", "name": "dion Muon", "times_s": None, "median_s": None, "error": "RuntimeError: boom"},
         ],
     }]}))
+    row = {"k": 0, "batch": 1, "bmm_ms": 1.0, "sym_ms": 0.6, "bmm_tflops": 1.0, "sym_tflops": 1.6, "max_diff": 0.0}
+    (folder / "bench_sym.json").write_text(json.dumps({"kernel": "the Triton kernel", "rows": [
+        {**row, "kind": "gram", "m": 256, "ratio": 1.25}, {**row, "kind": "square", "m": 256, "ratio": 1.5},
+        {**row, "kind": "gram", "m": 4096, "ratio": 0.6},
+    ]}))
     (folder / "junit.xml").write_text(
         '<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" tests="40" failures="1" '
         'errors="0" skipped="3" time="181.2"></testsuite></testsuites>'
@@ -62,6 +67,8 @@ def test_summary_reads_every_step_of_a_report(tmp_path, capsys):
         f"  {'muon muon_compile.Muon (auto)':<42}     3.500 ms    1.00x muon    2.50x roofline  77 kernels  compiled in 21 s",
         f"  {'roofline':<42}     1.400 ms    0.40x muon    1.00x roofline",
         f"  {'dion Muon':<42} FAILED: RuntimeError: boom",
+        "symmetric products, gram, sym / bmm time by m: 256: 1.25, 4096: 0.60 (the Triton kernel)",
+        "symmetric products, square, sym / bmm time by m: 256: 1.50 (the Triton kernel)",
         "CUDA tests: 36 passed, 1 failed, 0 errors, 3 skipped in 181 s",
         "calibrate: calibrated cuda: bf16 peak 764093 GFLOP/s (at 4096), memory bandwidth 2790.0 GB/s",
         "distributed: one GPU: the distributed benchmark needs 2 or more (skipped)",
@@ -73,6 +80,7 @@ def test_missing_files_are_reported_as_missing(tmp_path, capsys):
         "=== gpu_check summary ===",
         "environment: missing (no environment.txt)",
         "single-device benchmark: missing (no bench_single.json; see bench_single.log)",
+        "symmetric products: missing (no bench_sym.json; see bench_sym.log)",
         "CUDA tests: missing (no junit.xml; see tests.log)",
         "calibrate: missing (no profile.json; see calibrate.txt)",
         "distributed: missing (no bench_distributed.txt)",

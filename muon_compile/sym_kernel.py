@@ -1,0 +1,177 @@
+"""``muon_compile::sym_bmm``: a batched product whose result is symmetric, computed one
+triangle at a time.
+
+``sym_bmm(a, b)`` is ``torch.bmm(a, b)`` for ``a`` ``[B, m, k]`` and ``b`` ``[B, k, m]`` whose
+product the caller knows to be symmetric: a Gram matrix ``X Xᵀ`` (``b = a.mT``, any strides)
+or the square of a symmetric matrix ``S S`` (``b = a``). The Triton kernel computes only
+the ``T x T`` output tiles on and above the diagonal (``T(T+1)/2`` of ``T²``: about half the
+FLOPs for large ``m``), accumulates each in fp32, rounds it once to the output dtype and
+writes it twice, as itself and mirrored below the diagonal, so the result is exactly
+symmetric (``bmm``'s is to its rounding only). Written for this project after reading the
+published designs (Megatron's Triton SYRK, Dion's and flash-muon's kernels, QuACK's
+symmetric GEMM); their code is not used.
+
+* The op is a ``torch.library.triton_op``: Inductor compiles the kernel into the generated
+  code of a step that calls it (a user-defined Triton kernel), and the fake implementation
+  is the op's function traced with fake tensors.
+* bf16 and fp16 only; any other dtype, a device without Triton, or a CPU (where nothing
+  here is faster than ``bmm``) runs ``torch.bmm``.
+* :func:`launch` runs the kernel on any tensors Triton accepts, also on the CPU under
+  Triton's interpreter (``TRITON_INTERPRET=1`` in the environment before Triton is imported),
+  which is how the tests check it without a GPU.
+
+Equal to ``bmm`` to the accumulation order's rounding: both sum the same products in fp32
+and round once, in another order (``tests/test_sym_kernel.py`` states the bound).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import torch
+from torch import Tensor
+
+try:  # Triton comes with torch's CUDA builds; the CPU build runs without it
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - exercised where Triton is absent
+    triton = None
+
+DTYPES = (torch.bfloat16, torch.float16)
+_QUALNAME = "muon_compile::sym_bmm"
+
+
+@dataclasses.dataclass(frozen=True)
+class Tiles:
+    """The kernel's launch shape: ``tile x tile`` output tiles, ``tile_k`` of the inner
+    dimension per step, and Triton's ``num_warps`` / ``num_stages``."""
+
+    tile: int
+    tile_k: int
+    num_warps: int = 4
+    num_stages: int = 2
+
+
+def tiles_for(m: int, k: int) -> Tiles:
+    """The launch shape for an ``m x m`` result over an inner dimension ``k``: tiles no
+    larger than the matrix needs (``tl.dot`` takes 16 and up), 128 from 512 rows on.
+    Not tuned on a GPU yet (the issue's figures are owed)."""
+    tile = 16 if m <= 16 else 32 if m <= 32 else 64 if m < 512 else 128
+    tile_k = 16 if k <= 16 else 32 if k <= 32 else 64
+    return Tiles(tile, tile_k, num_warps=8 if tile == 128 else 4, num_stages=3 if tile == 128 else 2)
+
+
+def check_operands(a: Tensor, b: Tensor) -> None:
+    """``ValueError`` unless ``a`` is ``[B, m, k]`` and ``b`` ``[B, k, m]`` of one dtype and device."""
+    if a.dim() != 3 or b.dim() != 3 or a.shape[0] != b.shape[0] or a.shape[2] != b.shape[1] or a.shape[1] != b.shape[2]:
+        raise ValueError(f"sym_bmm takes a [B, m, k] and b [B, k, m], got {tuple(a.shape)} and {tuple(b.shape)}")
+    if a.dtype != b.dtype or a.device != b.device:
+        raise ValueError(f"sym_bmm takes operands of one dtype and device, got {a.dtype} / {b.dtype} on {a.device} / {b.device}")
+
+
+if triton is not None:
+
+    @triton.jit
+    def _sym_bmm_kernel(
+        a_ptr, b_ptr, c_ptr, M, K,
+        stride_ab, stride_am, stride_ak, stride_bb, stride_bk, stride_bn, stride_cb, stride_cm, stride_cn,
+        TILE: tl.constexpr, TILE_K: tl.constexpr, UPCAST: tl.constexpr,
+    ):
+        """One ``TILE x TILE`` tile ``(ti, tj)`` of batch entry ``program_id(1)``; tiles below
+        the diagonal (``ti > tj``) return at once: their values are written by their mirror."""
+        tiles = tl.cdiv(M, TILE)
+        pid = tl.program_id(0)
+        batch = tl.program_id(1)
+        ti = pid // tiles
+        tj = pid % tiles
+        if ti > tj:
+            return
+        rows = ti * TILE + tl.arange(0, TILE)
+        cols = tj * TILE + tl.arange(0, TILE)
+        inner = tl.arange(0, TILE_K)
+        a_base = a_ptr + batch * stride_ab
+        b_base = b_ptr + batch * stride_bb
+        acc = tl.zeros((TILE, TILE), dtype=tl.float32)
+        for k0 in range(0, K, TILE_K):
+            ks = k0 + inner
+            a = tl.load(
+                a_base + rows[:, None] * stride_am + ks[None, :] * stride_ak,
+                mask=(rows[:, None] < M) & (ks[None, :] < K), other=0.0,
+            )
+            b = tl.load(
+                b_base + ks[:, None] * stride_bk + cols[None, :] * stride_bn,
+                mask=(ks[:, None] < K) & (cols[None, :] < M), other=0.0,
+            )
+            if UPCAST:  # the same products (exact in fp32), summed in fp32: see ``launch``
+                acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+            else:
+                acc = tl.dot(a, b, acc)
+        c = acc.to(c_ptr.dtype.element_ty)
+        c_base = c_ptr + batch * stride_cb
+        inside = (rows[:, None] < M) & (cols[None, :] < M)
+        tl.store(c_base + rows[:, None] * stride_cm + cols[None, :] * stride_cn, c, mask=inside)
+        if ti != tj:  # the mirror: C[col, row] = C[row, col]
+            tl.store(c_base + rows[:, None] * stride_cn + cols[None, :] * stride_cm, c, mask=inside)
+
+
+def launch(a: Tensor, b: Tensor, tiles: Tiles | None = None, out: Tensor | None = None) -> Tensor:
+    """Run the Triton kernel: ``a @ b`` (see the module docstring) into ``out`` (a new
+    contiguous ``[B, m, m]`` tensor by default). Needs Triton and a device it runs on (a
+    GPU, or the CPU under ``TRITON_INTERPRET=1``). Under the interpreter a bf16 tile is
+    converted to fp32 before ``tl.dot`` (Triton 3.9's interpreter multiplies bf16 tiles
+    wrongly): the same products, exact in fp32, summed in fp32, as on a GPU."""
+    if triton is None:
+        raise RuntimeError("muon_compile.sym_kernel.launch needs Triton (pip install triton)")
+    check_operands(a, b)
+    batch, m, k = a.shape
+    if out is None:
+        out = torch.empty((batch, m, m), dtype=a.dtype, device=a.device)
+    if batch == 0 or m == 0:
+        return out
+    if k == 0:
+        return out.zero_()
+    t = tiles or tiles_for(m, k)
+    tile_count = triton.cdiv(m, t.tile)
+    # (torch 2.11's wrap_triton refuses the interpreter's kernel object: launched as it is there)
+    kernel = _sym_bmm_kernel if _interpreted() else _wrap(_sym_bmm_kernel)
+    kernel[(tile_count * tile_count, batch)](
+        a, b, out, m, k,
+        a.stride(0), a.stride(1), a.stride(2), b.stride(0), b.stride(1), b.stride(2),
+        out.stride(0), out.stride(1), out.stride(2),
+        TILE=t.tile, TILE_K=t.tile_k, UPCAST=a.dtype == torch.bfloat16 and _interpreted(),
+        num_warps=t.num_warps, num_stages=t.num_stages,
+    )
+    return out
+
+
+def _interpreted() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _wrap(kernel):  # noqa: ANN001, ANN202
+    """The kernel as a traceable call inside the op (``wrap_triton``), plain otherwise."""
+    from torch.library import wrap_triton
+
+    return wrap_triton(kernel)
+
+
+def triton_usable(device: torch.device) -> bool:
+    """Whether the kernel runs on ``device``: CUDA with Triton (never the CPU: no gain there)."""
+    return triton is not None and device.type == "cuda"
+
+
+@torch.library.triton_op(_QUALNAME, mutates_args=())
+def _sym_bmm(a: Tensor, b: Tensor) -> Tensor:
+    check_operands(a, b)
+    if a.dtype in DTYPES and triton_usable(a.device):
+        return launch(a, b)
+    return torch.bmm(a, b)
+
+
+SYM_BMM = torch.ops.muon_compile.sym_bmm.default
+
+
+def sym_bmm(a: Tensor, b: Tensor) -> Tensor:
+    """``a @ b`` for a symmetric result (see the module docstring), through the op."""
+    return SYM_BMM(a, b)

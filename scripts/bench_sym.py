@@ -1,0 +1,97 @@
+"""Symmetric products against ``bmm`` on one device (issue 62): for each size ``m``, the op
+``muon_compile::sym_bmm`` (muon_compile/sym_kernel.py: only the tiles on and above the
+diagonal) and ``torch.bmm`` on the same operands, one after the other, median times.
+
+    python scripts/bench_sym.py [--device cuda] [--sizes 256,512,...] [--reps 20] [--json FILE]
+
+Two products per size, as Newton–Schulz forms them: ``gram``, ``X Xᵀ`` with ``X`` ``m x 4m``
+(a wide matrix's Gram matrix), and ``square``, ``S S`` with ``S`` a symmetric ``m x m``;
+bf16, a batch of ``max(1, (4096 / m)²)`` matrices (a bucket's stack). Columns: both times,
+their ratio, the rate of each in ``bmm``'s FLOPs (``2 B m² k``: the symmetric kernel computes
+about half of them, so its rate there is an effective one, comparable with ``bmm``'s), and
+the largest difference between the two results in units of the result's largest entry.
+Off CUDA the op is ``bmm`` itself (the table says so): ``--device cpu`` checks the script,
+not the kernel.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_common import clock_for, machine_info, machine_line, markdown_row, markdown_rule, positive_int, time_steps  # noqa: E402
+
+from muon_compile import sym_kernel  # noqa: E402
+
+ASPECT = 4  # the inner dimension of the gram product, in multiples of m
+
+
+def operands(kind: str, m: int, batch: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator(device=device).manual_seed(m)
+    if kind == "gram":
+        x = torch.randn(batch, m, ASPECT * m, device=device, generator=g, dtype=torch.bfloat16)
+        return x, x.mT
+    s = torch.randn(batch, m, m, device=device, generator=g, dtype=torch.bfloat16)
+    s = s + s.mT
+    return s, s
+
+
+def measure(kind: str, m: int, device: torch.device, warmup: int, reps: int) -> dict:
+    batch = max(1, (4096 // m) ** 2)
+    a, b = operands(kind, m, batch, device)
+    clock = clock_for(device)
+    flops = 2 * batch * m * m * a.shape[-1]
+    row = {"kind": kind, "m": m, "k": a.shape[-1], "batch": batch}
+    for name, fn in (("bmm", torch.bmm), ("sym", sym_kernel.sym_bmm)):
+        seconds = statistics.median(time_steps(lambda: fn(a, b), warmup, reps, clock))
+        row[f"{name}_ms"] = seconds * 1e3
+        row[f"{name}_tflops"] = flops / seconds / 1e12
+    diff = (sym_kernel.sym_bmm(a, b).float() - torch.bmm(a, b).float()).abs().max()
+    row["max_diff"] = float(diff / torch.bmm(a, b).float().abs().max().clamp_min(1e-30))
+    row["ratio"] = row["sym_ms"] / row["bmm_ms"]
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--sizes", default="256,512,1024,2048,4096,8192")
+    parser.add_argument("--warmup", type=positive_int, default=3)
+    parser.add_argument("--reps", type=positive_int, default=20)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    sizes = [int(s) for s in args.sizes.split(",")]
+    machine = machine_info(device)
+    kernel = "the Triton kernel" if sym_kernel.triton_usable(device) else "torch.bmm (no Triton kernel on this device)"
+    print(machine_line(machine))
+    print(f"sym_bmm runs {kernel}; bf16; medians of {args.reps} after {args.warmup}")
+    print()
+    print(markdown_row(["product", "m x k", "batch", "bmm ms", "sym ms", "sym / bmm", "bmm TFLOP/s", "sym TFLOP/s (bmm's FLOPs)", "max diff"]))
+    print(markdown_rule("llrrrrrrr"))
+    rows = []
+    for m in sizes:
+        for kind in ("gram", "square"):
+            try:
+                row = measure(kind, m, device, args.warmup, args.reps)
+            except torch.OutOfMemoryError:
+                print(markdown_row([kind, f"{m}", "-", "out of memory", "", "", "", "", ""]))
+                continue
+            rows.append(row)
+            print(markdown_row([
+                kind, f"{m} x {row['k']}", str(row["batch"]), f"{row['bmm_ms']:.3f}", f"{row['sym_ms']:.3f}",
+                f"{row['ratio']:.2f}", f"{row['bmm_tflops']:.1f}", f"{row['sym_tflops']:.1f}", f"{row['max_diff']:.1e}",
+            ]), flush=True)
+    if args.json:
+        args.json.write_text(json.dumps({"machine": machine, "kernel": kernel, "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,85 @@
+"""The symmetric product kernel (muon_compile/sym_kernel.py, issue 62): its results against
+the exact product, on this CPU through Triton's interpreter (``tests/sym_kernel_cases.py``,
+in a process of its own with TRITON_INTERPRET=1), and the op around it: shapes, fake
+implementation, the ``bmm`` fallback off CUDA, and a compiled call.
+
+The bound. The kernel sums the products of a tile in fp32 (bf16 / fp16 products are exact
+there) and rounds the sum once to the output dtype, as ``bmm`` does, in another order. So,
+against the exact (fp64) product ``P`` of the same operands, each entry is within half an
+ulp of the dtype (2^-8 relative for bf16, 2^-11 for fp16) of ``P`` plus the fp32 summation's
+error, at most ``k * 2^-24`` times the sum of the products' magnitudes ``(|a| @ |b|)``
+(the standard bound for ``k`` terms); the check allows the dtype's full ulp (2^-7, 2^-10)
+for the half-ulp term, so ties and the two roundings of a mirrored tile stay inside. The
+result must also be exactly symmetric, which ``bmm``'s need not be.
+"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from muon_compile import sym_kernel
+
+from sym_kernel_cases import SMALL, check, operands
+
+triton = pytest.importorskip("triton", reason="the kernel's tests need Triton (pip install triton)")
+# Triton before 3.7 (torch 2.11's 3.6) runs a loop over a runtime bound in its interpreter by
+# int() of a one-element array, which numpy 2 refuses: the kernel itself is not at fault
+OLD_INTERPRETER = tuple(int(p) for p in triton.__version__.split(".")[:2]) < (3, 7)
+interpreter = pytest.mark.skipif(OLD_INTERPRETER, reason=f"Triton {triton.__version__}'s interpreter fails under numpy 2")
+
+CASES = Path(__file__).with_name("sym_kernel_cases.py")
+
+
+def _interpreted(which):
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    done = subprocess.run([sys.executable, str(CASES), which], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    return done.stdout
+
+
+@interpreter
+def test_kernel_equals_the_exact_product_to_its_rounding():
+    """1x1 to 130x130, odd sizes, batches of 1 and 64, bf16 and fp16, X X^T through a strided
+    view and the square of a symmetric matrix, with the kernel's tiles and 16 x 16 ones; an
+    empty inner dimension."""
+    assert "ok: 44 cases" in _interpreted("small")
+
+
+@pytest.mark.slow
+@interpreter
+def test_kernel_on_large_and_odd_matrices():
+    """1023 x 511 and 4096 x 4096, bf16 and fp16."""
+    assert "ok: 4 cases" in _interpreted("large")
+
+
+def test_op_falls_back_to_bmm_off_cuda_and_has_a_fake_implementation():
+    """On the CPU the op is ``bmm`` exactly; its fake implementation gives the shape; bad
+    operands are refused by name; a compiled call works."""
+    x = torch.randn(3, 8, 12).to(torch.bfloat16)
+    assert torch.equal(sym_kernel.sym_bmm(x, x.mT), torch.bmm(x, x.mT))
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode() as mode:
+        fake = mode.from_tensor(x)
+        assert sym_kernel.sym_bmm(fake, fake.mT).shape == (3, 8, 8)
+    with pytest.raises(ValueError, match=r"a \[B, m, k\] and b \[B, k, m\]"):
+        sym_kernel.sym_bmm(x, x)
+    compiled = torch.compile(lambda t: sym_kernel.sym_bmm(t, t.mT) * 2)
+    assert torch.equal(compiled(x), torch.bmm(x, x.mT) * 2)
+
+
+@pytest.mark.cuda
+def test_op_on_cuda_runs_the_kernel():
+    """On CUDA the op runs the kernel (eager and inside compiled code), to the same bound."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    for dtype in sym_kernel.DTYPES:
+        for batch, m, k in [*SMALL, (4, 1024, 4096)]:
+            a, b = operands(batch, m, k, dtype, square=False)
+            check(sym_kernel.sym_bmm(a.cuda(), b.cuda()).cpu(), a, b)
+            compiled = torch.compile(lambda t: sym_kernel.sym_bmm(t, t.mT))
+            check(compiled(a.cuda()).cpu(), a, b)
