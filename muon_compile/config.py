@@ -22,6 +22,9 @@ MUON_COMPILE_PREFETCH      1            distributed buckets whose collective is 
 MUON_COMPILE_NS_ALGORITHM  auto         how Newton–Schulz calls left to ``auto`` are
                                         evaluated: auto (cheaper per shape, see
                                         :mod:`muon_compile.ns_cost`) | textbook | gram
+MUON_COMPILE_SYM_PRODUCTS  auto         symmetric products (X Xᵀ, squares) by the Triton
+                                        kernel of :mod:`muon_compile.sym_kernel`: auto
+                                        (where measured faster) | on | off
 MUON_COMPILE_PAD_WASTE     0            largest fraction of a padded bucket's NS FLOPs
                                         that may be zero padding (0 disables merging)
 MUON_COMPILE_PASSES        (all)        comma list: ``a,b`` runs only those passes,
@@ -62,6 +65,7 @@ PLAN_FIELDS = (
     ("prefetch", "MUON_COMPILE_PREFETCH"),
     ("pad_waste", "MUON_COMPILE_PAD_WASTE"),
     ("ns_algorithm", "MUON_COMPILE_NS_ALGORITHM"),
+    ("sym_products", "MUON_COMPILE_SYM_PRODUCTS"),
     ("passes", "MUON_COMPILE_PASSES"),
 )
 
@@ -115,6 +119,7 @@ class Config:
     prefetch: int = 1
     pad_waste: float = 0.0
     ns_algorithm: str = AUTO
+    sym_products: str = AUTO
     passes: tuple[str, ...] = PASS_NAMES
     dump_dir: str | None = None
     trace_helpers: bool = True
@@ -133,6 +138,8 @@ class Config:
         if not 0.0 <= self.pad_waste < 1.0:
             raise ValueError(f"MUON_COMPILE_PAD_WASTE must be in [0, 1), got {self.pad_waste!r}")
         check_algorithm(self.ns_algorithm, "MUON_COMPILE_NS_ALGORITHM")
+        if self.sym_products not in ("auto", "on", "off"):
+            raise ValueError(f"MUON_COMPILE_SYM_PRODUCTS must be one of ['auto', 'on', 'off'], got {self.sym_products!r}")
         if not self.agree_timeout >= 0:
             raise ValueError(f"MUON_COMPILE_AGREE_TIMEOUT must be >= 0 seconds, got {self.agree_timeout!r}")
         unknown = [p for p in self.passes if p not in PASS_NAMES]
@@ -222,6 +229,7 @@ def from_env(env: Mapping[str, str] | None = None) -> Config:
         prefetch=_number(env, "MUON_COMPILE_PREFETCH", int, Config.prefetch),
         pad_waste=_number(env, "MUON_COMPILE_PAD_WASTE", float, Config.pad_waste),
         ns_algorithm=env.get("MUON_COMPILE_NS_ALGORITHM", "").strip() or Config.ns_algorithm,
+        sym_products=env.get("MUON_COMPILE_SYM_PRODUCTS", "").strip() or Config.sym_products,
         passes=parse_passes(env.get("MUON_COMPILE_PASSES", "")),
         dump_dir=env.get("MUON_COMPILE_DUMP_DIR") or None,
         trace_helpers=_flag(env, "MUON_COMPILE_TRACE_HELPERS", Config.trace_helpers),

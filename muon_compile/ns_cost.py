@@ -142,6 +142,43 @@ class Choice:
     seconds: dict[str, float]
 
 
+BMM, SYMMETRIC = "bmm", "sym"
+PRODUCT_POLICIES = (AUTO, "on", "off")
+
+
+@dataclasses.dataclass(frozen=True)
+class ProductChoice:
+    """How an NS evaluation forms its symmetric products (``X Xᵀ`` and squares of Gram
+    matrices): ``bmm``, or ``sym`` (:mod:`muon_compile.sym_kernel`), and why."""
+
+    kind: str
+    reason: str
+
+
+def choose_products(rows: int, cols: int, algorithm: str, compute_dtype: torch.dtype, device_type: str, policy: str = AUTO) -> ProductChoice:
+    """``sym`` where ``policy`` (``MUON_COMPILE_SYM_PRODUCTS``) is ``on``, or where it is
+    ``auto`` and the device's measured table (:meth:`MatmulRates.symmetric_speedup`) has the
+    symmetric kernel faster at the Gram matrix's size in the products' dtype; ``bmm``
+    otherwise, and always for a dtype the kernel does not take."""
+    from .sym_kernel import DTYPES
+
+    if policy not in PRODUCT_POLICIES:
+        raise ValueError(f"MUON_COMPILE_SYM_PRODUCTS must be one of {list(PRODUCT_POLICIES)}, got {policy!r}")
+    dtype = iteration_dtype(algorithm, compute_dtype)
+    if policy == "off":
+        return ProductChoice(BMM, "MUON_COMPILE_SYM_PRODUCTS=off")
+    if dtype not in DTYPES:
+        return ProductChoice(BMM, f"the symmetric kernel takes bf16 / fp16, not {dtype}")
+    if policy == "on":
+        return ProductChoice(SYMMETRIC, "MUON_COMPILE_SYM_PRODUCTS=on")
+    m = min(rows, cols)
+    speedup = profile_for(device_type).symmetric_speedup(dtype, m)
+    if speedup is None:
+        return ProductChoice(BMM, f"no measured rate of symmetric products on {device_type}")
+    kind = SYMMETRIC if speedup > 1.0 else BMM
+    return ProductChoice(kind, f"measured bmm/symmetric time {speedup:.2f} at {m}")
+
+
 def choose(
     rows: int, cols: int, steps: int, compute_dtype: torch.dtype, device_type: str, requested: str = AUTO, policy: str = AUTO
 ) -> Choice:

@@ -8,8 +8,9 @@ import torch
 from torch import Tensor
 
 from .ns_args import AUTO, GRAM, NSArgs
-from .ns_cost import choose, iteration_dtype, segments
+from .ns_cost import BMM, SYMMETRIC, choose, iteration_dtype, segments
 from .rounding_cast import opaque_cast, to_low_precision
+from .sym_kernel import sym_bmm
 
 
 def algorithm_for(x: Tensor, args: NSArgs, policy: str = AUTO) -> str:
@@ -22,7 +23,7 @@ def algorithm_for(x: Tensor, args: NSArgs, policy: str = AUTO) -> str:
     return choose(rows, cols, args.steps, args.compute_dtype, x.device.type, policy=policy).algorithm
 
 
-def orthogonalize(x: Tensor, args: NSArgs, policy: str = AUTO) -> Tensor:
+def orthogonalize(x: Tensor, args: NSArgs, policy: str = AUTO, products: str = BMM) -> Tensor:
     """Approximate the orthogonal polar factor of each matrix in ``x`` (2-D, or 3-D batched).
 
     1. A tall matrix (rows > cols) is transposed so the Gram matrix is the small one.
@@ -46,6 +47,11 @@ def orthogonalize(x: Tensor, args: NSArgs, policy: str = AUTO) -> Tensor:
        * ``gram`` (:func:`gram_iteration`): the same polynomial on the Gram matrix, the
          result rounded once to ``compute_dtype``.
 
+       ``products="sym"`` (the plan's choice, :func:`muon_compile.ns_cost.choose_products`)
+       forms the symmetric products (``X X^T``, ``A A``, ``R R``) with
+       :func:`muon_compile.sym_kernel.sym_bmm`; the textbook ``B`` is then ``b A + c (A A)``,
+       one pointwise kernel after the product instead of its epilogue.
+
     4. Transpose back; the result has ``x``'s shape, dtype and a contiguous layout.
     """
     batch = x if x.dim() == 3 else x.unsqueeze(0)
@@ -56,12 +62,16 @@ def orthogonalize(x: Tensor, args: NSArgs, policy: str = AUTO) -> Tensor:
     acc = torch.promote_types(compute_dtype, torch.float32)
     X, norm, denom = normalized(batch, args)
     if algorithm_for(X, args, policy) == GRAM:
-        X = gram_iteration(X, args, acc, norm / args.norm_scale / denom)
+        X = gram_iteration(X, args, acc, norm / args.norm_scale / denom, products)
     else:
         X = X.to(compute_dtype)
+        symmetric = _symmetric(products)
         for a, b, c in args.coefficients:
-            A = torch.bmm(X, X.mT)
-            B = torch.baddbmm(A, A, A, beta=b, alpha=c)
+            A = symmetric(X, X.mT)
+            if products == SYMMETRIC:
+                B = b * A + c * symmetric(A, A)
+            else:
+                B = torch.baddbmm(A, A, A, beta=b, alpha=c)
             X = torch.baddbmm(X, B, X, beta=a)
     if tall:
         X = X.mT
@@ -93,7 +103,13 @@ def identity(n: int, device: torch.device, dtype: torch.dtype) -> Tensor:
     return (index[:, None] == index[None, :]).to(dtype)
 
 
-def gram_iteration(X: Tensor, args: NSArgs, acc: torch.dtype, frobenius: Tensor) -> Tensor:
+def _symmetric(products: str):  # noqa: ANN202
+    """The product of two operands whose result is symmetric: ``torch.bmm`` or, for
+    ``products="sym"``, :func:`muon_compile.sym_kernel.sym_bmm`."""
+    return sym_bmm if products == SYMMETRIC else torch.bmm
+
+
+def gram_iteration(X: Tensor, args: NSArgs, acc: torch.dtype, frobenius: Tensor, products: str = BMM) -> Tensor:
     """The iteration of ``args`` on a batch ``X`` of wide normalised matrices (in ``acc``,
     at least fp32), whose Frobenius norms are ``frobenius`` (``[batch, 1, 1]``), evaluated
     on their Gram matrices.
@@ -129,15 +145,16 @@ def gram_iteration(X: Tensor, args: NSArgs, acc: torch.dtype, frobenius: Tensor)
     f4 = f2 * f2
     X = opaque_cast(X / f, dtype)  # see the last paragraph above
     eye = identity(X.size(-2), X.device, acc)
+    symmetric = _symmetric(products)
     Q = None
     i = 0
     for length in segments(args.steps, args.restarts):
         if Q is not None:
             X = torch.bmm(Q, X)
-        R = torch.bmm(X, X.mT)
+        R = symmetric(X, X.mT)
         for j in range(length):
             a, b, c = args.coefficients[i]
-            Z = (c * f4 * torch.bmm(R, R).to(acc) + b * f2 * R.to(acc) + a * eye).to(dtype)
+            Z = (c * f4 * symmetric(R, R).to(acc) + b * f2 * R.to(acc) + a * eye).to(dtype)
             Q = Z if j == 0 else torch.bmm(Z, Q)
             if j + 1 < length:
                 R = torch.bmm(Z, torch.bmm(Z, R))

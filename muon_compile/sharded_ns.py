@@ -317,20 +317,22 @@ def group_rank(group_name: str) -> int:
     return dist.get_rank(group)
 
 
-def gather_orthogonalize_slice(local: Tensor, layout: ShardLayout, rank: int, args: NSArgs, policy: str = AUTO) -> Tensor:
+def gather_orthogonalize_slice(
+    local: Tensor, layout: ShardLayout, rank: int, args: NSArgs, policy: str = AUTO, products: str = "bmm"
+) -> Tensor:
     """The reference algorithm, one collective per matrix (the passes batch it).
 
     1. Cast the block to the compute dtype (Newton–Schulz's own first step, so the
        transport is half as wide in bf16 and the result is unchanged) and zero-pad it to
        ``rows_per_shard x cols_per_shard``.
     2. All-gather the padded blocks and reassemble the whole matrix (:func:`assemble`).
-    3. Orthogonalise it (``auto`` resolved under ``policy``); return this rank's block in the
-       input's dtype.
+    3. Orthogonalise it (``auto`` resolved under ``policy``, symmetric products as
+       ``products`` says); return this rank's block in the input's dtype.
     """
     padded = pad_block(local.to(args.compute_dtype), layout)
     gathered = torch.ops._c10d_functional.all_gather_into_tensor(padded, layout.group_size, layout.group_name)
     grid = torch.ops._c10d_functional.wait_tensor(gathered).view(layout.group_size, -1, *padded.shape[-2:])
-    ortho = orthogonalize(assemble(grid, layout), args, policy)  # [n, rows, cols]
+    ortho = orthogonalize(assemble(grid, layout), args, policy, products)  # [n, rows, cols]
     return own_block(ortho, layout, rank).reshape(local.shape).to(local.dtype)
 
 

@@ -36,6 +36,17 @@ def test_gram_buckets(tmp_path):
     step.assert_close(NS_RTOL["cpu"][torch.bfloat16])
 
 
+def test_symmetric_products_when_asked(tmp_path):
+    """``MUON_COMPILE_SYM_PRODUCTS=on`` (issue 62): each textbook iteration forms X X^T and
+    A A with ``muon_compile.sym_bmm`` (the op runs ``bmm`` on the CPU; on CUDA its Triton
+    kernel), then ``b A + c (A A)`` pointwise; compiled against eager (``bmm``)."""
+    graphs, step = compile_with_dump(muon(), [(16, 48), (16, 48)], tmp_path, sym_products="on")
+    assert_golden("single_device_sym.lowered.txt", graphs["lower_after"])
+    assert graphs["lower_after"].count("= muon_compile.sym_bmm(") == 2 * 5
+    assert graphs["lower_after"].count("aten.baddbmm(") == 5  # X <- a X + B X only
+    step.assert_close(NS_RTOL["cpu"][torch.bfloat16])
+
+
 def test_padding_merge(tmp_path):
     # 16x40 and the tall 40x16 pad into the 16x48 bucket (14% of its NS FLOPs wasted)
     graphs, step = compile_with_dump(muon(), [(16, 48), (16, 40), (40, 16)], tmp_path, pad_waste=0.2)

@@ -203,3 +203,29 @@ def test_policy_reaches_the_compiled_plan_and_the_explanation(flat_rates):
     with config.override(ns_algorithm="textbook"):
         (report,) = muon_compile.explain.explain(step, w, g, s, h)
     assert "16x48 torch.bfloat16: textbook (MUON_COMPILE_NS_ALGORITHM=textbook;" in str(report)
+
+
+def test_symmetric_products_only_where_measured_faster_or_asked(monkeypatch):
+    """``MUON_COMPILE_SYM_PRODUCTS`` (issue 62): ``auto`` takes the symmetric kernel only where
+    the device's table measured it faster at the Gram matrix's size (no device has a table
+    yet, the CPU never will), ``on`` wherever the products' dtype is bf16 / fp16, ``off``
+    never; a bad value is refused by name."""
+    import dataclasses as dc
+
+    from muon_compile import matmul_rates
+
+    choose = ns_cost.choose_products
+    for device in ("cpu", "cuda"):
+        assert choose(64, 256, "textbook", torch.bfloat16, device) == ns_cost.ProductChoice("bmm", f"no measured rate of symmetric products on {device}")
+    assert choose(64, 256, "gram", torch.bfloat16, "cpu", "on").kind == "sym"  # the Gram products are fp16
+    assert choose(64, 256, "textbook", torch.float32, "cuda", "on").kind == "bmm"
+    assert choose(64, 256, "textbook", torch.bfloat16, "cuda", "off").kind == "bmm"
+    measured = dc.replace(matmul_rates.PROFILES["cuda"], symmetric={torch.bfloat16: ((256, 0.8), (1024, 1.3))})
+    monkeypatch.setitem(matmul_rates.PROFILES, "cuda", measured)
+    assert choose(1024, 4096, "textbook", torch.bfloat16, "cuda").kind == "sym"
+    assert choose(256, 1024, "textbook", torch.bfloat16, "cuda") == ns_cost.ProductChoice("bmm", "measured bmm/symmetric time 0.80 at 256")
+    with pytest.raises(ValueError, match="MUON_COMPILE_SYM_PRODUCTS must be one of"):
+        choose(64, 256, "textbook", torch.bfloat16, "cuda", "always")
+    with pytest.raises(ValueError, match="MUON_COMPILE_SYM_PRODUCTS must be one of"):
+        config.from_env({"MUON_COMPILE_SYM_PRODUCTS": "yes"})
+    assert config.from_env({"MUON_COMPILE_SYM_PRODUCTS": "on"}).cache_key() != config.from_env({}).cache_key()

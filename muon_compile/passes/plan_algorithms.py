@@ -10,9 +10,13 @@ bucketing and distribution every node is one bucket or one owner's batch):
      one is kept, ``auto`` follows ``MUON_COMPILE_NS_ALGORITHM`` and then the cost model
      of the node's device. The choice depends on the matrix shape, dtype and device only,
      so the eager op decides alike.
-  3. The plan records the choice, its reason and both algorithms' FLOPs and predicted
-     seconds; ``lower`` then traces each node's kernel with the chosen algorithm.
-  4. A node whose matrices have a symbolic shape (Dynamo's dynamic shapes) gets no
+  3. :func:`muon_compile.ns_cost.choose_products` picks how its symmetric products are
+     formed: ``bmm``, or the Triton kernel of :mod:`muon_compile.sym_kernel` where the
+     device's measured table has it faster at that size (none is measured yet: never
+     chosen by ``auto``, never on the CPU) or ``MUON_COMPILE_SYM_PRODUCTS=on``.
+  4. The plan records the choices, their reasons and both algorithms' FLOPs and predicted
+     seconds; ``lower`` then traces each node's kernel with the chosen algorithm and products.
+  5. A node whose matrices have a symbolic shape (Dynamo's dynamic shapes) gets no
      choice: it is left as the op, whose kernel chooses from the real shape at each call,
      as in eager.
 
@@ -29,7 +33,7 @@ import torch
 import torch.fx as fx
 
 from muon_compile.ns_args import GRAM, TEXTBOOK, NSArgs
-from muon_compile.ns_cost import Choice, choose
+from muon_compile.ns_cost import BMM, Choice, ProductChoice, choose, choose_products
 
 from .find import NSSite
 
@@ -44,6 +48,7 @@ class NodeChoice:
     cols: int
     args: NSArgs
     choice: Choice
+    products: ProductChoice = ProductChoice(BMM, "not chosen")
 
     @property
     def chosen_args(self) -> NSArgs:
@@ -74,8 +79,9 @@ class AlgorithmPlan:
         for c in self.choices:
             ch = c.choice
             costs = ", ".join(f"{a} {c.flops(a) / 1e9:.3g} GFLOP {1e3 * c.batch * ch.seconds[a]:.3g} ms" for a in (TEXTBOOK, GRAM))
+            products = "" if c.products.kind == BMM else f"; symmetric products ({c.products.reason})"
             lines.append(
-                f"ns {c.node}: {c.batch} x {c.rows}x{c.cols} {c.args.compute_dtype}: {ch.algorithm} ({ch.reason}; {costs})"
+                f"ns {c.node}: {c.batch} x {c.rows}x{c.cols} {c.args.compute_dtype}: {ch.algorithm} ({ch.reason}; {costs}){products}"
             )
         lines += [f"ns {node}: left as the op ({reason})" for node, reason in self.skipped]
         if self.choices:
@@ -85,15 +91,19 @@ class AlgorithmPlan:
         return "\n".join(lines)
 
 
-def plan_algorithms(nodes: list[fx.Node], sites: list[NSSite], *, policy: str) -> AlgorithmPlan:
-    """Choose the algorithm of each NS op node in ``nodes``, described by ``sites``
-    (:func:`~.find.find_ns_sites` of the graph ``lower`` rewrites; see the module docstring)."""
+def plan_algorithms(nodes: list[fx.Node], sites: list[NSSite], *, policy: str, products: str = "auto") -> AlgorithmPlan:
+    """Choose the algorithm and products of each NS op node in ``nodes``, described by
+    ``sites`` (:func:`~.find.find_ns_sites` of the graph ``lower`` rewrites; see the module
+    docstring), under ``MUON_COMPILE_NS_ALGORITHM`` (``policy``) and
+    ``MUON_COMPILE_SYM_PRODUCTS`` (``products``)."""
     choices, skipped = [], []
     for node, site in zip(nodes, sites, strict=True):
         if site.symbolic:
             skipped.append((node.name, site.skip_reason))
             continue
         args = site.args
-        choice = choose(site.rows, site.cols, args.steps, args.compute_dtype, torch.device(site.device).type, args.algorithm, policy)
-        choices.append(NodeChoice(node.name, site.batch, site.rows, site.cols, args, choice))
+        device = torch.device(site.device).type
+        choice = choose(site.rows, site.cols, args.steps, args.compute_dtype, device, args.algorithm, policy)
+        kind = choose_products(site.rows, site.cols, choice.algorithm, args.compute_dtype, device, products)
+        choices.append(NodeChoice(node.name, site.batch, site.rows, site.cols, args, choice, kind))
     return AlgorithmPlan(tuple(choices), tuple(skipped))
