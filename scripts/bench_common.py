@@ -148,16 +148,28 @@ def time_steps(step: Step, warmup: int, reps: int, clock: Clock) -> list[float]:
 @dataclasses.dataclass(frozen=True)
 class Arm:
     """A way to run the step: ``make_step(workload, device)`` builds it; ``backend`` is the
-    torch.compile backend (None: eager), ``options`` its ``torch.compile(options=...)``."""
+    torch.compile backend (None: eager), ``options`` its ``torch.compile(options=...)``,
+    ``settings`` the ``muon_compile.config`` fields in force while it compiles and runs."""
 
     key: str
     name: str
     make_step: Callable[[object, torch.device], Step]
     backend: str | None = None
     options: dict | None = None
+    settings: dict | None = None
 
     def compile(self, step: Step) -> Step:
-        return torch.compile(step, backend=self.backend, options=self.options)
+        compiled = torch.compile(step, backend=self.backend, options=self.options)
+        if not self.settings:
+            return compiled
+
+        def with_settings() -> object:
+            from muon_compile import config
+
+            with config.override(**self.settings):
+                return compiled()
+
+        return with_settings
 
 
 @dataclasses.dataclass

@@ -49,6 +49,8 @@ Arms (``--arms`` takes the keys, or the long names, comma-separated):
                                                  and runs without one)
     muon-textbook   ... (textbook)               the same with ns_algorithm="textbook"
     muon-gram       ... (gram)                   the same with ns_algorithm="gram"
+    muon-sym        ... (auto), symmetric        the muon arm with MUON_COMPILE_SYM_PRODUCTS=on:
+                    products                     X Xᵀ and squares by muon_compile.sym_kernel
     muon-torch      muon torch.optim.Muon        torch.compile(opt.step, backend="muon"):
                                                  unmodified, its loops canonicalised
     muon-offload    muon ..., offload_state      the muon arm with the state in host memory
@@ -442,6 +444,7 @@ ARMS = (
     Arm("muon-cudagraph", "muon muon_compile.Muon (auto), CUDA graph", our_muon_step, "muon", {"triton.cudagraphs": True}),
     Arm("muon-textbook", "muon muon_compile.Muon (textbook)", our_muon_textbook_step, "muon"),
     Arm("muon-gram", "muon muon_compile.Muon (gram)", our_muon_gram_step, "muon"),
+    Arm("muon-sym", "muon muon_compile.Muon (auto), symmetric products", our_muon_step, "muon", settings={"sym_products": "on"}),
     Arm("muon-torch", "muon torch.optim.Muon", torch_muon_step, "muon"),
     Arm("muon-offload", "muon muon_compile.Muon, offload_state", our_muon_offload_step, "muon"),
     Arm("hand-stacked", "hand-stacked (nanochat)", hand_stacked_step),

@@ -13,7 +13,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 # the arms gpu_check.sh runs; a peer without its package installed is reported as failed
-COMPILED = ("inductor torch.optim.Muon", "muon muon_compile.Muon (auto)", "muon muon_compile.Muon (auto), CUDA graph")
+COMPILED = (
+    "inductor torch.optim.Muon", "muon muon_compile.Muon (auto)", "muon muon_compile.Muon (auto), CUDA graph",
+    "muon muon_compile.Muon (auto), symmetric products",
+)
 OTHERS = ("eager torch.optim.Muon", "roofline", "roofline (products chosen)")
 PEERS = ("emerging", "heavyball", "dion")
 
