@@ -8,7 +8,8 @@ there) and rounds the sum once to the output dtype, as ``bmm`` does, in another 
 against the exact (fp64) product ``P`` of the same operands, each entry is within half an
 ulp of the dtype (2^-8 relative for bf16, 2^-11 for fp16) of ``P`` plus the fp32 summation's
 error, at most ``k * 2^-24`` times the sum of the products' magnitudes ``(|a| @ |b|)``
-(the standard bound for ``k`` terms); the check allows the dtype's full ulp (2^-7, 2^-10)
+(the standard bound for ``k`` terms; the check takes the larger ``||a_i|| ||b_j||``, which
+needs no second product); it allows the dtype's full ulp (2^-7, 2^-10)
 for the half-ulp term, so ties and the two roundings of a mirrored tile stay inside. The
 result must also be exactly symmetric, which ``bmm``'s need not be.
 """
@@ -52,8 +53,8 @@ def test_kernel_equals_the_exact_product_to_its_rounding():
 @pytest.mark.slow
 @interpreter
 def test_kernel_on_large_and_odd_matrices():
-    """1023 x 511 and 4096 x 4096, bf16 and fp16."""
-    assert "ok: 4 cases" in _interpreted("large")
+    """1023 x 511 in bf16 and fp16, 4096 x 4096 in bf16."""
+    assert "ok: 3 cases" in _interpreted("large")
 
 
 def test_op_falls_back_to_bmm_off_cuda_and_has_a_fake_implementation():
