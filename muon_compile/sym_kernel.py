@@ -111,8 +111,9 @@ if triton is not None:
         c_base = c_ptr + batch * stride_cb
         inside = (rows[:, None] < M) & (cols[None, :] < M)
         tl.store(c_base + rows[:, None] * stride_cm + cols[None, :] * stride_cn, c, mask=inside)
-        if ti != tj:  # the mirror: C[col, row] = C[row, col]
-            tl.store(c_base + rows[:, None] * stride_cn + cols[None, :] * stride_cm, c, mask=inside)
+        if ti != tj:  # the mirror, C[col, row] = C[row, col], stored row by row as the tile is
+            mirror = (cols[:, None] < M) & (rows[None, :] < M)
+            tl.store(c_base + cols[:, None] * stride_cm + rows[None, :] * stride_cn, tl.trans(c), mask=mirror)
 
 
 def launch(a: Tensor, b: Tensor, tiles: Tiles | None = None, out: Tensor | None = None) -> Tensor:
