@@ -39,6 +39,7 @@ except ImportError:  # pragma: no cover - exercised where Triton is absent
     triton = None
 
 DTYPES = (torch.bfloat16, torch.float16)
+MAX_BATCH_PER_LAUNCH = 65535  # CUDA's limit on a grid's second dimension: larger batches launch in parts
 _QUALNAME = "muon_compile::sym_bmm"
 
 
@@ -136,13 +137,16 @@ def launch(a: Tensor, b: Tensor, tiles: Tiles | None = None, out: Tensor | None 
     tile_count = triton.cdiv(m, t.tile)
     # (torch 2.11's wrap_triton refuses the interpreter's kernel object: launched as it is there)
     kernel = _sym_bmm_kernel if _interpreted() else _wrap(_sym_bmm_kernel)
-    kernel[(tile_count * tile_count, batch)](
-        a, b, out, m, k,
-        a.stride(0), a.stride(1), a.stride(2), b.stride(0), b.stride(1), b.stride(2),
-        out.stride(0), out.stride(1), out.stride(2),
-        TILE=t.tile, TILE_K=t.tile_k, UPCAST=a.dtype == torch.bfloat16 and _interpreted(),
-        num_warps=t.num_warps, num_stages=t.num_stages,
-    )
+    for start in range(0, batch, MAX_BATCH_PER_LAUNCH):
+        part = slice(start, start + MAX_BATCH_PER_LAUNCH)
+        a_part, b_part, out_part = a[part], b[part], out[part]
+        kernel[(tile_count * tile_count, a_part.shape[0])](
+            a_part, b_part, out_part, m, k,
+            a.stride(0), a.stride(1), a.stride(2), b.stride(0), b.stride(1), b.stride(2),
+            out.stride(0), out.stride(1), out.stride(2),
+            TILE=t.tile, TILE_K=t.tile_k, UPCAST=a.dtype == torch.bfloat16 and _interpreted(),
+            num_warps=t.num_warps, num_stages=t.num_stages,
+        )
     return out
 
 

@@ -60,6 +60,11 @@ def main(which):
                     except AssertionError as e:
                         print(f"FAILED {batch}x{m}x{k} {dtype} {'square' if square else 'gram'} {tiles}: {e}")
                         return 1
+    if which == "small":  # a batch larger than one launch takes (the limit lowered to 2 here)
+        sym_kernel.MAX_BATCH_PER_LAUNCH = 2
+        a, b = operands(5, 20, 9, torch.float16, False)
+        check(sym_kernel.launch(a, b, sym_kernel.Tiles(16, 16)), a, b)
+        checked += 1
     empty = torch.zeros(2, 6, 0, dtype=torch.bfloat16)
     assert torch.equal(sym_kernel.launch(empty, empty.mT), torch.zeros(2, 6, 6, dtype=torch.bfloat16))
     print(f"ok: {checked} cases")
