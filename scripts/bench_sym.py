@@ -2,16 +2,19 @@
 ``muon_compile::sym_bmm`` (muon_compile/sym_kernel.py: only the tiles on and above the
 diagonal) and ``torch.bmm`` on the same operands, one after the other, median times.
 
-    python scripts/bench_sym.py [--device cuda] [--sizes 256,512,...] [--reps 20] [--json FILE]
+    python scripts/bench_sym.py [--device cuda] [--sizes 256,...] [--dtypes bf16,fp16] [--batch N] [--reps 20] [--json FILE]
 
 Two products per size, as Newton–Schulz forms them: ``gram``, ``X Xᵀ`` with ``X`` ``m x 4m``
 (a wide matrix's Gram matrix), and ``square``, ``S S`` with ``S`` a symmetric ``m x m``;
-bf16, a batch of ``max(1, (4096 / m)²)`` matrices (a bucket's stack). Columns: both times,
+bf16 (the textbook iteration's) and fp16 (the Gram iteration's), a batch of
+``max(1, (4096 / m)²)`` matrices (a bucket's stack). Columns: both times,
 their ratio, the rate of each in ``bmm``'s FLOPs (``2 B m² k``: the symmetric kernel computes
 about half of them, so its rate there is an effective one, comparable with ``bmm``'s), and
 the largest difference between the two results in units of the result's largest entry.
-Off CUDA the op is ``bmm`` itself (the table says so): ``--device cpu`` checks the script,
-not the kernel.
+Last, the table ``ns_cost.choose_products`` reads (``MatmulRates.symmetric``), per dtype
+``(m, bmm time / sym time)`` of one ``gram`` and one ``square`` product together, ready to
+paste into ``muon_compile/matmul_rates.py``. Off CUDA the op is ``bmm`` itself (the output
+says so): ``--device cpu`` checks the script, not the kernel.
 """
 
 from __future__ import annotations
@@ -32,22 +35,25 @@ from muon_compile import sym_kernel  # noqa: E402
 ASPECT = 4  # the inner dimension of the gram product, in multiples of m
 
 
-def operands(kind: str, m: int, batch: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def operands(kind: str, m: int, batch: int, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator(device=device).manual_seed(m)
     if kind == "gram":
-        x = torch.randn(batch, m, ASPECT * m, device=device, generator=g, dtype=torch.bfloat16)
+        x = torch.randn(batch, m, ASPECT * m, device=device, generator=g, dtype=dtype)
         return x, x.mT
-    s = torch.randn(batch, m, m, device=device, generator=g, dtype=torch.bfloat16)
+    s = torch.randn(batch, m, m, device=device, generator=g, dtype=dtype)
     s = s + s.mT
     return s, s
 
 
-def measure(kind: str, m: int, device: torch.device, warmup: int, reps: int) -> dict:
-    batch = max(1, (4096 // m) ** 2)
-    a, b = operands(kind, m, batch, device)
+def measure(kind: str, m: int, dtype: str, device: torch.device, warmup: int, reps: int, batch: int | None = None) -> dict:
+    batch = batch or max(1, (4096 // m) ** 2)
+    a, b = operands(kind, m, batch, DTYPES[dtype], device)
     clock = clock_for(device)
     flops = 2 * batch * m * m * a.shape[-1]
-    row = {"kind": kind, "m": m, "k": a.shape[-1], "batch": batch}
+    row = {"kind": kind, "m": m, "dtype": dtype, "k": a.shape[-1], "batch": batch}
     for name, fn in (("bmm", torch.bmm), ("sym", sym_kernel.sym_bmm)):
         seconds = statistics.median(time_steps(lambda: fn(a, b), warmup, reps, clock))
         row[f"{name}_ms"] = seconds * 1e3
@@ -62,6 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--sizes", default="256,512,1024,2048,4096,8192")
+    parser.add_argument("--dtypes", default="bf16,fp16")
+    parser.add_argument("--batch", type=positive_int, help="matrices per product (default: (4096 / m)², at least 1)")
     parser.add_argument("--warmup", type=positive_int, default=3)
     parser.add_argument("--reps", type=positive_int, default=20)
     parser.add_argument("--json", type=Path)
@@ -71,26 +79,48 @@ def main(argv: list[str] | None = None) -> int:
     machine = machine_info(device)
     kernel = "the Triton kernel" if sym_kernel.triton_usable(device) else "torch.bmm (no Triton kernel on this device)"
     print(machine_line(machine))
-    print(f"sym_bmm runs {kernel}; bf16; medians of {args.reps} after {args.warmup}")
+    print(f"sym_bmm runs {kernel}; medians of {args.reps} after {args.warmup}")
     print()
-    print(markdown_row(["product", "m x k", "batch", "bmm ms", "sym ms", "sym / bmm", "bmm TFLOP/s", "sym TFLOP/s (bmm's FLOPs)", "max diff"]))
-    print(markdown_rule("llrrrrrrr"))
+    print(markdown_row(["product", "dtype", "m x k", "batch", "bmm ms", "sym ms", "sym / bmm", "bmm TFLOP/s", "sym TFLOP/s (bmm's FLOPs)", "max diff"]))
+    print(markdown_rule("lllrrrrrrr"))
     rows = []
-    for m in sizes:
-        for kind in ("gram", "square"):
-            try:
-                row = measure(kind, m, device, args.warmup, args.reps)
-            except torch.OutOfMemoryError:
-                print(markdown_row([kind, f"{m}", "-", "out of memory", "", "", "", "", ""]))
-                continue
-            rows.append(row)
-            print(markdown_row([
-                kind, f"{m} x {row['k']}", str(row["batch"]), f"{row['bmm_ms']:.3f}", f"{row['sym_ms']:.3f}",
-                f"{row['ratio']:.2f}", f"{row['bmm_tflops']:.1f}", f"{row['sym_tflops']:.1f}", f"{row['max_diff']:.1e}",
-            ]), flush=True)
+    for dtype in args.dtypes.split(","):
+        for m in sizes:
+            for kind in ("gram", "square"):
+                try:
+                    row = measure(kind, m, dtype, device, args.warmup, args.reps, args.batch)
+                except torch.OutOfMemoryError:
+                    print(markdown_row([kind, dtype, f"{m}", "-", "out of memory", "", "", "", "", ""]))
+                    continue
+                rows.append(row)
+                print(markdown_row([
+                    kind, dtype, f"{m} x {row['k']}", str(row["batch"]), f"{row['bmm_ms']:.3f}", f"{row['sym_ms']:.3f}",
+                    f"{row['ratio']:.2f}", f"{row['bmm_tflops']:.1f}", f"{row['sym_tflops']:.1f}", f"{row['max_diff']:.1e}",
+                ]), flush=True)
+    table = speedup_table(rows)
+    print()
+    print(f"MatmulRates.symmetric of this device: {table}")
     if args.json:
-        args.json.write_text(json.dumps({"machine": machine, "kernel": kernel, "rows": rows}, indent=1))
+        args.json.write_text(json.dumps({"machine": machine, "kernel": kernel, "rows": rows, "table": table}, indent=1))
     return 0
+
+
+def speedup_table(rows: list[dict]) -> str:
+    """Per dtype, ``(m, bmm time / sym time)`` of a gram and a square product together, as
+    Python for ``muon_compile/matmul_rates.py`` (sizes where both were measured)."""
+    parts = []
+    for dtype, name in (("bf16", "torch.bfloat16"), ("fp16", "torch.float16")):
+        by_m: dict[int, dict[str, dict]] = {}
+        for r in rows:
+            if r["dtype"] == dtype:
+                by_m.setdefault(r["m"], {})[r["kind"]] = r
+        points = [
+            (m, sum(r["bmm_ms"] for r in kinds.values()) / sum(r["sym_ms"] for r in kinds.values()))
+            for m, kinds in sorted(by_m.items()) if len(kinds) == 2
+        ]
+        if points:
+            parts.append(f"{name}: ({', '.join(f'({m}, {s:.3f})' for m, s in points)},)")
+    return "{" + ", ".join(parts) + "}"
 
 
 if __name__ == "__main__":

@@ -66,9 +66,11 @@ def sym_lines(report: Path) -> list[str]:
     data = json.loads(path.read_text())
     lines = []
     for kind in ("gram", "square"):
-        rows = [r for r in data["rows"] if r["kind"] == kind]
+        rows = [r for r in data["rows"] if r["kind"] == kind and r.get("dtype", "bf16") == "bf16"]
         ratios = ", ".join(f"{r['m']}: {r['ratio']:.2f}" for r in rows)
-        lines.append(f"symmetric products, {kind}, sym / bmm time by m: {ratios or 'none'} ({data['kernel']})")
+        lines.append(f"symmetric products, {kind}, bf16, sym / bmm time by m: {ratios or 'none'} ({data['kernel']})")
+    if data.get("table"):
+        lines.append(f"symmetric products, the table for matmul_rates: {data['table']}")
     return lines
 
 

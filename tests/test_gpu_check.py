@@ -45,9 +45,11 @@ def test_every_step_runs_on_the_cpu(tmp_path):
     for arm in peers:
         assert "not installed" in arm["error"], arm
     sym = json.loads((tmp_path / "bench_sym.json").read_text())
-    assert [(r["kind"], r["m"]) for r in sym["rows"]] == [("gram", 32), ("square", 32), ("gram", 64), ("square", 64)]
+    kinds = [("gram", 32), ("square", 32), ("gram", 64), ("square", 64)]
+    assert [(r["dtype"], r["kind"], r["m"]) for r in sym["rows"]] == [(d, *k) for d in ("bf16", "fp16") for k in kinds]
     assert all(r["max_diff"] == 0 for r in sym["rows"]), sym  # off CUDA the op is bmm itself
-    assert "symmetric products, gram, sym / bmm time by m: 32: " in summary and "no Triton kernel on this device" in summary
+    assert sym["table"].startswith("{torch.bfloat16: ((32, ") and "torch.float16: ((32, " in sym["table"]
+    assert "symmetric products, gram, bf16, sym / bmm time by m: 32: " in summary and "no Triton kernel on this device" in summary
     assert (tmp_path / "tests.log").read_text().startswith("--device cpu: no CUDA tests")
     assert "calibrate: cpu-calibrated: bf16 peak" in summary, summary
     assert "distributed: 0 GPU(s) on cpu: the distributed benchmark needs 2 or more (skipped)" in summary
