@@ -104,8 +104,9 @@ class MatmulRates:
     latency: Mapping[torch.dtype, Table] = dataclasses.field(default_factory=dict)  # (size, seconds per call)
     # per family of FAMILIES, per dtype: (cube size, GFLOP/s) of its products, where measured
     families: Mapping[str, Mapping[torch.dtype, Table]] = dataclasses.field(default_factory=dict)
-    # per dtype: (m, bmm's time / sym_bmm's) of an m x m Gram product (muon_compile.sym_kernel;
-    # scripts/bench_sym.py's "gram" rows), where measured: none yet, so never chosen
+    # per dtype: (m, bmm's time / sym_bmm's) of the symmetric products at an m x m Gram matrix, one
+    # X Xᵀ (X m x 4m) and one square together (muon_compile.sym_kernel; the table scripts/bench_sym.py
+    # prints), where measured: none yet, so never chosen
     symmetric: Mapping[torch.dtype, Table] = dataclasses.field(default_factory=dict)
 
     def rate(self, dtype: torch.dtype, m: int, k: int, n: int) -> float:
@@ -123,8 +124,9 @@ class MatmulRates:
         return square ** (1 - weight) * interpolate(long, size, log_log=True) ** weight
 
     def symmetric_speedup(self, dtype: torch.dtype, m: int) -> float | None:
-        """How many times faster ``sym_bmm`` forms an ``m x m`` Gram product than ``bmm``
-        in ``dtype``, interpolated in the measured table; None where nothing was measured."""
+        """How many times faster ``sym_bmm`` forms the symmetric products at an ``m x m`` Gram
+        matrix than ``bmm`` in ``dtype``, interpolated in the measured table; None where
+        nothing was measured."""
         table = self.symmetric.get(dtype)
         return interpolate(table, m) if table else None
 
