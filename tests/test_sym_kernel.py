@@ -42,6 +42,7 @@ def _interpreted(which):
     return done.stdout
 
 
+@pytest.mark.slow
 @interpreter
 def test_kernel_equals_the_exact_product_to_its_rounding():
     """1x1 to 130x130, odd sizes, batches of 1 and 64, bf16 and fp16, X X^T through a strided
