@@ -39,6 +39,7 @@ import torch
 
 from .matmul_rates import MatmulRates, profile_for
 from .ns_args import AUTO, GRAM, TEXTBOOK, check_algorithm
+from .sym_kernel import DTYPES as SYMMETRIC_DTYPES
 
 # Compute dtypes and iteration counts for which "auto" may pick Gram (see the module docstring).
 GRAM_DTYPES = (torch.bfloat16, torch.float16)
@@ -160,14 +161,12 @@ def choose_products(rows: int, cols: int, algorithm: str, compute_dtype: torch.d
     ``auto`` and the device's measured table (:meth:`MatmulRates.symmetric_speedup`) has the
     symmetric kernel faster at the Gram matrix's size in the products' dtype; ``bmm``
     otherwise, and always for a dtype the kernel does not take."""
-    from .sym_kernel import DTYPES
-
     if policy not in PRODUCT_POLICIES:
         raise ValueError(f"MUON_COMPILE_SYM_PRODUCTS must be one of {list(PRODUCT_POLICIES)}, got {policy!r}")
     dtype = iteration_dtype(algorithm, compute_dtype)
     if policy == "off":
         return ProductChoice(BMM, "MUON_COMPILE_SYM_PRODUCTS=off")
-    if dtype not in DTYPES:
+    if dtype not in SYMMETRIC_DTYPES:
         return ProductChoice(BMM, f"the symmetric kernel takes bf16 / fp16, not {dtype}")
     if policy == "on":
         return ProductChoice(SYMMETRIC, "MUON_COMPILE_SYM_PRODUCTS=on")
