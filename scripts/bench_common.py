@@ -19,8 +19,9 @@ compile's generated code (:func:`muon_compile.launches.count_launches`: products
 kernels, other op calls); then time the steps on the warm compile, and count the matmul
 kernel calls of one more step profiled with ``torch.profiler`` (host-side events named in
 :data:`MATMUL_OPERANDS`; not ``aten::matmul``, which dispatches to those) and, on CUDA, the
-GPU kernels that step ran (the profiler's CUDA events: kernels, copies and fills). An arm
-that raises is recorded with its error (:func:`error_summary`) and the run goes on.
+GPU kernels that step ran (the profiler's CUDA events: kernels, copies and fills), their
+GPU time by kind (:func:`kernel_kind`) and the costliest of those besides the products. An
+arm that raises is recorded with its error (:func:`error_summary`) and the run goes on.
 
 Compiling in parallel (:func:`compile_in_parallel`): the cold compiles of many arms run at
 once, each in a process of its own (``spawn``), all in one Inductor cache directory with the
@@ -40,6 +41,7 @@ import dataclasses
 import multiprocessing
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -57,6 +59,23 @@ Step = Callable[[], object]
 # the matmul ops a step's kernels are counted by, with the positions of their two matrix
 # operands in the op's inputs (addmm and baddbmm take the added tensor first)
 MATMUL_OPERANDS = {"aten::mm": (0, 1), "aten::bmm": (0, 1), "aten::addmm": (1, 2), "aten::baddbmm": (1, 2)}
+
+# The kinds of a profiled step's GPU kernels, by name, the first pattern that matches:
+# products (cuBLAS and cuBLASLt: ``nvjet_*``, ``sm90_xmma_gemm_*``, CUTLASS; Inductor's Triton
+# matmul templates; muon_compile's symmetric product), the kernels Inductor generated (its
+# Triton pointwise, reduction and persistent kernels), torch's multi-tensor (``_foreach_*``)
+# kernels, copies, casts and fills (``Memcpy``/``Memset``, ``torch.cat``/``stack``, ``.to``,
+# ``fill_``), collectives (NCCL), and ``other`` (aten's own elementwise and reduction kernels).
+GPU_KINDS = (
+    ("products", re.compile(r"gemm|nvjet|cutlass|xmma|triton_tem_|sym_bmm", re.IGNORECASE)),
+    ("generated", re.compile(r"^triton_")),
+    ("foreach", re.compile(r"multi_tensor_apply|foreach", re.IGNORECASE)),
+    ("copies", re.compile(r"memcpy|memset|CatArrayBatchedCopy|copy_kernel|FillFunctor", re.IGNORECASE)),
+    ("collectives", re.compile(r"nccl", re.IGNORECASE)),
+)
+OTHER_KIND = "other"
+KERNEL_KINDS = tuple(kind for kind, _ in GPU_KINDS) + (OTHER_KIND,)
+TOP_KERNELS = 5  # the costliest kernels besides the products a profiled step reports
 
 
 # ------------------------------------------------------------------------------ machine
@@ -183,6 +202,8 @@ class ArmResult:
     warm_compile_s: float | None = None
     matmul_calls: int | None = None
     gpu_kernels: int | None = None
+    gpu_ms: dict[str, float] | None = None
+    top_kernels: tuple[tuple[str, float, int], ...] | None = None
     launches: Launches | None = None
     error: str | None = None
 
@@ -195,9 +216,40 @@ class ArmResult:
         return min(self.times_s) if self.times_s else None
 
 
-def count_kernels(step: Step, device: torch.device, clock: Clock) -> tuple[int, int | None]:
-    """Of one profiled step: the matmul calls (:data:`MATMUL_OPERANDS` events, recorded on
-    the host) and, on CUDA, the GPU kernels (the profiler's CUDA events; None elsewhere)."""
+def kernel_kind(name: str) -> str:
+    """The kind (:data:`KERNEL_KINDS`) of a GPU kernel named ``name`` (:data:`GPU_KINDS`)."""
+    return next((kind for kind, pattern in GPU_KINDS if pattern.search(name)), OTHER_KIND)
+
+
+@dataclasses.dataclass(frozen=True)
+class StepProfile:
+    """One profiled step: its matmul calls (host-side :data:`MATMUL_OPERANDS` events) and, on
+    CUDA (None elsewhere), its GPU kernels, their milliseconds by :func:`kernel_kind` (every
+    kind, 0 where none ran) and the :data:`TOP_KERNELS` costliest kernels besides the
+    products as ``(name, ms, calls)``."""
+
+    matmul_calls: int
+    gpu_kernels: int | None = None
+    gpu_ms: dict[str, float] | None = None
+    top_kernels: tuple[tuple[str, float, int], ...] | None = None
+
+
+def gpu_time(kernels: Iterable[tuple[str, float]]) -> tuple[dict[str, float], tuple[tuple[str, float, int], ...]]:
+    """``(name, microseconds)`` of a step's GPU kernels -> milliseconds by kind, and the
+    :data:`TOP_KERNELS` costliest names besides the products (``(name, ms, calls)``)."""
+    by_kind = dict.fromkeys(KERNEL_KINDS, 0.0)
+    by_name: dict[str, list[float]] = {}
+    for name, us in kernels:
+        kind = kernel_kind(name)
+        by_kind[kind] += us / 1e3
+        if kind != "products":
+            by_name.setdefault(name, []).append(us / 1e3)
+    top = sorted(((name, sum(ms), len(ms)) for name, ms in by_name.items()), key=lambda t: -t[1])
+    return by_kind, tuple(top[:TOP_KERNELS])
+
+
+def profile_step(step: Step, device: torch.device, clock: Clock) -> StepProfile:
+    """Profile one call of ``step`` (see :class:`StepProfile`)."""
     activities = [torch.profiler.ProfilerActivity.CPU]
     if device.type == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
@@ -207,8 +259,10 @@ def count_kernels(step: Step, device: torch.device, clock: Clock) -> tuple[int, 
     events = prof.events()
     matmuls = sum(1 for event in events if event.name in MATMUL_OPERANDS)
     if device.type != "cuda":
-        return matmuls, None
-    return matmuls, sum(1 for event in events if event.device_type == torch.autograd.DeviceType.CUDA)
+        return StepProfile(matmuls)
+    kernels = [(e.name, e.time_range.elapsed_us()) for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+    by_kind, top = gpu_time(kernels)
+    return StepProfile(matmuls, len(kernels), by_kind, top)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -268,7 +322,9 @@ def measure(
                 result.cold_compile_s, result.launches = compiled.cold_compile_s, compiled.launches
                 step = compile_warm(arm, step, result, clock)
             result.times_s = time_steps(step, warmup, reps, clock)
-            result.matmul_calls, result.gpu_kernels = count_kernels(step, device, clock)
+            profiled = profile_step(step, device, clock)
+            result.matmul_calls, result.gpu_kernels = profiled.matmul_calls, profiled.gpu_kernels
+            result.gpu_ms, result.top_kernels = profiled.gpu_ms, profiled.top_kernels
     except Exception as exc:  # keep going: report the arm as failed
         traceback.print_exc(file=sys.stderr)
         result.error = error_summary(exc)

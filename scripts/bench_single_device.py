@@ -123,7 +123,11 @@ Launches per step (compiled arms): the calls of the cold compile's generated cod
 products (extern BLAS calls, Triton matmul templates), the other kernels Inductor generated
 (C++ or Triton), and calls into other ops (the stack ops, collectives, aten fallbacks).
 GPU kernels per step (every arm, on ``cuda``): the CUDA events (kernels, copies, fills) the
-profiled step ran.
+profiled step ran. Below each table on ``cuda``, that step's GPU time by kind of kernel
+(``bench_common.kernel_kind``: products, Inductor's generated kernels, multi-tensor
+``_foreach_*`` kernels, copies and casts, collectives, the rest), "busy" their sum and
+"idle" the median step less it (where the GPU waited for the host), then the muon arm's
+costliest kernels besides the products: where a step's time goes.
 
 An arm that raises is reported with its error and the run goes on. The clocks, the
 compiles and the matmul count are those of ``scripts/bench_common.py``.
@@ -157,6 +161,7 @@ from muon_compile.launches import Launches
 from muon_compile.ns_cost import choose, ns_flops, products
 
 from bench_common import (
+    KERNEL_KINDS,
     Arm,
     ArmResult,
     Step,
@@ -497,14 +502,35 @@ HEADER = ["arm", "step ms (median)", "min ms", "vs roofline", "% of roofline",
           "launches/step (products+kernels+ops)", "GPU kernels/step"]
 
 
-def format_table(rows: list[list[str]]) -> str:
+def format_table(rows: list[list[str]], header: list[str] = HEADER) -> str:
     """Columns padded to width: the first left-aligned, the rest right-aligned."""
-    widths = [max(len(row[i]) for row in [HEADER, *rows]) for i in range(len(HEADER))]
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
 
     def line(cells: list[str]) -> str:
         return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
 
-    return "\n".join([line(HEADER), "  ".join("-" * w for w in widths), *map(line, rows)])
+    return "\n".join([line(header), "  ".join("-" * w for w in widths), *map(line, rows)])
+
+
+def gpu_time_lines(results: list[ArmResult]) -> list[str]:
+    """The GPU time of each profiled arm's step by kind of kernel, and the muon arm's
+    costliest kernels besides the products (nothing off CUDA)."""
+    profiled = [r for r in results if r.gpu_ms is not None]
+    if not profiled:
+        return []
+    header = ["arm", *KERNEL_KINDS, "busy", "idle"]
+    rows = []
+    for r in profiled:
+        busy = sum(r.gpu_ms.values())
+        idle = None if r.median_s is None else r.median_s * 1e3 - busy
+        rows.append([r.name, *(cell(r.gpu_ms[k], ".2f") for k in KERNEL_KINDS), cell(busy, ".2f"), cell(idle, ".2f")])
+    lines = ["GPU ms of one profiled step by kind of kernel (idle: the median step less the busy time):",
+             format_table(rows, header)]
+    muon = next((r for r in profiled if r.key == MUON_ARM), None)
+    if muon is not None and muon.top_kernels:
+        lines.append(f"{muon.name}: its costliest kernels besides the products:")
+        lines += [f"  {ms:8.3f} ms  {calls:4d} calls  {name[:100]}" for name, ms, calls in muon.top_kernels]
+    return lines
 
 
 def muon_comparisons(results: list[ArmResult]) -> list[str]:
@@ -541,6 +567,8 @@ def report(workload: Workload, results: list[ArmResult], machine: dict, warmup: 
     if roofline_s:
         lines.append(f"roofline: {workload.flops / roofline_s / 1e9:.1f} GFLOP/s")
     lines += ["", format_table([table_row(r, roofline_s, muon_s) for r in results]), ""]
+    if gpu := gpu_time_lines(results):
+        lines += [*gpu, ""]
     lines += muon_comparisons(results)
     lines += [f"{r.name} failed: {r.error}" for r in results if r.error]
     return "\n".join(lines)

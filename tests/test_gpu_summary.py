@@ -30,7 +30,7 @@ def write_report(folder: Path) -> None:
         "workload": "gpt-small", "matrices": 24, "ns_gflop": 95.127, "arms": [
             {**arm, "key": "eager-torch", "name": "eager torch.optim.Muon", "times_s": [0.0154], "median_s": 0.0154},
             {**arm, "key": "muon", "name": "muon muon_compile.Muon (auto)", "times_s": [0.0035], "median_s": 0.0035,
-             "gpu_kernels": 77, "cold_compile_s": 21.4},
+             "gpu_kernels": 77, "cold_compile_s": 21.4, "gpu_ms": {"products": 1.125, "generated": 0.5, "other": 0.25}},
             {**arm, "key": "roofline", "name": "roofline", "times_s": [0.0014], "median_s": 0.0014},
             {**arm, "key": "dion", "name": "dion Muon", "times_s": None, "median_s": None, "error": "RuntimeError: boom"},
         ],
@@ -64,7 +64,8 @@ def test_summary_reads_every_step_of_a_report(tmp_path, capsys):
         "torch 2.11.0+cu130 cuda 13.0 gpus 1 NVIDIA H200",
         "gpt-small (24 matrices, 95.1 NS GFLOP/step):",
         f"  {'eager torch.optim.Muon':<42}    15.400 ms    4.40x muon   11.00x roofline",
-        f"  {'muon muon_compile.Muon (auto)':<42}     3.500 ms    1.00x muon    2.50x roofline  77 kernels  compiled in 21 s",
+        f"  {'muon muon_compile.Muon (auto)':<42}     3.500 ms    1.00x muon    2.50x roofline  77 kernels  "
+        "GPU busy 1.88 ms (1.12 in products)  compiled in 21 s",
         f"  {'roofline':<42}     1.400 ms    0.40x muon    1.00x roofline",
         f"  {'dion Muon':<42} FAILED: RuntimeError: boom",
         "symmetric products, gram, bf16, sym / bmm time by m: 256: 1.25, 4096: 0.60 (the Triton kernel)",

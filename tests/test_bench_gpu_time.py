@@ -1,0 +1,68 @@
+"""The GPU time by kind of kernel that scripts/bench_single_device.py reports on CUDA
+(``bench_common.kernel_kind``, ``gpu_time``, and the report's table): kernel names as an
+H100/H200 profile shows them, classified here without a GPU."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+
+import bench_common  # noqa: E402
+import bench_single_device  # noqa: E402
+
+
+@pytest.mark.parametrize(
+    "name, kind",
+    [
+        ("nvjet_tst_256x128_64x4_2x1_v_bz_coopA_NNT", "products"),
+        ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1", "products"),
+        ("cutlass3x_sm90_tensorop_gemm_bf16_bf16_f32_bf16_bf16_128x256x64_1x2x1_0_tnn_align8", "products"),
+        ("triton_tem_fused_mm_0", "products"),
+        ("_sym_bmm_kernel", "products"),
+        ("triton_poi_fused__to_copy_add_lerp_mul_0", "generated"),
+        ("triton_red_fused_linalg_vector_norm_1", "generated"),
+        ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::(anonymous namespace)"
+         "::TensorListMetadata<2>, at::native::(anonymous namespace)::BinaryOpListAlphaFunctor<float, 2, 2, 0>>",
+         "foreach"),
+        ("void at::native::(anonymous namespace)::CatArrayBatchedCopy<at::native::(anonymous namespace)"
+         "::OpaqueType<4u>, unsigned int, 4, 64, 64>", "copies"),
+        ("Memcpy HtoD (Pageable -> Device)", "copies"),
+        ("void at::native::unrolled_elementwise_kernel<at::native::direct_copy_kernel_cuda(at::TensorIteratorBase&)", "copies"),
+        ("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>, std::array<char*, 1ul>>",
+         "copies"),
+        ("ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)", "collectives"),
+        ("void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::NormTwoOps>>", "other"),
+    ],
+)
+def test_kernels_are_classified_by_name(name, kind):
+    assert bench_common.kernel_kind(name) == kind
+
+
+def test_gpu_time_sums_by_kind_and_names_the_costliest_besides_products():
+    kernels = [("nvjet_a", 900.0), ("triton_poi_x", 300.0), ("triton_poi_x", 200.0), ("Memset (Device)", 10.0)]
+    kernels += [(f"triton_red_{i}", float(i)) for i in range(1, 8)]
+    by_kind, top = bench_common.gpu_time(kernels)
+    assert set(by_kind) == set(bench_common.KERNEL_KINDS)
+    assert by_kind["products"] == pytest.approx(0.9) and by_kind["generated"] == pytest.approx(0.528)
+    assert by_kind["copies"] == pytest.approx(0.01) and by_kind["foreach"] == 0.0
+    assert [(name, calls) for name, _, calls in top] == [
+        ("triton_poi_x", 2), ("Memset (Device)", 1), ("triton_red_7", 1), ("triton_red_6", 1), ("triton_red_5", 1)
+    ]
+    assert top[0][1] == pytest.approx(0.5)
+
+
+def test_report_prints_the_gpu_time_table_only_for_profiled_arms():
+    by_kind = dict.fromkeys(bench_common.KERNEL_KINDS, 0.0) | {"products": 60.0, "generated": 20.0}
+    muon = bench_common.ArmResult("muon", "muon muon_compile.Muon (auto)", times_s=[0.086], gpu_ms=by_kind,
+                                  top_kernels=(("triton_poi_fused_0", 5.0, 16),))
+    eager = bench_common.ArmResult("eager-torch", "eager torch.optim.Muon", times_s=[0.1])
+    lines = bench_single_device.gpu_time_lines([eager, muon])
+    assert lines[0].startswith("GPU ms of one profiled step by kind")
+    header, rule, row = lines[1].splitlines()
+    assert header.split() == ["arm", *bench_common.KERNEL_KINDS, "busy", "idle"]
+    assert row.split()[-8:] == ["60.00", "20.00", "0.00", "0.00", "0.00", "0.00", "80.00", "6.00"]
+    assert lines[2:] == ["muon muon_compile.Muon (auto): its costliest kernels besides the products:",
+                         "     5.000 ms    16 calls  triton_poi_fused_0"]
+    assert bench_single_device.gpu_time_lines([eager]) == []
