@@ -3,8 +3,8 @@ triangle at a time.
 
 ``sym_bmm(a, b)`` is ``torch.bmm(a, b)`` for ``a`` ``[B, m, k]`` and ``b`` ``[B, k, m]`` whose
 product the caller knows to be symmetric: a Gram matrix ``X Xᵀ`` (``b = a.mT``, any strides)
-or the square of a symmetric matrix ``S S`` (``b = a``). The Triton kernel computes only
-the ``T x T`` output tiles on and above the diagonal (``T(T+1)/2`` of ``T²``: about half the
+or the square of a symmetric matrix ``S S`` (``b = a``). The Triton kernel launches one
+program per output tile on and above the diagonal (``T(T+1)/2`` of ``T x T``: about half the
 FLOPs for large ``m``), accumulates each in fp32, rounds it once to the output dtype and
 writes it twice, as itself and mirrored below the diagonal, so the result is exactly
 symmetric (``bmm``'s is to its rounding only). Written for this project after reading the
@@ -74,20 +74,25 @@ def check_operands(a: Tensor, b: Tensor) -> None:
 if triton is not None:
 
     @triton.jit
+    def _upper_tile(pid):
+        """Tile ``(ti, tj)``, ``ti <= tj``, of program ``pid`` in the upper triangle taken
+        column by column (``pid = tj (tj + 1) / 2 + ti``): ``tj`` from the square root, whose
+        float rounding near a triangle number is corrected by one either way."""
+        tj = ((tl.sqrt((8 * pid + 1).to(tl.float32)) - 1) / 2).to(tl.int32)
+        tj = tl.where(tj * (tj + 1) // 2 > pid, tj - 1, tj)
+        tj = tl.where((tj + 1) * (tj + 2) // 2 <= pid, tj + 1, tj)
+        return pid - tj * (tj + 1) // 2, tj
+
+    @triton.jit
     def _sym_bmm_kernel(
         a_ptr, b_ptr, c_ptr, M, K,
         stride_ab, stride_am, stride_ak, stride_bb, stride_bk, stride_bn, stride_cb, stride_cm, stride_cn,
         TILE: tl.constexpr, TILE_K: tl.constexpr, UPCAST: tl.constexpr,
     ):
-        """One ``TILE x TILE`` tile ``(ti, tj)`` of batch entry ``program_id(1)``; tiles below
-        the diagonal (``ti > tj``) return at once: their values are written by their mirror."""
-        tiles = tl.cdiv(M, TILE)
-        pid = tl.program_id(0)
+        """One ``TILE x TILE`` tile ``(ti, tj)`` on or above the diagonal (:func:`_upper_tile`
+        of ``program_id(0)``) of batch entry ``program_id(1)``; the tiles below are its mirrors."""
+        ti, tj = _upper_tile(tl.program_id(0))
         batch = tl.program_id(1)
-        ti = pid // tiles
-        tj = pid % tiles
-        if ti > tj:
-            return
         rows = ti * TILE + tl.arange(0, TILE)
         cols = tj * TILE + tl.arange(0, TILE)
         inner = tl.arange(0, TILE_K)
@@ -140,7 +145,7 @@ def launch(a: Tensor, b: Tensor, tiles: Tiles | None = None, out: Tensor | None 
     for start in range(0, batch, MAX_BATCH_PER_LAUNCH):
         part = slice(start, start + MAX_BATCH_PER_LAUNCH)
         a_part, b_part, out_part = a[part], b[part], out[part]
-        kernel[(tile_count * tile_count, a_part.shape[0])](
+        kernel[(tile_count * (tile_count + 1) // 2, a_part.shape[0])](
             a_part, b_part, out_part, m, k,
             a.stride(0), a.stride(1), a.stride(2), b.stride(0), b.stride(1), b.stride(2),
             out.stride(0), out.stride(1), out.stride(2),
