@@ -49,8 +49,8 @@ def orthogonalize(x: Tensor, args: NSArgs, policy: str = AUTO, products: str = B
 
        ``products="sym"`` (the plan's choice, :func:`muon_compile.ns_cost.choose_products`)
        forms the symmetric products (``X X^T``, ``A A``, ``R R``) with
-       :func:`muon_compile.sym_kernel.sym_bmm`; the textbook ``B`` is then ``b A + c (A A)``,
-       one pointwise kernel after the product instead of its epilogue.
+       :func:`muon_compile.sym_kernel.sym_bmm`, the textbook ``B`` with the same epilogue
+       (one rounding).
 
     4. Transpose back; the result has ``x``'s shape, dtype and a contiguous layout.
     """
@@ -69,7 +69,7 @@ def orthogonalize(x: Tensor, args: NSArgs, policy: str = AUTO, products: str = B
         for a, b, c in args.coefficients:
             A = symmetric(X, X.mT)
             if products == SYMMETRIC:
-                B = b * A + c * symmetric(A, A)
+                B = sym_bmm(A, A, A, beta=b, alpha=c)
             else:
                 B = torch.baddbmm(A, A, A, beta=b, alpha=c)
             X = torch.baddbmm(X, B, X, beta=a)

@@ -3,7 +3,10 @@ triangle at a time.
 
 ``sym_bmm(a, b)`` is ``torch.bmm(a, b)`` for ``a`` ``[B, m, k]`` and ``b`` ``[B, k, m]`` whose
 product the caller knows to be symmetric: a Gram matrix ``X Xᵀ`` (``b = a.mT``, any strides)
-or the square of a symmetric matrix ``S S`` (``b = a``). The Triton kernel launches one
+or the square of a symmetric matrix ``S S`` (``b = a``). ``sym_bmm(a, b, input, beta, alpha)``
+is ``torch.baddbmm(input, a, b, beta=beta, alpha=alpha)`` for a symmetric ``input``
+``[B, m, m]`` (the textbook iteration's ``B = b A + c A A``): the sum is taken in fp32 before
+the one rounding, as cuBLAS's epilogue does. The Triton kernel launches one
 program per output tile on and above the diagonal (``T(T+1)/2`` of ``T x T``: about half the
 FLOPs for large ``m``), accumulates each in fp32, rounds it once to the output dtype and
 writes it twice, as itself and mirrored below the diagonal, so the result is exactly
@@ -15,7 +18,8 @@ symmetric GEMM); their code is not used.
   code of a step that calls it (a user-defined Triton kernel), and the fake implementation
   is the op's function traced with fake tensors.
 * bf16 and fp16 only; any other dtype, a device without Triton, or a CPU (where nothing
-  here is faster than ``bmm``) runs ``torch.bmm``.
+  here is faster than ``bmm``) runs ``torch.bmm``, but for the CPU under Triton's
+  interpreter in eager code (:func:`triton_usable`).
 * :func:`launch` runs the kernel on any tensors Triton accepts, also on the CPU under
   Triton's interpreter (``TRITON_INTERPRET=1`` in the environment before Triton is imported),
   which is how the tests check it without a GPU.
@@ -31,6 +35,7 @@ import os
 
 import torch
 from torch import Tensor
+from torch._subclasses.fake_tensor import is_fake
 
 try:  # Triton comes with torch's CUDA builds; the CPU build runs without it
     import triton
@@ -63,12 +68,16 @@ def tiles_for(m: int, k: int) -> Tiles:
     return Tiles(tile, tile_k, num_warps=8 if tile == 128 else 4, num_stages=3 if tile == 128 else 2)
 
 
-def check_operands(a: Tensor, b: Tensor) -> None:
-    """``ValueError`` unless ``a`` is ``[B, m, k]`` and ``b`` ``[B, k, m]`` of one dtype and device."""
+def check_operands(a: Tensor, b: Tensor, input: Tensor | None = None) -> None:  # noqa: A002
+    """``ValueError`` unless ``a`` is ``[B, m, k]``, ``b`` ``[B, k, m]`` and ``input`` (if
+    given) ``[B, m, m]``, all of one dtype and device."""
     if a.dim() != 3 or b.dim() != 3 or a.shape[0] != b.shape[0] or a.shape[2] != b.shape[1] or a.shape[1] != b.shape[2]:
         raise ValueError(f"sym_bmm takes a [B, m, k] and b [B, k, m], got {tuple(a.shape)} and {tuple(b.shape)}")
-    if a.dtype != b.dtype or a.device != b.device:
-        raise ValueError(f"sym_bmm takes operands of one dtype and device, got {a.dtype} / {b.dtype} on {a.device} / {b.device}")
+    if input is not None and tuple(input.shape) != (a.shape[0], a.shape[1], a.shape[1]):
+        raise ValueError(f"sym_bmm takes an input [B, m, m] for a {tuple(a.shape)}, got {tuple(input.shape)}")
+    for t in (b,) if input is None else (b, input):
+        if t.dtype != a.dtype or t.device != a.device:
+            raise ValueError(f"sym_bmm takes tensors of one dtype and device, got {a.dtype} / {t.dtype} on {a.device} / {t.device}")
 
 
 if triton is not None:
@@ -85,12 +94,14 @@ if triton is not None:
 
     @triton.jit
     def _sym_bmm_kernel(
-        a_ptr, b_ptr, c_ptr, M, K,
+        a_ptr, b_ptr, c_ptr, d_ptr, M, K, beta, alpha,
         stride_ab, stride_am, stride_ak, stride_bb, stride_bk, stride_bn, stride_cb, stride_cm, stride_cn,
-        TILE: tl.constexpr, TILE_K: tl.constexpr, UPCAST: tl.constexpr,
+        stride_db, stride_dm, stride_dn,
+        TILE: tl.constexpr, TILE_K: tl.constexpr, UPCAST: tl.constexpr, HAS_INPUT: tl.constexpr,
     ):
         """One ``TILE x TILE`` tile ``(ti, tj)`` on or above the diagonal (:func:`_upper_tile`
-        of ``program_id(0)``) of batch entry ``program_id(1)``; the tiles below are its mirrors."""
+        of ``program_id(0)``) of batch entry ``program_id(1)``; the tiles below are its mirrors.
+        With ``HAS_INPUT``, ``alpha * (a b) + beta * d`` in fp32, ``d`` being symmetric."""
         ti, tj = _upper_tile(tl.program_id(0))
         batch = tl.program_id(1)
         rows = ti * TILE + tl.arange(0, TILE)
@@ -113,44 +124,63 @@ if triton is not None:
                 acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
             else:
                 acc = tl.dot(a, b, acc)
+        inside = (rows[:, None] < M) & (cols[None, :] < M)
+        if HAS_INPUT:
+            d = tl.load(d_ptr + batch * stride_db + rows[:, None] * stride_dm + cols[None, :] * stride_dn, mask=inside, other=0.0)
+            acc = alpha * acc + beta * d.to(tl.float32)
+        if UPCAST:  # the interpreter rounds fp32 to bf16 toward zero: to nearest, ties to even, first
+            bits = acc.to(tl.uint32, bitcast=True)
+            bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
+            acc = bits.to(tl.float32, bitcast=True)
         c = acc.to(c_ptr.dtype.element_ty)
         c_base = c_ptr + batch * stride_cb
-        inside = (rows[:, None] < M) & (cols[None, :] < M)
         tl.store(c_base + rows[:, None] * stride_cm + cols[None, :] * stride_cn, c, mask=inside)
         if ti != tj:  # the mirror, C[col, row] = C[row, col], stored row by row as the tile is
             mirror = (cols[:, None] < M) & (rows[None, :] < M)
             tl.store(c_base + cols[:, None] * stride_cm + rows[None, :] * stride_cn, tl.trans(c), mask=mirror)
 
 
-def launch(a: Tensor, b: Tensor, tiles: Tiles | None = None, out: Tensor | None = None) -> Tensor:
-    """Run the Triton kernel: ``a @ b`` (see the module docstring) into ``out`` (a new
-    contiguous ``[B, m, m]`` tensor by default). Needs Triton and a device it runs on (a
+def launch(
+    a: Tensor,
+    b: Tensor,
+    tiles: Tiles | None = None,
+    out: Tensor | None = None,
+    input: Tensor | None = None,  # noqa: A002 - baddbmm's name
+    beta: float = 1.0,
+    alpha: float = 1.0,
+) -> Tensor:
+    """Run the Triton kernel: ``a @ b``, or with ``input`` ``beta * input + alpha * (a @ b)``
+    (see the module docstring), into ``out`` (a new contiguous ``[B, m, m]`` tensor by default). Needs Triton and a device it runs on (a
     GPU, or the CPU under ``TRITON_INTERPRET=1``). Under the interpreter a bf16 tile is
     converted to fp32 before ``tl.dot`` (Triton 3.9's interpreter multiplies bf16 tiles
-    wrongly): the same products, exact in fp32, summed in fp32, as on a GPU."""
+    wrongly): the same products, exact in fp32, summed in fp32, as on a GPU; and the sum is
+    rounded to bf16 to nearest, ties to even, as a GPU's conversion does (the interpreter's
+    rounds toward zero, twice as far off and always towards zero: a Newton–Schulz evaluation
+    through it strayed about twice as far from the exact one)."""
     if triton is None:
         raise RuntimeError("muon_compile.sym_kernel.launch needs Triton (pip install triton)")
-    check_operands(a, b)
+    check_operands(a, b, input)
     batch, m, k = a.shape
     if out is None:
         out = torch.empty((batch, m, m), dtype=a.dtype, device=a.device)
     if batch == 0 or m == 0:
         return out
     if k == 0:
-        return out.zero_()
+        return out.copy_(input).mul_(beta) if input is not None else out.zero_()
+    d = out if input is None else input  # read only with an input
     t = tiles or tiles_for(m, k)
     tile_count = triton.cdiv(m, t.tile)
     # (torch 2.11's wrap_triton refuses the interpreter's kernel object: launched as it is there)
     kernel = _sym_bmm_kernel if _interpreted() else _wrap(_sym_bmm_kernel)
     for start in range(0, batch, MAX_BATCH_PER_LAUNCH):
         part = slice(start, start + MAX_BATCH_PER_LAUNCH)
-        a_part, b_part, out_part = a[part], b[part], out[part]
+        a_part, b_part, out_part, d_part = a[part], b[part], out[part], d[part]
         kernel[(tile_count * (tile_count + 1) // 2, a_part.shape[0])](
-            a_part, b_part, out_part, m, k,
+            a_part, b_part, out_part, d_part, m, k, float(beta), float(alpha),
             a.stride(0), a.stride(1), a.stride(2), b.stride(0), b.stride(1), b.stride(2),
-            out.stride(0), out.stride(1), out.stride(2),
+            out.stride(0), out.stride(1), out.stride(2), d.stride(0), d.stride(1), d.stride(2),
             TILE=t.tile, TILE_K=t.tile_k, UPCAST=a.dtype == torch.bfloat16 and _interpreted(),
-            num_warps=t.num_warps, num_stages=t.num_stages,
+            HAS_INPUT=input is not None, num_warps=t.num_warps, num_stages=t.num_stages,
         )
     return out
 
@@ -167,21 +197,31 @@ def _wrap(kernel):  # noqa: ANN001, ANN202
 
 
 def triton_usable(device: torch.device) -> bool:
-    """Whether the kernel runs on ``device``: CUDA with Triton (never the CPU: no gain there)."""
-    return triton is not None and device.type == "cuda"
+    """Whether the op runs the kernel on ``device``: CUDA with Triton, and the CPU under
+    Triton's interpreter only (``TRITON_INTERPRET=1``: how the tests and
+    ``scripts/stress_numerics.py --products`` run a step's products through it here)."""
+    return triton is not None and (device.type == "cuda" or (device.type == "cpu" and _interpreted()))
 
 
 @torch.library.triton_op(_QUALNAME, mutates_args=())
-def _sym_bmm(a: Tensor, b: Tensor) -> Tensor:
-    check_operands(a, b)
-    if a.dtype in DTYPES and triton_usable(a.device):
-        return launch(a, b)
-    return torch.bmm(a, b)
+def _sym_bmm(a: Tensor, b: Tensor, input: Tensor | None = None, beta: float = 1.0, alpha: float = 1.0) -> Tensor:  # noqa: A002
+    check_operands(a, b, input)
+    # traced on the CPU (fake tensors, under the interpreter): the generated code calls bmm,
+    # as Inductor cannot run a Triton kernel on the CPU
+    traced_on_cpu = a.device.type == "cpu" and is_fake(a)
+    if a.dtype in DTYPES and triton_usable(a.device) and not traced_on_cpu:
+        return launch(a, b, input=input, beta=beta, alpha=alpha)
+    if input is None:
+        return torch.bmm(a, b)
+    return torch.baddbmm(input, a, b, beta=beta, alpha=alpha)
 
 
 SYM_BMM = torch.ops.muon_compile.sym_bmm.default
 
 
-def sym_bmm(a: Tensor, b: Tensor) -> Tensor:
-    """``a @ b`` for a symmetric result (see the module docstring), through the op."""
-    return SYM_BMM(a, b)
+def sym_bmm(a: Tensor, b: Tensor, input: Tensor | None = None, beta: float = 1.0, alpha: float = 1.0) -> Tensor:  # noqa: A002
+    """``a @ b``, or ``beta * input + alpha * (a @ b)`` for a symmetric ``input``, for a
+    symmetric result (see the module docstring), through the op."""
+    if input is None:
+        return SYM_BMM(a, b)
+    return SYM_BMM(a, b, input, beta, alpha)

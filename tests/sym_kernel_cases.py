@@ -4,7 +4,8 @@ imported, which another test's import of Inductor may already have done in a tes
 
 ``python tests/sym_kernel_cases.py small|large``: checks every case of the set against the
 exact product (:func:`check`, whose bound the test module's docstring states) and exits 1 on
-the first failure, naming it."""
+the first failure, naming it. ``... ns``: Newton–Schulz with its symmetric products through
+the op (:func:`newton_schulz_cases`)."""
 
 import sys
 
@@ -26,12 +27,17 @@ def operands(batch, m, k, dtype, square):
     return a, a.mT
 
 
-def check(c, a, b):
-    """``c`` is ``a @ b`` to the bound of the test module's docstring, and exactly symmetric."""
+def check(c, a, b, input=None, beta=1.0, alpha=1.0):
+    """``c`` is ``a @ b`` (with ``input``: ``beta * input + alpha * (a @ b)``) to the bound of
+    the test module's docstring, and exactly symmetric."""
     exact = torch.bmm(a.double(), b.double())
     k = a.shape[-1]
     # (|a| @ |b|)_ij <= ||a_i|| ||b_j|| (Cauchy-Schwarz): the fp32 summation's bound without a second product
     magnitude = a.double().norm(dim=-1).unsqueeze(-1) * b.double().norm(dim=-2).unsqueeze(-2)
+    if input is not None:  # the epilogue's three fp32 roundings, at most 2^-24 of each term's magnitude
+        terms = abs(alpha) * magnitude + abs(beta) * input.double().abs()
+        exact = alpha * exact + beta * input.double()
+        magnitude = abs(alpha) * magnitude + 3 * terms / k
     bound = ULP[a.dtype] * exact.abs() + k * 2.0**-24 * magnitude
     assert c.shape == exact.shape and c.dtype == a.dtype, (c.shape, c.dtype)
     excess = (c.double() - exact).abs() - bound
@@ -39,9 +45,59 @@ def check(c, a, b):
     assert torch.equal(c, c.mT), "the result is not exactly symmetric"
 
 
+def newton_schulz_cases():
+    """The op runs the kernel in eager code on the CPU under the interpreter (bitwise
+    :func:`launch`'s result) and bmm in compiled code; a bf16 Newton–Schulz evaluation (the
+    textbook iteration and Gram's, fp16) with its symmetric products through it is as
+    accurate as the one with ``bmm`` against the exact (fp64) evaluation
+    (``SAME_ROUNDING_MARGIN``, tests/numerics.py). A compiled step that asks for them runs
+    (its generated code calls bmm on the CPU) and equals eager (``NS_RTOL``)."""
+    from numerics import NS_RTOL, SAME_ROUNDING_MARGIN, rel_err
+
+    from muon_compile import Muon, config, sym_kernel
+    from muon_compile.coefficients import ns_args
+    from muon_compile.ns_cost import BMM, SYMMETRIC
+    from muon_compile.ns_kernel import orthogonalize
+
+    launched = []
+    launch = sym_kernel.launch
+    sym_kernel.launch = lambda *args, **kwargs: launched.append(args[0].shape) or launch(*args, **kwargs)
+    a, b = operands(2, 40, 72, torch.bfloat16, False)
+    assert torch.equal(sym_kernel.sym_bmm(a, b), launch(a, b)) and launched == [a.shape]
+    compiled = torch.compile(lambda t: sym_kernel.sym_bmm(t, t.mT))
+    assert torch.equal(compiled(a), torch.bmm(a, b)) and launched == [a.shape]
+    g = torch.Generator().manual_seed(0)
+    checked = 0
+    for shape in ((3, 64, 256), (2, 96, 96), (1, 130, 40)):
+        x = torch.randn(shape, generator=g)
+        for algorithm in ("textbook", "gram"):
+            args = ns_args("keller", 5, compute_dtype=torch.bfloat16, algorithm=algorithm)
+            exact = orthogonalize(x.double(), ns_args("keller", 5, compute_dtype=torch.float64), "textbook")
+            sym = rel_err(orthogonalize(x, args, algorithm, products=SYMMETRIC), exact)
+            plain = rel_err(orthogonalize(x, args, algorithm, products=BMM), exact)
+            assert sym <= SAME_ROUNDING_MARGIN * plain, (shape, algorithm, sym, plain)
+            checked += 1
+    params = [torch.nn.Parameter(torch.randn(s, generator=g)) for s in ((48, 16), (16, 48), (32, 32))]
+    twins = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    for p, q in zip(params, twins):
+        p.grad = torch.randn(p.shape, generator=g)
+        q.grad = p.grad.clone()
+    before = [p.detach().clone() for p in params]
+    eager, step = Muon(params, lr=0.02), torch.compile(Muon(twins, lr=0.02).step, backend="muon")
+    with config.override(sym_products="on"):
+        eager.step()
+        step()
+    for p, q, p0 in zip(params, twins, before):
+        assert rel_err(q.detach() - p0, p.detach() - p0) <= NS_RTOL["cpu"][torch.bfloat16]
+    print(f"ok: {checked} evaluations and a compiled step")
+    return 0
+
+
 def main(which):
     from muon_compile import sym_kernel
 
+    if which == "ns":
+        return newton_schulz_cases()
     cases = SMALL if which == "small" else LARGE
     squares = (False, True) if which == "small" else (False,)
     # the kernel's own tiles, and 16 x 16 ones, so small matrices span several tiles (masked
@@ -57,6 +113,10 @@ def main(which):
                     try:
                         check(sym_kernel.launch(a, b, tiles), a, b)
                         checked += 1
+                        if square:  # the textbook iteration's B = b A + c A A
+                            got = sym_kernel.launch(a, b, tiles, input=a, beta=-4.775, alpha=2.0315)
+                            check(got, a, b, a, -4.775, 2.0315)
+                            checked += 1
                     except AssertionError as e:
                         print(f"FAILED {batch}x{m}x{k} {dtype} {'square' if square else 'gram'} {tiles}: {e}")
                         return 1

@@ -1,7 +1,8 @@
 """The symmetric product kernel (muon_compile/sym_kernel.py, issue 62): its results against
 the exact product, on this CPU through Triton's interpreter (``tests/sym_kernel_cases.py``,
-in a process of its own with TRITON_INTERPRET=1), and the op around it: shapes, fake
-implementation, the ``bmm`` fallback off CUDA, and a compiled call.
+in a process of its own with TRITON_INTERPRET=1), with and without the ``baddbmm`` epilogue;
+Newton–Schulz through it; and the op around it: shapes, fake implementation, the
+``bmm``/``baddbmm`` fallback off CUDA, and a compiled call.
 
 The bound. The kernel sums the products of a tile in fp32 (bf16 / fp16 products are exact
 there) and rounds the sum once to the output dtype, as ``bmm`` does, in another order. So,
@@ -48,7 +49,7 @@ def test_kernel_equals_the_exact_product_to_its_rounding():
     """1x1 to 130x130, odd sizes, batches of 1 and 64, bf16 and fp16, X X^T through a strided
     view and the square of a symmetric matrix, with the kernel's tiles and 16 x 16 ones; a
     batch launched in parts; an empty inner dimension."""
-    assert "ok: 45 cases" in _interpreted("small")
+    assert "ok: 67 cases" in _interpreted("small")
 
 
 @pytest.mark.slow
@@ -58,11 +59,22 @@ def test_kernel_on_large_and_odd_matrices():
     assert "ok: 3 cases" in _interpreted("large")
 
 
+@pytest.mark.slow
+@interpreter
+def test_newton_schulz_through_the_kernel_is_as_accurate_as_with_bmm():
+    """The op runs the kernel on the CPU under the interpreter (eager code only); bf16
+    Newton–Schulz, textbook and Gram, with its products through it, against the exact
+    evaluation; a compiled step asking for them."""
+    assert "ok: 6 evaluations and a compiled step" in _interpreted("ns")
+
+
 def test_op_falls_back_to_bmm_off_cuda_and_has_a_fake_implementation():
     """On the CPU the op is ``bmm`` exactly; its fake implementation gives the shape; bad
     operands are refused by name; a compiled call works."""
     x = torch.randn(3, 8, 12).to(torch.bfloat16)
     assert torch.equal(sym_kernel.sym_bmm(x, x.mT), torch.bmm(x, x.mT))
+    s = sym_kernel.sym_bmm(x, x.mT)
+    assert torch.equal(sym_kernel.sym_bmm(s, s, s, -4.775, 2.0315), torch.baddbmm(s, s, s, beta=-4.775, alpha=2.0315))
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     with FakeTensorMode() as mode:
@@ -70,6 +82,8 @@ def test_op_falls_back_to_bmm_off_cuda_and_has_a_fake_implementation():
         assert sym_kernel.sym_bmm(fake, fake.mT).shape == (3, 8, 8)
     with pytest.raises(ValueError, match=r"a \[B, m, k\] and b \[B, k, m\]"):
         sym_kernel.sym_bmm(x, x)
+    with pytest.raises(ValueError, match=r"an input \[B, m, m\]"):
+        sym_kernel.sym_bmm(x, x.mT, x)
     compiled = torch.compile(lambda t: sym_kernel.sym_bmm(t, t.mT) * 2)
     assert torch.equal(compiled(x), torch.bmm(x, x.mT) * 2)
 
@@ -83,5 +97,7 @@ def test_op_on_cuda_runs_the_kernel():
         for batch, m, k in [*SMALL, (4, 1024, 4096)]:
             a, b = operands(batch, m, k, dtype, square=False)
             check(sym_kernel.sym_bmm(a.cuda(), b.cuda()).cpu(), a, b)
+            s, _ = operands(batch, m, k, dtype, square=True)
+            check(sym_kernel.sym_bmm(s.cuda(), s.cuda(), s.cuda(), -4.775, 2.0315).cpu(), s, s, s, -4.775, 2.0315)
             compiled = torch.compile(lambda t: sym_kernel.sym_bmm(t, t.mT))
             check(compiled(a.cuda()).cpu(), a, b)
