@@ -49,7 +49,7 @@ def test_kernel_equals_the_exact_product_to_its_rounding():
     """1x1 to 130x130, odd sizes, batches of 1 and 64, bf16 and fp16, X X^T through a strided
     view and the square of a symmetric matrix, with the kernel's tiles and 16 x 16 ones; a
     batch launched in parts; an empty inner dimension."""
-    assert "ok: 67 cases" in _interpreted("small")
+    assert "ok: 49 cases" in _interpreted("small")
 
 
 @pytest.mark.slow
