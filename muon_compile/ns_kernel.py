@@ -96,6 +96,13 @@ def normalized(batch: Tensor, args: NSArgs) -> tuple[Tensor, Tensor, Tensor]:
     return X / denom, norm, denom
 
 
+# The smallest unit the Gram iteration takes its input in (its Frobenius norm otherwise):
+# an input normalised to a norm below it (a raw norm below about 1e-16 with the default eps,
+# where fp32 starts to lose the squares of its entries) comes out near zero, an update of
+# under 1e-6 of a normalised one, as its fp16 iterate keeps little of it
+MIN_GRAM_UNIT = 2.0**-30
+
+
 def identity(n: int, device: torch.device, dtype: torch.dtype) -> Tensor:
     """The ``n x n`` identity, built by comparing an int64 index (``torch.eye``'s uint16
     index stops Inductor's vectorisation)."""
@@ -130,7 +137,16 @@ def gram_iteration(X: Tensor, args: NSArgs, acc: torch.dtype, frobenius: Tensor,
     GPUs); like the textbook iteration, ``Z`` is summed in ``acc`` and rounded once.
     fp16's range is narrow, so the iteration runs on ``X / f`` (``f`` its Frobenius norm,
     1 but for inputs near zero): ``R`` is then ``R / f^2``, ``Z = c f^4 R R + b f^2 R + a I``
-    is unchanged, and the result is multiplied by ``f`` in ``acc``.
+    is unchanged, and the result is multiplied by ``f`` in ``acc``. And every ``R`` but
+    the first is kept near a unit trace (:func:`unit_trace`, with the scale ``r`` it is taken
+    in, ``Z = c r^2 R R + b r R + a I``), and ``X`` near a unit norm at each restart (``Q``
+    carries the scale): the singular values of an input near zero (its norm below the
+    normalisation's ``eps``) grow by ``a`` each iteration, so its ``R`` by ``a^2``, and
+    ``R R`` left fp16's range (Keller's coefficients: ``inf`` at the fifth iteration, then
+    NaN, for a 64x256 input of norm 1e-10; at 10 iterations ``X`` too). The scales are
+    powers of two, so an input whose ``R`` stays in range gets the same bits as without them.
+    ``f`` is at least :data:`MIN_GRAM_UNIT`: an input nearer zero comes out nearer zero than
+    the exact result (flushed, not NaN).
 
     The cast of ``X / f`` to the iteration dtype is :func:`muon_compile.rounding_cast.opaque_cast`
     (one more pass over ``X``): as a plain cast, torch 2.13's C++ code generation fuses it
@@ -140,23 +156,63 @@ def gram_iteration(X: Tensor, args: NSArgs, acc: torch.dtype, frobenius: Tensor,
     ``tests/test_ns_algorithms.py::test_compiled_step_equals_eager_with_each_algorithm``.
     """
     dtype = iteration_dtype(GRAM, args.compute_dtype)
-    f = frobenius.clamp_min(torch.finfo(acc).tiny)
-    f2 = f * f
-    f4 = f2 * f2
+    f = frobenius.clamp_min(MIN_GRAM_UNIT)
     X = opaque_cast(X / f, dtype)  # see the last paragraph above
     eye = identity(X.size(-2), X.device, acc)
     symmetric = _symmetric(products)
     Q = None
     i = 0
     for length in segments(args.steps, args.restarts):
-        if Q is not None:
+        first = None  # the segment's first Z: Q = Z / (X's scale) carries X's scale
+        if Q is None:  # X / f has a unit norm: R a unit trace
+            R, r = symmetric(X, X.mT), f * f
+        else:
             X = torch.bmm(Q, X)
-        R = symmetric(X, X.mT)
+            R, first = unit_norm(symmetric(X, X.mT), f, acc)
+            f = f * first
+            r = f * f
         for j in range(length):
             a, b, c = args.coefficients[i]
-            Z = (c * f4 * symmetric(R, R).to(acc) + b * f2 * R.to(acc) + a * eye).to(dtype)
-            Q = Z if j == 0 else torch.bmm(Z, Q)
+            Z = (c * (r * r) * symmetric(R, R).to(acc) + b * r * R.to(acc) + a * eye).to(dtype)
+            if j == 0:
+                Q = Z if first is None else (Z / first).to(dtype)
+            else:
+                Q = torch.bmm(Z, Q)
             if j + 1 < length:
-                R = torch.bmm(Z, torch.bmm(Z, R))
+                R, r = unit_trace(torch.bmm(Z, torch.bmm(Z, R)), r, acc)
             i += 1
     return (torch.bmm(Q, X).to(acc) * f).to(args.compute_dtype)
+
+
+def _power_below(x: Tensor) -> Tensor:
+    """The power of two at or below each ``x``; 1 where ``x`` is 0."""
+    return torch.where(x > 0, torch.exp2(torch.floor(torch.log2(x))), 1.0)
+
+
+def _down_scale(size: Tensor, unit: Tensor) -> Tensor:
+    """The power of two at or below ``size``, but at least 1 and at most the one at or
+    below ``1 / unit``: a matrix taken in units of ``unit`` (< 1 only for an input near
+    zero) is scaled down only while its unit stays below 1, so an input whose unit is 1
+    keeps its bits."""
+    return torch.clamp(torch.minimum(_power_below(size), _power_below(1 / unit)), min=1.0)
+
+
+def _trace(R: Tensor, acc: torch.dtype) -> Tensor:
+    return torch.diagonal(R, dim1=-2, dim2=-1).to(acc).sum(-1)[:, None, None]
+
+
+def unit_trace(R: Tensor, scale: Tensor, acc: torch.dtype) -> tuple[Tensor, Tensor]:
+    """``R``, a batch of Gram matrices taken in units of ``scale`` (``[batch, 1, 1]``),
+    divided exactly by the power of two at or below its trace (:func:`_down_scale`), and
+    ``scale`` times that power (:func:`gram_iteration`)."""
+    power = _down_scale(_trace(R, acc), scale)
+    return (R / power).to(R.dtype), scale * power
+
+
+def unit_norm(R: Tensor, unit: Tensor, acc: torch.dtype) -> tuple[Tensor, Tensor]:
+    """For ``R = X X^T`` of a batch ``X`` taken in units of ``unit``: the power of two ``s``
+    at or below ``X``'s norm (the square root of the trace; :func:`_down_scale`) and
+    ``R / s^2`` exactly, the Gram matrix of ``X / s``, which the caller takes in units ``s``
+    times larger (:func:`gram_iteration`)."""
+    s = _down_scale(_trace(R, acc).sqrt(), unit)
+    return (R / (s * s)).to(R.dtype), s

@@ -22,6 +22,12 @@ zero, entries ~1e-30), ``--samples`` inputs each, the error of ``muon_compile.ne
 textbook iteration of the same coefficients. It prints, per row, the largest
 ``err(gram) / err(textbook)`` over the samples (the bound of issue 14: must stay <= 1
 wherever ``auto`` may pick Gram; muon_compile.ns_cost.GRAM_DTYPES quotes the result).
+
+``--products`` measures the symmetric products (muon_compile.sym_kernel) instead: for the
+same presets, steps, shapes and inputs in bf16, the largest ``err(sym) / err(bmm)`` over the
+samples for each algorithm (textbook, and Gram in fp16), each against the fp64 textbook
+iteration. On a CPU it needs Triton's interpreter (``TRITON_INTERPRET=1``), through which
+the op runs the kernel there; elsewhere the op would be ``bmm`` and every ratio 1.
 """
 
 import argparse
@@ -79,7 +85,7 @@ def rewrite_ratios(form: str, samples: int) -> tuple[list[float], float]:
         for c, e, x in zip(got, eager, exact):
             ours, theirs = rel_err(c, x), rel_err(e, x)
             ratios.append(ours / theirs)
-            worst = max(worst, ours / max(NS_RTOL[torch.bfloat16], REWRITE_MARGIN * theirs))
+            worst = max(worst, ours / max(NS_RTOL["cpu"][torch.bfloat16], REWRITE_MARGIN * theirs))
     return sorted(ratios), worst
 
 
@@ -114,9 +120,41 @@ def algorithm_ratios(
         exact = muon_compile.newton_schulz(x, preset, steps, compute_dtype=torch.float64, algorithm="textbook")
         text = rel_err(muon_compile.newton_schulz(x, preset, steps, compute_dtype=dtype, algorithm="textbook"), exact)
         gram = rel_err(muon_compile.newton_schulz(x, preset, steps, compute_dtype=dtype, algorithm="gram"), exact)
-        worst = max(worst, gram / text if text > 0 else (0.0 if gram == 0 else float("inf")))
-        e_text, e_gram = max(e_text, text), max(e_gram, gram)
+        worst = max(worst, _ratio(gram, text))
+        e_text, e_gram = max(e_text, _nan_high(text)), max(e_gram, _nan_high(gram))
     return worst, e_text, e_gram
+
+
+def _nan_high(x: float) -> float:
+    """``x``, or inf for NaN: ``max`` keeps its first argument against a NaN, which hid the
+    NaN results of the Gram iteration near zero in this table until 2026-11-29."""
+    return float("inf") if x != x else x
+
+
+def _ratio(ours: float, theirs: float) -> float:
+    """``ours / theirs`` for the tables' maxima: 0 when both are 0, inf when only ours is or
+    either is NaN."""
+    if ours != ours or theirs != theirs:
+        return float("inf")
+    return ours / theirs if theirs > 0 else (0.0 if ours == 0 else float("inf"))
+
+
+def products_ratios(preset: str, steps: int, shape: tuple[int, int], kind: str, samples: int) -> dict[str, float]:
+    """Per algorithm, the largest ``err(sym) / err(bmm)`` of bf16 evaluations over ``samples`` inputs."""
+    from muon_compile.coefficients import ns_args
+    from muon_compile.ns_cost import BMM, SYMMETRIC
+    from muon_compile.ns_kernel import orthogonalize
+
+    worst = {"textbook": 0.0, "gram": 0.0}
+    for seed in range(samples):
+        x = stress_input(kind, *shape, torch.Generator().manual_seed(seed))
+        exact = muon_compile.newton_schulz(x, preset, steps, compute_dtype=torch.float64, algorithm="textbook")
+        for algorithm in worst:
+            args = ns_args(preset, steps, compute_dtype=torch.bfloat16, algorithm=algorithm)
+            sym = rel_err(orthogonalize(x.float(), args, algorithm, products=SYMMETRIC), exact)
+            plain = rel_err(orthogonalize(x.float(), args, algorithm, products=BMM), exact)
+            worst[algorithm] = max(worst[algorithm], _ratio(sym, plain))
+    return worst
 
 
 def main() -> None:
@@ -124,8 +162,26 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--rewrites", action="store_true", help="measure the canonicalize pass's rewrites")
     parser.add_argument("--algorithms", action="store_true", help="measure Gram against textbook Newton-Schulz")
-    parser.add_argument("--samples", type=int, default=3, help="inputs per row of --algorithms")
+    parser.add_argument("--samples", type=int, default=3, help="inputs per row of --algorithms and --products")
+    parser.add_argument("--products", action="store_true", help="measure symmetric products against bmm")
     args = parser.parse_args()
+    if args.products:
+        from muon_compile import sym_kernel
+
+        if not sym_kernel.triton_usable(torch.device("cpu")):
+            parser.error("--products on the CPU runs the kernel through Triton's interpreter: set TRITON_INTERPRET=1")
+        print("preset          steps shape     input      max err(sym)/err(bmm) textbook  gram (fp16)")
+        for preset in ("keller", "polar_express", "quintic", "aol"):
+            for steps in (5, 10):
+                for shape in ALGORITHM_SHAPES:
+                    for kind in INPUT_CLASSES:
+                        worst = products_ratios(preset, steps, shape, kind, args.samples)
+                        print(
+                            f"{preset:15} {steps:5} {shape[0]}x{shape[1]:<6} {kind:10} "
+                            f"{worst['textbook']:35.3f}  {worst['gram']:11.3f}",
+                            flush=True,
+                        )
+        return
     if args.algorithms:
         print("preset          dtype     steps shape     input      max err(gram)/err(textbook)  max err textbook  max err gram")
         for preset in ("keller", "polar_express", "quintic", "aol"):

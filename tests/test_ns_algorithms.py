@@ -15,7 +15,7 @@ from muon_compile.counters import counters
 from muon_compile.ns_kernel import orthogonalize
 
 from helpers import MIXED_SHAPES, compare_steps, make_params, set_grads
-from numerics import NS_RTOL
+from numerics import NS_RTOL, assert_rel_close, rel_err
 
 @pytest.mark.parametrize("shape", [(16, 48), (48, 16), (24, 24), (3, 16, 40)])
 @pytest.mark.parametrize("algorithm", ["textbook", "gram"])
@@ -161,6 +161,47 @@ def test_compiled_step_equals_eager_with_each_algorithm(algorithm):
     compare_steps(_muon(algorithm), MIXED_SHAPES, rtol=NS_RTOL["cpu"][torch.bfloat16], dtype=torch.bfloat16)
     assert counters[f"lower.{algorithm}"] > 0
     assert counters["lower.gram" if algorithm == "textbook" else "lower.textbook"] == 0
+
+
+@pytest.mark.parametrize("preset, steps", [("keller", 5), ("polar_express", 5), ("polar_express", 10), ("aol", 10)])
+def test_gram_iteration_of_an_input_near_zero_stays_in_range(preset, steps):
+    """An input whose norm is below the normalisation's eps (a momentum decayed towards
+    zero: an expert no token reached for many steps): the Gram iteration (fp16) took its
+    R R, then X, out of fp16's range (NaN); now it is finite and, as where ``auto`` picks it
+    (docs/benchmarks.md), no less accurate than the bf16 textbook iteration against the
+    exact one. Nearer zero (entries of 1e-30, whose squares underflow fp32) it comes out
+    finite and below the exact result (``ns_kernel.MIN_GRAM_UNIT``). A zero input gives zero."""
+    g = torch.Generator().manual_seed(0)
+    for scale in (1e-12, 1e-30):
+        x = torch.randn(64, 256, generator=g) * scale
+        exact = muon_compile.newton_schulz(x.double(), preset, steps, compute_dtype=torch.float64, algorithm="textbook")
+        gram, textbook = (
+            muon_compile.newton_schulz(x, preset, steps, compute_dtype=torch.bfloat16, algorithm=a) for a in ("gram", "textbook")
+        )
+        assert gram.isfinite().all(), scale
+        if scale == 1e-12:
+            assert rel_err(gram, exact) <= rel_err(textbook, exact), (rel_err(gram, exact), rel_err(textbook, exact))
+        else:
+            assert gram.abs().max() <= exact.abs().max()
+    zero = muon_compile.newton_schulz(torch.zeros(64, 256), preset, steps, algorithm="gram")
+    assert torch.equal(zero, torch.zeros(64, 256))
+
+
+def test_compiled_gram_step_of_a_gradient_near_zero_equals_eager():
+    """The same through a compiled step: the scales are in the generated code too."""
+    params = make_params(MIXED_SHAPES)
+    compiled = torch.compile(_muon("gram")(params).step, backend="muon")
+    twins = make_params(MIXED_SHAPES)
+    eager = _muon("gram")(twins)
+    for p, q, scale in zip(params, twins, [1e-12, 1e-30, 0.0, 1.0] * len(params)):
+        p.grad = torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())) * scale
+        q.grad = p.grad.clone()
+    before = [q.detach().clone() for q in twins]
+    compiled()
+    eager.step()
+    for p, q, b in zip(params, twins, before):
+        assert p.isfinite().all()
+        assert_rel_close(p.detach() - b, q.detach() - b, NS_RTOL["cpu"][torch.bfloat16], tuple(p.shape))
 
 
 def test_unmodified_torch_optim_muon_follows_the_policy():
