@@ -15,11 +15,13 @@ import torch
 import torch._functorch.config
 from torch._inductor.compile_fx import compile_fx
 
-from . import config, cuda_graphs, explain, rank_agreement, tensorify
+from . import compat, config, cuda_graphs, explain, rank_agreement, tensorify
 from .cache_key import rank_key
 from .counters import pass_seconds
 from .passes import MuonGraphPass, new_dump_name, run_torch_passes
 from .rank_agreement.fingerprint import fingerprint
+
+compat.tolerate_unread_users()
 
 # Inductor's fusion search tries each node against the next N nodes that read the same
 # buffer. Every per-parameter kernel of an optimizer step reads the same 0-D

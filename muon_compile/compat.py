@@ -73,3 +73,28 @@ def recompile_reason() -> str | None:
         return get_metrics_context()._metrics.get("recompile_reason")  # noqa: SLF001
     except Exception:  # noqa: BLE001 - a missing private detail must never fail a compile
         return None
+
+
+def tolerate_unread_users() -> None:
+    """torch 2.13 and 2.15 (not 2.11): Inductor's C++ outer-loop fusion asks every user of a
+    buffer for the index it loads the buffer at (``LoopBody.get_read_expr``), and a user that
+    only orders after the buffer without loading it raises ``KeyError``, failing the compile
+    (two reductions over a normalised matrix fused with the in-place momentum write that
+    made it: ``ns_kernel.normalized``). Its one caller asks "contiguous or not": a missing
+    load now answers None, "not contiguous", and that fusion with a local buffer is skipped.
+    Patched once, by :mod:`muon_compile.backend` (the compiles it makes are the ones that
+    trace ``ns_kernel``)."""
+    from torch._inductor.loop_body import LoopBody
+
+    original = LoopBody.get_read_expr
+    if getattr(original, "_tolerates_unread_users", False):
+        return
+
+    def get_read_expr(self, buffer_name):  # noqa: ANN001, ANN202
+        try:
+            return original(self, buffer_name)
+        except KeyError:
+            return None
+
+    get_read_expr._tolerates_unread_users = True  # type: ignore[attr-defined]
+    LoopBody.get_read_expr = get_read_expr

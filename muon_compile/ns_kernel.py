@@ -9,7 +9,7 @@ from torch import Tensor
 
 from .ns_args import AUTO, GRAM, NSArgs
 from .ns_cost import BMM, SYMMETRIC, choose, iteration_dtype, segments
-from .rounding_cast import opaque_cast, to_low_precision
+from .rounding_cast import to_low_precision
 from .sym_kernel import sym_bmm
 
 
@@ -87,7 +87,7 @@ def normalized(batch: Tensor, args: NSArgs) -> tuple[Tensor, Tensor, Tensor]:
     ``args.normalize``, ``X`` as given, its norms, and denominators of 1."""
     acc = torch.promote_types(args.compute_dtype, torch.float32)
     X = to_low_precision(batch, args.compute_dtype).to(acc)
-    norm = torch.linalg.vector_norm(X, dim=(-2, -1), keepdim=True)
+    norm = frobenius_norm(X)
     if not args.normalize:
         return X, norm, torch.ones_like(norm)
     if args.norm_scale != 1.0:
@@ -96,11 +96,24 @@ def normalized(batch: Tensor, args: NSArgs) -> tuple[Tensor, Tensor, Tensor]:
     return X / denom, norm, denom
 
 
-# The smallest unit the Gram iteration takes its input in (its Frobenius norm otherwise):
-# an input normalised to a norm below it (a raw norm below about 1e-16 with the default eps,
-# where fp32 starts to lose the squares of its entries) comes out near zero, an update of
-# under 1e-6 of a normalised one, as its fp16 iterate keeps little of it
-MIN_GRAM_UNIT = 2.0**-30
+# A norm below 2^-60 (of a matrix whose entries' squares leave fp32's normal range, around
+# 1e-19: a momentum decayed for a thousand steps) is taken again of the matrix times 2^100
+# (its entries then below 2^40, the squares of fp32's smallest ones above 2^-98); one above
+# 2^60 (squares past fp32's largest from entries around 1e19) of the matrix times 2^-100
+_LARGE_NORM = 2.0**60
+_RESCALE = 2.0**100
+
+
+def frobenius_norm(X: Tensor) -> Tensor:
+    """The Frobenius norms of a batch ``X`` (``[batch, 1, 1]``), in fp32 also where the
+    squares of its entries leave fp32's range (taken of ``X`` scaled by ``2^100`` or
+    ``2^-100`` where the plain norm is below ``2^-60`` or above ``2^60``: exact scalings;
+    the three reductions read ``X`` in one pass when compiled). The normalisation divides
+    by them; the Gram iteration takes its input in units of them."""
+    norm = torch.linalg.vector_norm(X, dim=(-2, -1), keepdim=True)
+    small = torch.linalg.vector_norm(X * _RESCALE, dim=(-2, -1), keepdim=True) / _RESCALE
+    large = torch.linalg.vector_norm(X / _RESCALE, dim=(-2, -1), keepdim=True) * _RESCALE
+    return torch.where(norm < 1 / _LARGE_NORM, small, torch.where(norm > _LARGE_NORM, large, norm))
 
 
 def identity(n: int, device: torch.device, dtype: torch.dtype) -> Tensor:
@@ -145,19 +158,15 @@ def gram_iteration(X: Tensor, args: NSArgs, acc: torch.dtype, frobenius: Tensor,
     ``R R`` left fp16's range (Keller's coefficients: ``inf`` at the fifth iteration, then
     NaN, for a 64x256 input of norm 1e-10; at 10 iterations ``X`` too). The scales are
     powers of two, so an input whose ``R`` stays in range gets the same bits as without them.
-    ``f`` is at least :data:`MIN_GRAM_UNIT`: an input nearer zero comes out nearer zero than
-    the exact result (flushed, not NaN).
+    ``f`` comes from :func:`frobenius_norm`, right also where fp32 loses the squares.
 
-    The cast of ``X / f`` to the iteration dtype is :func:`muon_compile.rounding_cast.opaque_cast`
-    (one more pass over ``X``): as a plain cast, torch 2.13's C++ code generation fuses it
-    into one outer loop with the bf16 momentum that feeds it and the in-place write of that
-    momentum, then fails (``KeyError`` in ``is_all_write_read_contiguous``, which reads the
-    loads of the write, a user that only orders after it); found by
-    ``tests/test_ns_algorithms.py::test_compiled_step_equals_eager_with_each_algorithm``.
+    The cast of ``X / f`` to the iteration dtype is a plain one, fused with the normalisation
+    (an opaque op and one more pass over ``X`` until torch 2.13's C++ code generation failed
+    on it no more: :func:`muon_compile.compat.tolerate_unread_users`).
     """
     dtype = iteration_dtype(GRAM, args.compute_dtype)
-    f = frobenius.clamp_min(MIN_GRAM_UNIT)
-    X = opaque_cast(X / f, dtype)  # see the last paragraph above
+    f = frobenius.clamp_min(torch.finfo(acc).tiny)
+    X = (X / f).to(dtype)
     eye = identity(X.size(-2), X.device, acc)
     symmetric = _symmetric(products)
     Q = None

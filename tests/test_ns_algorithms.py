@@ -164,30 +164,28 @@ def test_compiled_step_equals_eager_with_each_algorithm(algorithm):
 
 
 @pytest.mark.parametrize("preset, steps", [("keller", 5), ("polar_express", 5), ("polar_express", 10), ("aol", 10)])
-def test_gram_iteration_of_an_input_near_zero_stays_in_range(preset, steps):
+def test_gram_iteration_of_an_input_near_zero_or_huge_stays_in_range(preset, steps):
     """An input whose norm is below the normalisation's eps (a momentum decayed towards
     zero: an expert no token reached for many steps): the Gram iteration (fp16) took its
     R R, then X, out of fp16's range (NaN); now it is finite and, as where ``auto`` picks it
     (docs/benchmarks.md), no less accurate than the bf16 textbook iteration against the
-    exact one. Nearer zero (entries of 1e-30, whose squares underflow fp32) it comes out
-    finite and below the exact result (``ns_kernel.MIN_GRAM_UNIT``). A zero input gives zero."""
+    exact one; also where the squares of its entries underflow fp32 (1e-30, 1e-38: the
+    norm was 0, Gram's result NaN) or overflow it (1e30: the norm was inf, the textbook's
+    result 0 and Gram's NaN). A zero input gives zero."""
     g = torch.Generator().manual_seed(0)
-    for scale in (1e-12, 1e-30):
+    for scale in (1e-12, 1e-30, 1e-38, 1e30):
         x = torch.randn(64, 256, generator=g) * scale
         exact = muon_compile.newton_schulz(x.double(), preset, steps, compute_dtype=torch.float64, algorithm="textbook")
         gram, textbook = (
             muon_compile.newton_schulz(x, preset, steps, compute_dtype=torch.bfloat16, algorithm=a) for a in ("gram", "textbook")
         )
         assert gram.isfinite().all(), scale
-        if scale == 1e-12:
-            assert rel_err(gram, exact) <= rel_err(textbook, exact), (rel_err(gram, exact), rel_err(textbook, exact))
-        else:
-            assert gram.abs().max() <= exact.abs().max()
+        assert rel_err(gram, exact) <= rel_err(textbook, exact), (scale, rel_err(gram, exact), rel_err(textbook, exact))
     zero = muon_compile.newton_schulz(torch.zeros(64, 256), preset, steps, algorithm="gram")
     assert torch.equal(zero, torch.zeros(64, 256))
 
 
-def test_compiled_gram_step_of_a_gradient_near_zero_equals_eager():
+def test_compiled_gram_step_of_gradients_near_zero_or_huge_equals_eager():
     """The same through a compiled step, four matrices of one bucket scaled apart: the
     scales are per matrix, in the generated code too."""
     shapes = [(8, 24), (8, 24), (24, 8), (8, 24)]
@@ -195,7 +193,7 @@ def test_compiled_gram_step_of_a_gradient_near_zero_equals_eager():
     compiled = torch.compile(_muon("gram")(params).step, backend="muon")
     twins = make_params(shapes)
     eager = _muon("gram")(twins)
-    for p, q, scale in zip(params, twins, [1e-12, 1e-30, 0.0, 1.0]):
+    for p, q, scale in zip(params, twins, [1e-12, 1e-30, 0.0, 1e30]):
         p.grad = torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())) * scale
         q.grad = p.grad.clone()
     before = [q.detach().clone() for q in twins]
