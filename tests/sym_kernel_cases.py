@@ -68,11 +68,14 @@ def newton_schulz_cases():
     assert torch.equal(compiled(a), torch.bmm(a, b)) and launched == [a.shape]
     g = torch.Generator().manual_seed(0)
     checked = 0
-    for shape in ((3, 64, 256), (2, 96, 96), (1, 130, 40)):
+    # Polar Express at 128 x 384: where Gram squaring R = Z (Z R) by the kernel (symmetric to
+    # its rounding only) doubled the error (see ns_kernel.gram_iteration)
+    cases = [("keller", (3, 64, 256)), ("keller", (2, 96, 96)), ("keller", (1, 130, 40)), ("polar_express", (1, 128, 384))]
+    for preset, shape in cases:
         x = torch.randn(shape, generator=g)
         for algorithm in ("textbook", "gram"):
-            args = ns_args("keller", 5, compute_dtype=torch.bfloat16, algorithm=algorithm)
-            exact = orthogonalize(x.double(), ns_args("keller", 5, compute_dtype=torch.float64), "textbook")
+            args = ns_args(preset, 5, compute_dtype=torch.bfloat16, algorithm=algorithm)
+            exact = orthogonalize(x.double(), ns_args(preset, 5, compute_dtype=torch.float64), "textbook")
             sym = rel_err(orthogonalize(x, args, algorithm, products=SYMMETRIC), exact)
             plain = rel_err(orthogonalize(x, args, algorithm, products=BMM), exact)
             assert sym <= SAME_ROUNDING_MARGIN * plain, (shape, algorithm, sym, plain)
