@@ -187,7 +187,7 @@ def gram_iteration(X: Tensor, args: NSArgs, acc: torch.dtype, frobenius: Tensor,
             r = f * f
         for j in range(length):
             a, b, c = args.coefficients[i]
-            square = symmetric if j == 0 else torch.bmm  # see below
+            square = symmetric if j == 0 else torch.bmm  # R exactly symmetric: see above
             Z = (c * (r * r) * square(R, R).to(acc) + b * r * R.to(acc) + a * eye).to(dtype)
             if j == 0:
                 Q = Z if first is None else (Z / first).to(dtype)

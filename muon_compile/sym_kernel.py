@@ -97,7 +97,7 @@ if triton is not None:
         a_ptr, b_ptr, c_ptr, d_ptr, M, K, beta, alpha,
         stride_ab, stride_am, stride_ak, stride_bb, stride_bk, stride_bn, stride_cb, stride_cm, stride_cn,
         stride_db, stride_dm, stride_dn,
-        TILE: tl.constexpr, TILE_K: tl.constexpr, UPCAST: tl.constexpr, HAS_INPUT: tl.constexpr,
+        TILE: tl.constexpr, TILE_K: tl.constexpr, BF16_INTERPRETED: tl.constexpr, HAS_INPUT: tl.constexpr,
     ):
         """One ``TILE x TILE`` tile ``(ti, tj)`` on or above the diagonal (:func:`_upper_tile`
         of ``program_id(0)``) of batch entry ``program_id(1)``; the tiles below are its mirrors.
@@ -120,7 +120,7 @@ if triton is not None:
                 b_base + ks[:, None] * stride_bk + cols[None, :] * stride_bn,
                 mask=(ks[:, None] < K) & (cols[None, :] < M), other=0.0,
             )
-            if UPCAST:  # the same products (exact in fp32), summed in fp32: see ``launch``
+            if BF16_INTERPRETED:  # the same products (exact in fp32), summed in fp32: see ``launch``
                 acc = tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
             else:
                 acc = tl.dot(a, b, acc)
@@ -128,7 +128,7 @@ if triton is not None:
         if HAS_INPUT:
             d = tl.load(d_ptr + batch * stride_db + rows[:, None] * stride_dm + cols[None, :] * stride_dn, mask=inside, other=0.0)
             acc = alpha * acc + beta * d.to(tl.float32)
-        if UPCAST:  # the interpreter rounds fp32 to bf16 toward zero: to nearest, ties to even, first
+        if BF16_INTERPRETED:  # the interpreter rounds fp32 to bf16 toward zero: to nearest, ties to even, first
             bits = acc.to(tl.uint32, bitcast=True)
             bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
             acc = bits.to(tl.float32, bitcast=True)
@@ -150,8 +150,9 @@ def launch(
     alpha: float = 1.0,
 ) -> Tensor:
     """Run the Triton kernel: ``a @ b``, or with ``input`` ``beta * input + alpha * (a @ b)``
-    (see the module docstring), into ``out`` (a new contiguous ``[B, m, m]`` tensor by default). Needs Triton and a device it runs on (a
-    GPU, or the CPU under ``TRITON_INTERPRET=1``). Under the interpreter a bf16 tile is
+    (see the module docstring), into ``out`` (a new contiguous ``[B, m, m]`` tensor by
+    default). Needs Triton and a device it runs on (a GPU, or the CPU under
+    ``TRITON_INTERPRET=1``). Under the interpreter a bf16 tile is
     converted to fp32 before ``tl.dot`` (Triton 3.9's interpreter multiplies bf16 tiles
     wrongly): the same products, exact in fp32, summed in fp32, as on a GPU; and the sum is
     rounded to bf16 to nearest, ties to even, as a GPU's conversion does (the interpreter's
@@ -179,7 +180,7 @@ def launch(
             a_part, b_part, out_part, d_part, m, k, float(beta), float(alpha),
             a.stride(0), a.stride(1), a.stride(2), b.stride(0), b.stride(1), b.stride(2),
             out.stride(0), out.stride(1), out.stride(2), d.stride(0), d.stride(1), d.stride(2),
-            TILE=t.tile, TILE_K=t.tile_k, UPCAST=a.dtype == torch.bfloat16 and _interpreted(),
+            TILE=t.tile, TILE_K=t.tile_k, BF16_INTERPRETED=a.dtype == torch.bfloat16 and _interpreted(),
             HAS_INPUT=input is not None, num_warps=t.num_warps, num_stages=t.num_stages,
         )
     return out
