@@ -248,14 +248,17 @@ def gpu_time(kernels: Iterable[tuple[str, float]]) -> tuple[dict[str, float], tu
     return by_kind, tuple(top[:TOP_KERNELS])
 
 
-def profile_step(step: Step, device: torch.device, clock: Clock) -> StepProfile:
-    """Profile one call of ``step`` (see :class:`StepProfile`)."""
+def profile_step(step: Step, device: torch.device, clock: Clock, trace: str | None = None) -> StepProfile:
+    """Profile one call of ``step`` (see :class:`StepProfile`); with ``trace``, also write the
+    profile there as a Chrome trace (``chrome://tracing``, Perfetto)."""
     activities = [torch.profiler.ProfilerActivity.CPU]
     if device.type == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
     with torch.profiler.profile(activities=activities) as prof:
         step()
         clock.synchronize()
+    if trace is not None:
+        prof.export_chrome_trace(trace)
     events = prof.events()
     matmuls = sum(1 for event in events if event.name in MATMUL_OPERANDS)
     if device.type != "cuda":
@@ -301,12 +304,19 @@ def error_summary(exc: BaseException, limit: int | None = None) -> str:
 
 
 def measure(
-    arm: Arm, workload: object, device: torch.device, warmup: int, reps: int, compiled: Compiled | None = None
+    arm: Arm,
+    workload: object,
+    device: torch.device,
+    warmup: int,
+    reps: int,
+    compiled: Compiled | None = None,
+    trace: str | None = None,
 ) -> ArmResult:
     """Run one arm on ``workload`` (whatever its ``make_step`` takes) on ``device`` (see the
     module docstring); an exception is recorded in the result, not raised. ``compiled``: the
     arm's cold compile, done already in the current Inductor cache (:func:`compile_in_parallel`);
-    where that process failed, the arm compiles here, cold, as without it."""
+    where that process failed, the arm compiles here, cold, as without it. ``trace``: a path
+    for the profiled step's Chrome trace (:func:`profile_step`)."""
     result = ArmResult(arm.key, arm.name)
     clock = clock_for(device)
     if compiled is not None and compiled.error:
@@ -322,7 +332,7 @@ def measure(
                 result.cold_compile_s, result.launches = compiled.cold_compile_s, compiled.launches
                 step = compile_warm(arm, step, result, clock)
             result.times_s = time_steps(step, warmup, reps, clock)
-            profiled = profile_step(step, device, clock)
+            profiled = profile_step(step, device, clock, trace)
             result.matmul_calls, result.gpu_kernels = profiled.matmul_calls, profiled.gpu_kernels
             result.gpu_ms, result.top_kernels = profiled.gpu_ms, profiled.top_kernels
     except Exception as exc:  # keep going: report the arm as failed

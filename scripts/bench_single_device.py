@@ -127,7 +127,9 @@ profiled step ran. Below each table on ``cuda``, that step's GPU time by kind of
 (``bench_common.kernel_kind``: products, Inductor's generated kernels, multi-tensor
 ``_foreach_*`` kernels, copies and casts, collectives, the rest), "busy" their sum and
 "idle" the median step less it (where the GPU waited for the host), then the muon arm's
-costliest kernels besides the products: where a step's time goes.
+costliest kernels besides the products: where a step's time goes. ``--trace-dir DIR`` also
+writes the muon arm's profiled step of each workload to ``DIR/<workload>-muon.json``, a Chrome
+trace (``chrome://tracing``, Perfetto): every kernel of that step, to read after the run.
 
 An arm that raises is reported with its error and the run goes on. The clocks, the
 compiles and the matmul count are those of ``scripts/bench_common.py``.
@@ -621,6 +623,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--arms", type=_select_arms, default=None,
                         help=f"comma list of arm keys or names (default all): {','.join(a.key for a in ARMS)}")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
+    parser.add_argument("--trace-dir", metavar="DIR",
+                        help="write the muon arm's profiled step of each workload there as a Chrome trace")
     parser.add_argument("--compile-workers", type=non_negative_int, default=0, metavar="N",
                         help="first compile every compiled arm cold, N at a time, each in a process of its own, in one "
                         "fresh Inductor cache; then time the arms one at a time (default 0: each arm compiles in "
@@ -683,7 +687,11 @@ def run(args: argparse.Namespace) -> None:
         results = []
         for arm in args.arms:
             print(f"[{workload.name}] {arm.name} ...", file=sys.stderr, flush=True)
-            results.append(measure(arm, workload, device, args.warmup, args.reps, compiled.get((workload.name, arm.key))))
+            trace = None
+            if args.trace_dir and arm.key == MUON_ARM:
+                os.makedirs(args.trace_dir, exist_ok=True)
+                trace = os.path.join(args.trace_dir, f"{workload.name}-{arm.key}.json")
+            results.append(measure(arm, workload, device, args.warmup, args.reps, compiled.get((workload.name, arm.key)), trace))
         print(report(workload, results, machine, args.warmup, args.reps), flush=True)
         kept = [state_bytes_on_param_device(o, workload, device) / 2**20 for o in (False, True)]
         print(

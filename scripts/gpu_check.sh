@@ -16,7 +16,8 @@
 #                compiled first, in parallel processes: gpt-small, llama-1b and 4 layers of
 #                Llama 3 8B; arms eager torch.optim.Muon, the default backend, muon, muon
 #                with the CUDA graph, muon with symmetric products, the textbook roofline
-#                and the roofline of the products chosen, and the peers -> bench_single.txt/.json
+#                and the roofline of the products chosen, and the peers -> bench_single.txt/.json,
+#                and the muon arm's profiled step per workload -> traces/<workload>-muon.json
 #   sym          scripts/bench_sym.py: the symmetric product kernel against bmm, m 256-8192,
 #                X Xᵀ and S S in bf16                             -> bench_sym.txt/.json
 #   tests        the CUDA instances of the device-parametrised tests (pytest -m cuda, 4
@@ -110,7 +111,8 @@ if wanted bench; then
   step "single-device benchmark on $DEVICE"
   # shellcheck disable=SC2086
   bounded "$PY" scripts/bench_single_device.py --device "$DEVICE" --json "$REPORT/bench_single.json" \
-    ${BENCH_SINGLE_ARGS:-$BENCH_DEFAULT} > "$REPORT/bench_single.txt" 2> "$REPORT/bench_single.log" || status=1
+    --trace-dir "$REPORT/traces" ${BENCH_SINGLE_ARGS:-$BENCH_DEFAULT} \
+    > "$REPORT/bench_single.txt" 2> "$REPORT/bench_single.log" || status=1
 fi
 
 if wanted sym; then

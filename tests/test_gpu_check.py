@@ -40,6 +40,8 @@ def test_every_step_runs_on_the_cpu(tmp_path):
         assert arms[name]["cold_compile_s"] > 0 and arms[name]["launches"]["products"] > 0, arms[name]
     for name in OTHERS:
         assert arms[name]["error"] is None and arms[name]["median_s"] > 0, arms[name]
+    trace = json.loads((tmp_path / "traces" / "tiny-muon.json").read_text())  # the muon arm's profiled step
+    assert any(e.get("name") == "aten::bmm" for e in trace["traceEvents"]), "no product in the trace"
     peers = [a for a in arms.values() if a["key"] in PEERS]
     assert [a["key"] for a in peers] == list(PEERS)
     for arm in peers:
