@@ -179,12 +179,12 @@ def gram_iteration(X: Tensor, args: NSArgs, acc: torch.dtype, frobenius: Tensor,
     for length in segments(args.steps, args.restarts):
         first = None  # the segment's first Z: Q = Z / (X's scale) carries X's scale
         if Q is None:  # X / f has a unit norm: R a unit trace
-            R, r = symmetric(X, X.mT), f * f
+            R = symmetric(X, X.mT)
         else:
             X = torch.bmm(Q, X)
             R, first = unit_norm(symmetric(X, X.mT), f, acc)
             f = f * first
-            r = f * f
+        r = f * f
         for j in range(length):
             a, b, c = args.coefficients[i]
             square = symmetric if j == 0 else torch.bmm  # R exactly symmetric: see above

@@ -7,7 +7,7 @@ Lines, in the order of gpu_check.sh's steps:
 * the machine: the first three lines of environment.txt (date, host CPU, torch and GPUs);
 * the single-device benchmark (bench_single.json): per workload, each arm's median step
   time, its ratios to the ``muon`` and the ``roofline`` arms, and where measured its GPU
-  kernels per step and its cold compile seconds;
+  kernels per step, its GPU busy time (of it in products) and its cold compile seconds;
 * the symmetric products (bench_sym.json): per product kind, the symmetric kernel's time
   over ``bmm``'s at each size, and what ran as the kernel;
 * the CUDA tests' counts (junit.xml);
