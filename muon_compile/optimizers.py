@@ -42,7 +42,7 @@ from .updates import (
     lr_ratio,
     muon_direction,
     muon_update,
-    scaled_step,
+    step_factor,
     second_moment_shape,
 )
 
@@ -577,7 +577,7 @@ class MuonAdamW(torch.optim.Optimizer):
             apply_update(stacked, ortho, decay=decay, lr=group["lr"], lr_scale=lr_scale, cautious=True)
             stacks_mod.unstack_copy_(members, stacked)
         else:
-            stacks_mod.unstack_scale_add_(members, decay, scaled_step(ortho, group["lr"], lr_scale))
+            stacks_mod.unstack_scale_add_(members, decay, ortho, step_factor(group["lr"], lr_scale))
 
     @staticmethod
     def _split_and_scale(group: dict, shape: torch.Size) -> tuple[tuple[int, ...] | None, float]:

@@ -6,8 +6,8 @@ tensor per stack with a leading dimension, and ``optimizer.state[p]`` holds view
 it, so ``state_dict()`` / ``load_state_dict`` and per-parameter access work as before.
 A step of a stack is list-level: one :func:`stack` gathers the gradients, the Muon
 direction (momentum, one batched Newton–Schulz, NorMuon) is computed on the stacked
-tensors, and one :func:`unstack_scale_add_` writes ``p = p * (1 - lr * wd) + step`` into
-every member (with cautious weight decay, whose mask reads the parameters: a stacked copy
+tensors, and one :func:`unstack_scale_add_` writes ``p = p * (1 - lr * wd) - lr * s * O``
+into every member (with cautious weight decay, whose mask reads the parameters: a stacked copy
 of them is updated and written back by :func:`unstack_copy_`).
 
 Compiled, the step then costs what the stacks cost, not what the parameters cost:
@@ -33,6 +33,8 @@ import torch
 from torch import Tensor
 from torch.distributed.tensor import DTensor
 
+from . import scale_add_kernel
+
 
 @torch.library.custom_op("muon_compile::stack", mutates_args=())
 def stack(tensors: list[Tensor]) -> Tensor:
@@ -53,15 +55,23 @@ def unstack_copy_(dsts: list[Tensor], src: Tensor) -> None:
 
 
 @torch.library.custom_op("muon_compile::unstack_scale_add_", mutates_args=("dsts",))
-def unstack_scale_add_(dsts: list[Tensor], scale: Tensor, src: Tensor) -> None:
-    """``dsts[i].mul_(scale).add_(src[i])`` for every ``i`` (``scale`` a 0-D tensor), one
-    opaque call when compiled. A host ``scale`` of exactly 1 (no weight decay) skips the
+def unstack_scale_add_(dsts: list[Tensor], scale: Tensor, src: Tensor, alpha: Tensor) -> None:
+    """``dsts[i].mul_(scale).add_(src[i], alpha=alpha)`` for every ``i`` (``scale`` and ``alpha``
+    0-D tensors, ``src`` of any float dtype: the arithmetic is in the members' own), one opaque
+    call when compiled. Where Triton runs, one launch of
+    :mod:`muon_compile.scale_add_kernel` (one pass over the members); elsewhere
+    ``torch._foreach_*`` calls, and a host ``scale`` of exactly 1 (no weight decay) skips the
     multiply, a pass over the parameters that would change nothing."""
+    if scale_add_kernel.launch(dsts, scale, src, alpha):
+        return
     if scale.device.type != "cpu":
         torch._foreach_mul_(dsts, scale)
     elif scale.item() != 1.0:
         torch._foreach_mul_(dsts, scale.item())
-    torch._foreach_add_(dsts, list(src.unbind(0)))
+    if alpha.device.type == "cpu":
+        torch._foreach_add_(dsts, list(src.unbind(0)), alpha=alpha.item())
+    else:  # no value on the host: the product in the members' dtype first
+        torch._foreach_add_(dsts, list((src.to(dsts[0].dtype) * alpha).unbind(0)))
 
 
 @dataclasses.dataclass

@@ -31,17 +31,12 @@ and round once, in another order (``tests/test_sym_kernel.py`` states the bound)
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import torch
 from torch import Tensor
 from torch._subclasses.fake_tensor import is_fake
 
-try:  # Triton comes with torch's CUDA builds; the CPU build runs without it
-    import triton
-    import triton.language as tl
-except ImportError:  # pragma: no cover - exercised where Triton is absent
-    triton = None
+from .triton_support import bf16_rounded, interpreted, tl, triton, triton_usable
 
 DTYPES = (torch.bfloat16, torch.float16)
 MAX_BATCH_PER_LAUNCH = 65535  # CUDA's limit on a grid's second dimension: larger batches launch in parts
@@ -103,7 +98,7 @@ if triton is not None:
         of ``program_id(0)``) of batch entry ``program_id(1)``; the tiles below are its mirrors.
         With ``HAS_INPUT``, ``alpha * (a b) + beta * d`` in fp32, ``d`` being symmetric."""
         ti, tj = _upper_tile(tl.program_id(0))
-        batch = tl.program_id(1)
+        batch = tl.program_id(1).to(tl.int64)  # batch * stride_ab may pass 2^31
         rows = ti * TILE + tl.arange(0, TILE)
         cols = tj * TILE + tl.arange(0, TILE)
         inner = tl.arange(0, TILE_K)
@@ -129,9 +124,7 @@ if triton is not None:
             d = tl.load(d_ptr + batch * stride_db + rows[:, None] * stride_dm + cols[None, :] * stride_dn, mask=inside, other=0.0)
             acc = alpha * acc + beta * d.to(tl.float32)
         if BF16_INTERPRETED:  # the interpreter rounds fp32 to bf16 toward zero: to nearest, ties to even, first
-            bits = acc.to(tl.uint32, bitcast=True)
-            bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
-            acc = bits.to(tl.float32, bitcast=True)
+            acc = bf16_rounded(acc)
         c = acc.to(c_ptr.dtype.element_ty)
         c_base = c_ptr + batch * stride_cb
         tl.store(c_base + rows[:, None] * stride_cm + cols[None, :] * stride_cn, c, mask=inside)
@@ -172,7 +165,7 @@ def launch(
     t = tiles or tiles_for(m, k)
     tile_count = triton.cdiv(m, t.tile)
     # (torch 2.11's wrap_triton refuses the interpreter's kernel object: launched as it is there)
-    kernel = _sym_bmm_kernel if _interpreted() else _wrap(_sym_bmm_kernel)
+    kernel = _sym_bmm_kernel if interpreted() else _wrap(_sym_bmm_kernel)
     for start in range(0, batch, MAX_BATCH_PER_LAUNCH):
         part = slice(start, start + MAX_BATCH_PER_LAUNCH)
         a_part, b_part, out_part, d_part = a[part], b[part], out[part], d[part]
@@ -180,14 +173,10 @@ def launch(
             a_part, b_part, out_part, d_part, m, k, float(beta), float(alpha),
             a.stride(0), a.stride(1), a.stride(2), b.stride(0), b.stride(1), b.stride(2),
             out.stride(0), out.stride(1), out.stride(2), d.stride(0), d.stride(1), d.stride(2),
-            TILE=t.tile, TILE_K=t.tile_k, BF16_INTERPRETED=a.dtype == torch.bfloat16 and _interpreted(),
+            TILE=t.tile, TILE_K=t.tile_k, BF16_INTERPRETED=a.dtype == torch.bfloat16 and interpreted(),
             HAS_INPUT=input is not None, num_warps=t.num_warps, num_stages=t.num_stages,
         )
     return out
-
-
-def _interpreted() -> bool:
-    return os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def _wrap(kernel):  # noqa: ANN001, ANN202
@@ -195,13 +184,6 @@ def _wrap(kernel):  # noqa: ANN001, ANN202
     from torch.library import wrap_triton
 
     return wrap_triton(kernel)
-
-
-def triton_usable(device: torch.device) -> bool:
-    """Whether the op runs the kernel on ``device``: CUDA with Triton, and the CPU under
-    Triton's interpreter only (``TRITON_INTERPRET=1``: how the tests and
-    ``scripts/stress_numerics.py --products`` run a step's products through it here)."""
-    return triton is not None and (device.type == "cuda" or (device.type == "cpu" and _interpreted()))
 
 
 @torch.library.triton_op(_QUALNAME, mutates_args=())

@@ -163,7 +163,12 @@ def apply_update(param: Tensor, ortho: Tensor, *, decay: Tensor, lr: Tensor, lr_
 
 def scaled_step(ortho: Tensor, lr: Tensor, lr_scale: float) -> Tensor:
     """What a Muon step adds to the (decayed) parameter: ``-lr * lr_scale * ortho``."""
-    return ortho * (lr * -lr_scale)
+    return ortho * step_factor(lr, lr_scale)
+
+
+def step_factor(lr: Tensor, lr_scale: float) -> Tensor:
+    """The factor of the orthogonalised direction in a Muon step, ``-lr * lr_scale`` (0-D)."""
+    return lr * -lr_scale
 
 
 def gate(value: Tensor, live: Tensor, idle: float) -> Tensor:

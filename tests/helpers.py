@@ -2,6 +2,9 @@
 
 import contextlib
 import dataclasses
+import os
+import subprocess
+import sys
 
 import torch
 from torch import nn
@@ -138,3 +141,13 @@ def count_ns_calls(graph_text):
 def lowered_products(graph_text):
     """The batched products (``bmm``, ``baddbmm``) in a dumped graph's text."""
     return graph_text.count("aten.bmm(") + graph_text.count("aten.baddbmm(")
+
+
+def run_interpreted(script, *args, timeout=600):
+    """Run ``python script *args`` with ``TRITON_INTERPRET=1`` (which must be set before
+    Triton is imported: another test's import of Inductor may already have done it in a test
+    process) and return its stdout; a non-zero exit fails the test with its output."""
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    done = subprocess.run([sys.executable, str(script), *args], env=env, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    return done.stdout

@@ -21,7 +21,11 @@ def test_gpt_single_device(tmp_path):
     assert_golden("single_device_gpt.before.txt", graphs["bucket_before"])
     assert_golden("single_device_gpt.bucketed.txt", graphs["bucket_after"])
     assert_golden("single_device_gpt.lowered.txt", graphs["lower_after"])
+    assert_golden("single_device_gpt.written.txt", graphs["write_source_after"])
     assert count_ns_calls(graphs["bucket_after"]) == 3  # 16x48 (qkv), 16x16, 16x64 (up and down)
+    writes = [line for line in graphs["write_source_after"].splitlines() if "unstack_scale_add_" in line]
+    sources = {line.split("src=")[1].split(",")[0] for line in writes}
+    assert len(writes) == 4 and all(f"{s}: bf16[" in graphs["write_source_after"] for s in sources)  # the NS result itself
     step.assert_close(NS_RTOL["cpu"][torch.bfloat16])
 
 

@@ -108,8 +108,9 @@ def product_calls(rows, cols, device, steps=5, algorithm=None):
 # One bucket of seven 8x24 bf16 matrices (one stored tall), five Keller iterations, on the
 # CPU: (products, generated kernels, other op calls) in Inductor's code. Textbook: the
 # three products of each iteration, the scalars in their alpha / beta, and three kernels
-# around them (momentum fused with the stacking copy, the norm and the cast; the update of
-# the six wide matrices; the tall one's write-back), one stack op, one unstack op. Gram:
+# around them (momentum fused with the norm and the cast; the write's two 0-D factors, the
+# decay and -lr * scale, as the write reads the bf16 result itself (passes/write_source.py);
+# the tall one's write-back), one stack op, one write op. Gram:
 # its products (4T - 1 and 2 per restart), one kernel per iteration for Z = c R R + b R + a I
 # (its scalars scale with each matrix's norm, so they stay tensors), one per rescaled R (its
 # trace and the exact division fused: after the restart and after each R = Z Z R, four; see

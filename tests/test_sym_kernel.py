@@ -15,9 +15,6 @@ for the half-ulp term, so ties and the two roundings of a mirrored tile stay ins
 result must also be exactly symmetric, which ``bmm``'s need not be.
 """
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -25,6 +22,7 @@ import torch
 
 from muon_compile import sym_kernel
 
+from helpers import run_interpreted
 from sym_kernel_cases import SMALL, check, operands
 
 triton = pytest.importorskip("triton", reason="the kernel's tests need Triton (pip install triton)")
@@ -37,10 +35,7 @@ CASES = Path(__file__).with_name("sym_kernel_cases.py")
 
 
 def _interpreted(which):
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    done = subprocess.run([sys.executable, str(CASES), which], env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
-    return done.stdout
+    return run_interpreted(CASES, which)
 
 
 @pytest.mark.slow

@@ -1,6 +1,6 @@
 """The pipeline, top to bottom: canonicalize on the Dynamo graph (before AOTAutograd),
 then on the post-grad graph find -> plan -> distribute -> bucket -> schedule -> plan
-algorithms -> lower,
+algorithms -> lower -> write_source,
 then the user's own post-grad passes, if any (:class:`MuonGraphPass`).
 
 Each pass is named; with ``MUON_COMPILE_DUMP_DIR`` set, the graph before and after each
@@ -42,6 +42,7 @@ from .plan_algorithms import plan_algorithms
 from .plan_buckets import plan_buckets
 from .plan_distributed import plan_distributed
 from .schedule import apply_schedule
+from .write_source import apply_write_sources, plan_write_sources
 
 log = logging.getLogger(__name__)
 _graph_ids = itertools.count()
@@ -158,6 +159,8 @@ def _post_grad(graph: fx.Graph, cfg: config_mod.Config, dump_name: str | None) -
         log.debug("algorithm plan:\n%s", algorithms.describe())
         explain.note_plan(algorithms.describe())
         _run_pass("lower", graph, dumper, lambda: lower_ns_ops(graph, algorithms))
+    if cfg.enabled("write_source") and (swaps := plan_write_sources(graph)):
+        _run_pass("write_source", graph, dumper, lambda: apply_write_sources(graph, swaps))
 
 
 UserPasses = Callable[[fx.Graph], None] | Sequence[Callable[[fx.Graph], None]] | None

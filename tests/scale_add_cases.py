@@ -1,0 +1,103 @@
+"""The stacked write's kernel (muon_compile/scale_add_kernel.py), run by
+``tests/test_scale_add_kernel.py`` in a process of its own under Triton's interpreter
+(``TRITON_INTERPRET=1`` must be set before Triton is imported).
+
+``python tests/scale_add_cases.py kernel``: every case of :data:`CASES` against the exact
+update (:func:`check`), exits 1 on the first failure, naming it. ``... step``: a compiled
+stacked Muon step, whose write runs the kernel, against the eager step.
+
+The bound. The kernel rounds ``p * scale`` to the parameters' dtype, then adds
+``alpha * src`` in fp32 and rounds once (a GPU's fused multiply-add: within half an ulp of
+the exact sum). The interpreter rounds the product ``alpha * src`` to fp32 first, so the
+check allows one ulp of the parameters' dtype around the exact sum (taken in fp64, whose own
+rounding is 2^-53 of it).
+"""
+
+import sys
+
+import torch
+
+# (members, rows, cols, parameter dtype, src dtype, src layout)
+CASES = [
+    (1, 1, 1, torch.float32, torch.bfloat16, "contiguous"),
+    (3, 37, 70, torch.float32, torch.bfloat16, "contiguous"),
+    (3, 37, 70, torch.float32, torch.bfloat16, "transposed"),
+    (4, 33, 130, torch.float32, torch.bfloat16, "slice"),
+    (2, 130, 3, torch.float32, torch.float16, "transposed"),
+    (2, 64, 64, torch.float32, torch.float32, "contiguous"),
+    (3, 37, 70, torch.bfloat16, torch.bfloat16, "transposed"),
+    (2, 40, 24, torch.float16, torch.float16, "contiguous"),
+]
+
+
+def operands(members, rows, cols, dtype, src_dtype, layout, seed):
+    g = torch.Generator().manual_seed(seed)
+    dsts = [torch.randn(rows, cols, generator=g).to(dtype) for _ in range(members)]
+    if layout == "transposed":
+        src = torch.randn(members, cols, rows, generator=g).mT
+    elif layout == "slice":  # members 1.. of a bucket of members + 2
+        src = torch.randn(members + 2, rows, cols, generator=g)[1:-1]
+    else:
+        src = torch.randn(members, rows, cols, generator=g)
+    return dsts, src.to(src_dtype)
+
+
+def check(got, before, scale, src, alpha):
+    """``got`` is ``before * scale + alpha * src`` to the bound of the module docstring."""
+    dtype = before.dtype
+    decayed = (before * scale).double()  # p * scale rounded to the parameters' dtype, as mul_
+    exact = decayed + torch.tensor(float(alpha), dtype=torch.float32).double() * src.double()
+    ulp = torch.finfo(dtype).eps * torch.maximum(exact.abs(), decayed.abs()).clamp_min(torch.finfo(dtype).tiny)
+    excess = ((got.double() - exact).abs() - ulp).max().item()
+    assert excess <= 0, f"worst excess {excess:.3g} over one ulp"
+
+
+def kernel_cases():
+    from muon_compile import scale_add_kernel
+
+    count = 0
+    for i, case in enumerate(CASES):
+        for host_scalars in (False, True):
+            for scale_value in (1.0, 0.999):
+                dsts, src = operands(*case, seed=i)
+                before = [d.clone() for d in dsts]
+                src_before = src.clone()
+                scale = torch.tensor(scale_value, dtype=torch.float64)
+                alpha = torch.tensor(-0.02 * 1.2247, dtype=torch.float64)
+                assert scale_add_kernel.launch(dsts, scale, src, alpha, host_scalars=host_scalars), case
+                try:
+                    assert torch.equal(src, src_before), "src was written"
+                    for got, b, s in zip(dsts, before, src):
+                        check(got, b, scale, s, alpha)
+                except AssertionError as e:
+                    raise AssertionError(f"{case}, host scalars {host_scalars}, scale {scale_value}: {e}") from None
+                count += 1
+    dsts, src = operands(*CASES[1], seed=0)
+    assert not scale_add_kernel.launch([d.mT.contiguous().mT for d in dsts], torch.ones((), dtype=torch.float64), src, torch.ones(()))
+    assert not scale_add_kernel.launch(dsts[:-1], torch.ones((), dtype=torch.float64), src, torch.ones(()))
+    table = scale_add_kernel.address_table(dsts)
+    assert scale_add_kernel.address_table(dsts) is table and table.tolist() == [d.data_ptr() for d in dsts]
+    assert scale_add_kernel.address_table(dsts[::-1]).tolist() == [d.data_ptr() for d in dsts[::-1]]
+    print(f"ok: {count} cases")
+
+
+def step_case():
+    """A compiled stacked step (its write: the kernel, from the bf16 NS result) equals eager."""
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
+    from helpers import compare_steps, muon
+    from numerics import NS_RTOL
+
+    from muon_compile import scale_add_kernel
+
+    launched = []
+    launch = scale_add_kernel.launch
+    scale_add_kernel.launch = lambda *args, **kw: launched.append((args[2].dtype, launch(*args, **kw))) or launched[-1][1]
+    shapes = [(24, 40)] * 3 + [(40, 24)] * 2
+    compare_steps(muon(weight_decay=0.1), shapes, rtol=NS_RTOL["cpu"][torch.bfloat16])
+    # two stacks, two steps, eager and compiled: the compiled write reads the bf16 result
+    assert sorted(launched, key=str) == sorted([(torch.float32, True)] * 4 + [(torch.bfloat16, True)] * 4, key=str), launched
+    print("ok: a compiled step")
+
+
+if __name__ == "__main__":
+    {"kernel": kernel_cases, "step": step_case}[sys.argv[1]]()

@@ -1,0 +1,62 @@
+"""The stacked step's write (``muon_compile::unstack_scale_add_``, issue 59): its Triton
+kernel (muon_compile/scale_add_kernel.py) against the exact update on this CPU through
+Triton's interpreter (``tests/scale_add_cases.py`` states the bound), a compiled step whose
+write runs it, and the op's ``torch._foreach_*`` fallback where Triton does not run."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from muon_compile import scale_add_kernel, stacks
+from muon_compile.config import PASS_NAMES
+
+from helpers import compile_with_dump, muon, run_interpreted
+from numerics import NS_RTOL
+
+needs_triton = pytest.mark.skipif(scale_add_kernel.triton is None, reason="the kernel's tests need Triton (pip install triton)")
+CASES = Path(__file__).with_name("scale_add_cases.py")
+SHAPES = [(24, 40)] * 3 + [(40, 24)] * 2  # a wide stack and a tall one (its result transposed back)
+
+
+@needs_triton
+def test_kernel_equals_the_exact_update():
+    """fp32, bf16 and fp16 parameters; bf16, fp16 and fp32 updates, contiguous, transposed
+    and a slice of a bucket; 1x1 to 130x3; scale and alpha read on the device or passed as
+    values; operands it does not take are refused; address tables are kept per list."""
+    assert "ok: 32 cases" in run_interpreted(CASES, "kernel")
+
+
+@pytest.mark.slow
+@needs_triton
+def test_compiled_step_writes_through_the_kernel():
+    """A compiled stacked step whose write runs the kernel (on the bf16 result) equals eager."""
+    assert "ok: a compiled step" in run_interpreted(CASES, "step")
+
+
+def test_fallback_is_mul_then_add_with_alpha():
+    """Where Triton does not run (this CPU without the interpreter) the op is ``mul_`` then
+    ``add_`` with ``alpha`` per member, from an update of any float dtype and strides."""
+    if scale_add_kernel.triton_usable(torch.device("cpu")):
+        pytest.skip("TRITON_INTERPRET is set: the op runs the kernel")
+    src = torch.randn(3, 40, 24).to(torch.bfloat16).mT
+    for scale_value in (1.0, 0.999):
+        dsts = [torch.randn(24, 40) for _ in range(3)]
+        want = [d.mul(scale_value).add_(s, alpha=-0.0245) for d, s in zip(dsts, src)]
+        scale, alpha = torch.tensor(scale_value, dtype=torch.float64), torch.tensor(-0.0245, dtype=torch.float64)
+        stacks.unstack_scale_add_(dsts, scale, src, alpha)
+        for got, w in zip(dsts, want):
+            assert torch.equal(got, w)
+
+
+def test_write_source_changes_no_value(tmp_path):
+    """With ``write_source`` the compiled write reads the bf16 result (golden
+    ``single_device_gpt.written.txt``), without it an fp32 copy of it: the parameters come out
+    the same bits either way (the cast up is exact, the arithmetic the op's), and equal eager's."""
+    without = tuple(p for p in PASS_NAMES if p != "write_source")
+    graphs, step = compile_with_dump(muon(weight_decay=0.1), SHAPES, tmp_path / "all")
+    graphs_without, step_without = compile_with_dump(muon(weight_decay=0.1), SHAPES, tmp_path / "without", passes=without)
+    assert "write_source_after" in graphs and "write_source_after" not in graphs_without
+    for got, other, eager in zip(step.compiled, step_without.compiled, step.eager):
+        assert torch.equal(got, other)
+    step.assert_close(NS_RTOL["cpu"][torch.bfloat16])
