@@ -60,3 +60,26 @@ def test_write_source_changes_no_value(tmp_path):
     for got, other, eager in zip(step.compiled, step_without.compiled, step.eager):
         assert torch.equal(got, other)
     step.assert_close(NS_RTOL["cpu"][torch.bfloat16])
+
+
+@pytest.mark.cuda
+def test_op_on_cuda_runs_the_kernel():
+    """On CUDA the op runs the kernel, with the scalars on the device or on the host, to the
+    bound of ``tests/scale_add_cases.py``; a compiled stacked step equals eager."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from helpers import compare_steps
+    from scale_add_cases import CASES, check, operands
+
+    for i, case in enumerate(CASES):
+        for scalars_device in ("cuda", "cpu"):
+            dsts, src = operands(*case, seed=i)
+            before = [d.clone() for d in dsts]
+            dsts, src = [d.cuda() for d in dsts], src.cuda()
+            scale = torch.tensor(0.999, dtype=torch.float64, device=scalars_device)
+            alpha = torch.tensor(-0.0245, dtype=torch.float64, device=scalars_device)
+            assert scale_add_kernel.applies(dsts, src)
+            stacks.unstack_scale_add_(dsts, scale, src, alpha)
+            for got, b, s in zip(dsts, before, src):
+                check(got.cpu(), b, scale.cpu(), s.cpu(), alpha.cpu())
+    compare_steps(muon(weight_decay=0.1), SHAPES, rtol=NS_RTOL["cuda"][torch.bfloat16], device="cuda")
