@@ -69,7 +69,7 @@ MATMUL_OPERANDS = {"aten::mm": (0, 1), "aten::bmm": (0, 1), "aten::addmm": (1, 2
 GPU_KINDS = (
     ("products", re.compile(r"gemm|nvjet|cutlass|xmma|triton_tem_|sym_bmm", re.IGNORECASE)),
     ("generated", re.compile(r"^triton_")),
-    ("foreach", re.compile(r"multi_tensor_apply|foreach", re.IGNORECASE)),
+    ("writes", re.compile(r"multi_tensor_apply|foreach|_scale_add_kernel", re.IGNORECASE)),
     ("copies", re.compile(r"memcpy|memset|CatArrayBatchedCopy|copy_kernel|FillFunctor", re.IGNORECASE)),
     ("collectives", re.compile(r"nccl", re.IGNORECASE)),
 )

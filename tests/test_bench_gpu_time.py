@@ -25,7 +25,8 @@ import bench_single_device  # noqa: E402
         ("triton_red_fused_linalg_vector_norm_1", "generated"),
         ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::(anonymous namespace)"
          "::TensorListMetadata<2>, at::native::(anonymous namespace)::BinaryOpListAlphaFunctor<float, 2, 2, 0>>",
-         "foreach"),
+         "writes"),
+        ("_scale_add_kernel", "writes"),
         ("void at::native::(anonymous namespace)::CatArrayBatchedCopy<at::native::(anonymous namespace)"
          "::OpaqueType<4u>, unsigned int, 4, 64, 64>", "copies"),
         ("Memcpy HtoD (Pageable -> Device)", "copies"),
@@ -46,7 +47,7 @@ def test_gpu_time_sums_by_kind_and_names_the_costliest_besides_products():
     by_kind, top = bench_common.gpu_time(kernels)
     assert set(by_kind) == set(bench_common.KERNEL_KINDS)
     assert by_kind["products"] == pytest.approx(0.9) and by_kind["generated"] == pytest.approx(0.528)
-    assert by_kind["copies"] == pytest.approx(0.01) and by_kind["foreach"] == 0.0
+    assert by_kind["copies"] == pytest.approx(0.01) and by_kind["writes"] == 0.0
     assert [(name, calls) for name, _, calls in top] == [
         ("triton_poi_x", 2), ("Memset (Device)", 1), ("triton_red_7", 1), ("triton_red_6", 1), ("triton_red_5", 1)
     ]
