@@ -37,7 +37,6 @@ from .routing import Kind, layout_of, prepare
 from .updates import (
     ADJUST_LR_MODES,
     adamw_update,
-    apply_update,
     gate,
     lr_ratio,
     muon_direction,
@@ -572,12 +571,9 @@ class MuonAdamW(torch.optim.Optimizer):
             second_moment=state.get("second_moment"),
         )
         self._end_step_state(stack.state, state)
-        if group["cautious_weight_decay"]:  # the mask reads the parameters: update a stacked copy
-            stacked = stacks_mod.stack(members)
-            apply_update(stacked, ortho, decay=decay, lr=group["lr"], lr_scale=lr_scale, cautious=True)
-            stacks_mod.unstack_copy_(members, stacked)
-        else:
-            stacks_mod.unstack_scale_add_(members, decay, ortho, step_factor(group["lr"], lr_scale))
+        stacks_mod.unstack_scale_add_(
+            members, decay, ortho, step_factor(group["lr"], lr_scale), cautious=group["cautious_weight_decay"]
+        )
 
     @staticmethod
     def _split_and_scale(group: dict, shape: torch.Size) -> tuple[tuple[int, ...] | None, float]:

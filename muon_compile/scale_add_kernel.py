@@ -13,7 +13,8 @@ parameter, and three launches or more per stack instead of one.
 The arithmetic is that of ``add_`` with ``alpha``, as ``torch.optim.Muon``'s per-parameter
 step writes it (``p.mul_(decay)``, then ``p.add_(update, alpha=-lr)``): ``p * scale`` rounded
 to the parameters' dtype, then ``alpha * src`` added to it in fp32 with one rounding (a fused
-multiply-add). ``scale`` and ``alpha`` are 0-D tensors: read by the kernel when on the
+multiply-add). Cautious weight decay takes the same pass: ``scale`` where ``src * p >= 0``
+(in fp32), 1 elsewhere. ``scale`` and ``alpha`` are 0-D tensors: read by the kernel when on the
 device (a captured CUDA graph reads their values of each replay), passed as values when on
 the host.
 
@@ -30,7 +31,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from .triton_support import bf16_rounded, interpreted, tl, triton, triton_usable
+from .triton_support import bf16_rounded, interpreted, on, tl, triton, triton_usable
 
 DST_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 SRC_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -54,10 +55,11 @@ if triton is not None:
         table_ptr, src_ptr, scale_ptr, alpha_ptr, scale_value, alpha_value, M, N, col_tiles, tiles,
         stride_sb, stride_sm, stride_sn,
         DST: tl.constexpr, TILE_M: tl.constexpr, TILE_N: tl.constexpr, ON_DEVICE: tl.constexpr,
-        BF16_INTERPRETED: tl.constexpr, ALIGNED: tl.constexpr,
+        CAUTIOUS: tl.constexpr, BF16_INTERPRETED: tl.constexpr, ALIGNED: tl.constexpr,
     ):
         """Tile ``pid % tiles`` (row-major, ``col_tiles`` to a row) of member ``pid // tiles``,
-        whose contiguous ``M x N`` tensor of dtype ``DST`` is at address ``table[member]``."""
+        whose contiguous ``M x N`` tensor of dtype ``DST`` is at address ``table[member]``.
+        ``CAUTIOUS``: the factor ``scale`` applies where ``src * dst >= 0`` only."""
         pid = tl.program_id(0)
         member = (pid // tiles).to(tl.int64)  # member * stride_sb may pass 2^31
         tile = pid % tiles
@@ -75,8 +77,12 @@ if triton is not None:
             alpha = alpha_value
         src = tl.load(src_ptr + member * stride_sb + rows[:, None] * stride_sm + cols[None, :] * stride_sn, mask=inside)
         dst = dst_ptr + rows[:, None] * N + cols[None, :]
-        decayed = _rounded(tl.load(dst, mask=inside).to(tl.float32) * scale, DST, BF16_INTERPRETED).to(tl.float32)
-        tl.store(dst, _rounded(tl.fma(src.to(tl.float32), alpha, decayed), DST, BF16_INTERPRETED), mask=inside)
+        update = src.to(tl.float32)
+        param = tl.load(dst, mask=inside).to(tl.float32)
+        if CAUTIOUS:
+            scale = tl.where(update * param >= 0, scale, 1.0)
+        decayed = _rounded(param * scale, DST, BF16_INTERPRETED).to(tl.float32)
+        tl.store(dst, _rounded(tl.fma(update, alpha, decayed), DST, BF16_INTERPRETED), mask=inside)
 
 
 def applies(dsts: Sequence[Tensor], src: Tensor) -> bool:
@@ -113,9 +119,12 @@ def address_table(dsts: Sequence[Tensor]) -> Tensor | None:
     return table
 
 
-def launch(dsts: Sequence[Tensor], scale: Tensor, src: Tensor, alpha: Tensor, host_scalars: bool | None = None) -> bool:
+def launch(
+    dsts: Sequence[Tensor], scale: Tensor, src: Tensor, alpha: Tensor, cautious: bool = False, host_scalars: bool | None = None
+) -> bool:
     """``dsts[i] = dsts[i] * scale + alpha * src[i]`` for every ``i`` in one launch (see the
-    module docstring); False, with nothing written, where the kernel does not apply.
+    module docstring; ``cautious``: :func:`muon_compile.stacks.unstack_scale_add_`'s); False,
+    with nothing written, where the kernel does not apply.
     ``host_scalars``: pass ``scale`` and ``alpha`` as values (the default where they are on
     the host and ``src`` is not; the tests force it on the CPU)."""
     if not applies(dsts, src):
@@ -137,11 +146,12 @@ def launch(dsts: Sequence[Tensor], scale: Tensor, src: Tensor, alpha: Tensor, ho
     scale_ptr, alpha_ptr = (src, src) if host_scalars else (scale, alpha)  # a pointer is passed either way
     col_tiles = triton.cdiv(cols, TILE_COLS)
     tiles = triton.cdiv(rows, TILE_ROWS) * col_tiles
-    _scale_add_kernel[(members * tiles,)](
-        table, src, scale_ptr, alpha_ptr, scale_value, alpha_value, rows, cols, col_tiles, tiles,
-        src.stride(0), src.stride(1), src.stride(2),
-        DST=_TL_DTYPES[dsts[0].dtype], TILE_M=TILE_ROWS, TILE_N=TILE_COLS, ON_DEVICE=not host_scalars,
-        BF16_INTERPRETED=dsts[0].dtype == torch.bfloat16 and interpreted(),
-        ALIGNED=all(d.data_ptr() % 16 == 0 for d in dsts),  # vector loads and stores of the members
-    )
+    with on(src.device):
+        _scale_add_kernel[(members * tiles,)](
+            table, src, scale_ptr, alpha_ptr, scale_value, alpha_value, rows, cols, col_tiles, tiles,
+            src.stride(0), src.stride(1), src.stride(2),
+            DST=_TL_DTYPES[dsts[0].dtype], TILE_M=TILE_ROWS, TILE_N=TILE_COLS, ON_DEVICE=not host_scalars,
+            CAUTIOUS=cautious, BF16_INTERPRETED=dsts[0].dtype == torch.bfloat16 and interpreted(),
+            ALIGNED=all(d.data_ptr() % 16 == 0 for d in dsts),  # vector loads and stores of the members
+        )
     return True

@@ -7,17 +7,16 @@ it, so ``state_dict()`` / ``load_state_dict`` and per-parameter access work as b
 A step of a stack is list-level: one :func:`stack` gathers the gradients, the Muon
 direction (momentum, one batched Newton–Schulz, NorMuon) is computed on the stacked
 tensors, and one :func:`unstack_scale_add_` writes ``p = p * (1 - lr * wd) - lr * s * O``
-into every member (with cautious weight decay, whose mask reads the parameters: a stacked copy
-of them is updated and written back by :func:`unstack_copy_`).
+into every member (cautious weight decay included).
 
 Compiled, the step then costs what the stacks cost, not what the parameters cost:
 Dynamo traces a handful of operations per stack, and Inductor sees one opaque call for
 the gather, one fused kernel per stack and one opaque call for the write, instead of a
-kernel per parameter. The three ops are custom ops (``muon_compile::stack``,
-``muon_compile::unstack_scale_add_``, ``muon_compile::unstack_copy_``) so that Inductor
-keeps each as one call: its own lowering of ``torch.stack`` over hundreds of inputs emits
-a copy per input, and of a write into N parameters N kernels. Run, they are
-``torch.stack`` and ``torch._foreach_*`` calls.
+kernel per parameter. The two ops are custom ops (``muon_compile::stack``,
+``muon_compile::unstack_scale_add_``) so that Inductor keeps each as one call: its own
+lowering of ``torch.stack`` over hundreds of inputs emits a copy per input, and of a write
+into N parameters N kernels. Run, they are ``torch.stack`` and one Triton kernel where
+Triton runs (:mod:`muon_compile.scale_add_kernel`), ``torch._foreach_*`` calls elsewhere.
 
 Replace state in place (``state[p]["momentum_buffer"].copy_(t)``): a tensor put in
 its place is not read by the stacked step (``load_state_dict`` restacks itself).
@@ -48,23 +47,24 @@ def _stack_fake(tensors: list[Tensor]) -> Tensor:
     return first.new_empty((len(tensors), *first.shape))
 
 
-@torch.library.custom_op("muon_compile::unstack_copy_", mutates_args=("dsts",))
-def unstack_copy_(dsts: list[Tensor], src: Tensor) -> None:
-    """``dsts[i].copy_(src[i])`` for every ``i``, one opaque call when compiled."""
-    torch._foreach_copy_(dsts, list(src.unbind(0)))
-
-
 @torch.library.custom_op("muon_compile::unstack_scale_add_", mutates_args=("dsts",))
-def unstack_scale_add_(dsts: list[Tensor], scale: Tensor, src: Tensor, alpha: Tensor) -> None:
+def unstack_scale_add_(dsts: list[Tensor], scale: Tensor, src: Tensor, alpha: Tensor, cautious: bool = False) -> None:
     """``dsts[i].mul_(scale).add_(src[i], alpha=alpha)`` for every ``i`` (``scale`` and ``alpha``
     0-D tensors, ``src`` of any float dtype: the arithmetic is in the members' own), one opaque
-    call when compiled. Where Triton runs, one launch of
-    :mod:`muon_compile.scale_add_kernel` (one pass over the members); elsewhere
-    ``torch._foreach_*`` calls, and a host ``scale`` of exactly 1 (no weight decay) skips the
-    multiply, a pass over the parameters that would change nothing."""
-    if scale_add_kernel.launch(dsts, scale, src, alpha):
+    call when compiled. ``cautious``: cautious weight decay, ``scale`` only where
+    ``src[i] * dsts[i] >= 0`` (where the update and the parameter agree in sign), 1 elsewhere:
+    :func:`muon_compile.updates.apply_update`'s, whose factor is a float64 tensor by type
+    promotion, to an ulp.
+
+    Where Triton runs, one launch of :mod:`muon_compile.scale_add_kernel` (one pass over the
+    members); elsewhere ``torch`` calls, where a host ``scale`` of exactly 1 (no weight decay)
+    skips the multiply, a pass over the parameters that would change nothing."""
+    if scale_add_kernel.launch(dsts, scale, src, alpha, cautious=cautious):
         return
-    if scale.device.type != "cpu":
+    if cautious:
+        for d, s in zip(dsts, src.unbind(0)):
+            d.mul_(torch.where(s * d >= 0, scale.to(d.dtype), 1.0))
+    elif scale.device.type != "cpu":
         torch._foreach_mul_(dsts, scale)
     elif scale.item() != 1.0:
         torch._foreach_mul_(dsts, scale.item())

@@ -36,7 +36,7 @@ import torch
 from torch import Tensor
 from torch._subclasses.fake_tensor import is_fake
 
-from .triton_support import bf16_rounded, interpreted, tl, triton, triton_usable
+from .triton_support import bf16_rounded, interpreted, on, tl, triton, triton_usable
 
 DTYPES = (torch.bfloat16, torch.float16)
 MAX_BATCH_PER_LAUNCH = 65535  # CUDA's limit on a grid's second dimension: larger batches launch in parts
@@ -166,16 +166,17 @@ def launch(
     tile_count = triton.cdiv(m, t.tile)
     # (torch 2.11's wrap_triton refuses the interpreter's kernel object: launched as it is there)
     kernel = _sym_bmm_kernel if interpreted() else _wrap(_sym_bmm_kernel)
-    for start in range(0, batch, MAX_BATCH_PER_LAUNCH):
-        part = slice(start, start + MAX_BATCH_PER_LAUNCH)
-        a_part, b_part, out_part, d_part = a[part], b[part], out[part], d[part]
-        kernel[(tile_count * (tile_count + 1) // 2, a_part.shape[0])](
-            a_part, b_part, out_part, d_part, m, k, float(beta), float(alpha),
-            a.stride(0), a.stride(1), a.stride(2), b.stride(0), b.stride(1), b.stride(2),
-            out.stride(0), out.stride(1), out.stride(2), d.stride(0), d.stride(1), d.stride(2),
-            TILE=t.tile, TILE_K=t.tile_k, BF16_INTERPRETED=a.dtype == torch.bfloat16 and interpreted(),
-            HAS_INPUT=input is not None, num_warps=t.num_warps, num_stages=t.num_stages,
-        )
+    with on(a.device):
+        for start in range(0, batch, MAX_BATCH_PER_LAUNCH):
+            part = slice(start, start + MAX_BATCH_PER_LAUNCH)
+            a_part, b_part, out_part, d_part = a[part], b[part], out[part], d[part]
+            kernel[(tile_count * (tile_count + 1) // 2, a_part.shape[0])](
+                a_part, b_part, out_part, d_part, m, k, float(beta), float(alpha),
+                a.stride(0), a.stride(1), a.stride(2), b.stride(0), b.stride(1), b.stride(2),
+                out.stride(0), out.stride(1), out.stride(2), d.stride(0), d.stride(1), d.stride(2),
+                TILE=t.tile, TILE_K=t.tile_k, BF16_INTERPRETED=a.dtype == torch.bfloat16 and interpreted(),
+                HAS_INPUT=input is not None, num_warps=t.num_warps, num_stages=t.num_stages,
+            )
     return out
 
 

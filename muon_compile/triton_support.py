@@ -7,6 +7,7 @@ kernels on the CPU through its interpreter: how the tests check the kernels with
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
@@ -28,6 +29,11 @@ def triton_usable(device: torch.device) -> bool:
     """Whether a kernel of this package runs on ``device``: CUDA with Triton, and the CPU
     under Triton's interpreter only (how the tests run the kernels here)."""
     return triton is not None and (device.type == "cuda" or (device.type == "cpu" and interpreted()))
+
+
+def on(device: torch.device) -> contextlib.AbstractContextManager:
+    """``device`` made current for a launch (Triton launches on the current CUDA device)."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
 if triton is not None:

@@ -42,10 +42,13 @@ def operands(members, rows, cols, dtype, src_dtype, layout, seed):
     return dsts, src.to(src_dtype)
 
 
-def check(got, before, scale, src, alpha):
-    """``got`` is ``before * scale + alpha * src`` to the bound of the module docstring."""
+def check(got, before, scale, src, alpha, cautious=False):
+    """``got`` is ``before * scale + alpha * src`` to the bound of the module docstring;
+    ``cautious``: ``scale`` where ``src * before >= 0`` (in fp32), 1 elsewhere."""
     dtype = before.dtype
-    decayed = (before * scale).double()  # p * scale rounded to the parameters' dtype, as mul_
+    if cautious:
+        scale = torch.where(src.float() * before.float() >= 0, scale.float(), 1.0)
+    decayed = (before * scale).to(dtype).double()  # p * scale rounded to the parameters' dtype, as mul_
     exact = decayed + torch.tensor(float(alpha), dtype=torch.float32).double() * src.double()
     ulp = torch.finfo(dtype).eps * torch.maximum(exact.abs(), decayed.abs()).clamp_min(torch.finfo(dtype).tiny)
     excess = ((got.double() - exact).abs() - ulp).max().item()
@@ -58,19 +61,19 @@ def kernel_cases():
     count = 0
     for i, case in enumerate(CASES):
         for host_scalars in (False, True):
-            for scale_value in (1.0, 0.999):
+            for scale_value, cautious in ((1.0, False), (0.999, False), (0.9, True)):
                 dsts, src = operands(*case, seed=i)
                 before = [d.clone() for d in dsts]
                 src_before = src.clone()
                 scale = torch.tensor(scale_value, dtype=torch.float64)
                 alpha = torch.tensor(-0.02 * 1.2247, dtype=torch.float64)
-                assert scale_add_kernel.launch(dsts, scale, src, alpha, host_scalars=host_scalars), case
+                assert scale_add_kernel.launch(dsts, scale, src, alpha, cautious, host_scalars=host_scalars), case
                 try:
                     assert torch.equal(src, src_before), "src was written"
                     for got, b, s in zip(dsts, before, src):
-                        check(got, b, scale, s, alpha)
+                        check(got, b, scale, s, alpha, cautious)
                 except AssertionError as e:
-                    raise AssertionError(f"{case}, host scalars {host_scalars}, scale {scale_value}: {e}") from None
+                    raise AssertionError(f"{case}, host scalars {host_scalars}, scale {scale_value}, cautious {cautious}: {e}") from None
                 count += 1
     dsts, src = operands(*CASES[1], seed=0)
     assert not scale_add_kernel.launch([d.mT.contiguous().mT for d in dsts], torch.ones((), dtype=torch.float64), src, torch.ones(()))
@@ -93,10 +96,11 @@ def step_case():
     launch = scale_add_kernel.launch
     scale_add_kernel.launch = lambda *args, **kw: launched.append((args[2].dtype, launch(*args, **kw))) or launched[-1][1]
     shapes = [(24, 40)] * 3 + [(40, 24)] * 2
-    compare_steps(muon(weight_decay=0.1), shapes, rtol=NS_RTOL["cpu"][torch.bfloat16])
-    # two stacks, two steps, eager and compiled: the compiled write reads the bf16 result
-    assert sorted(launched, key=str) == sorted([(torch.float32, True)] * 4 + [(torch.bfloat16, True)] * 4, key=str), launched
-    print("ok: a compiled step")
+    for cautious in (False, True):
+        compare_steps(muon(weight_decay=0.1, cautious_weight_decay=cautious), shapes, rtol=NS_RTOL["cpu"][torch.bfloat16])
+    # two stacks, two steps, eager and compiled, twice: the compiled write reads the bf16 result
+    assert sorted(launched, key=str) == sorted([(torch.float32, True)] * 8 + [(torch.bfloat16, True)] * 8, key=str), launched
+    print("ok: compiled steps")
 
 
 if __name__ == "__main__":

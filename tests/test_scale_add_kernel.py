@@ -23,28 +23,32 @@ SHAPES = [(24, 40)] * 3 + [(40, 24)] * 2  # a wide stack and a tall one (its res
 def test_kernel_equals_the_exact_update():
     """fp32, bf16 and fp16 parameters; bf16, fp16 and fp32 updates, contiguous, transposed
     and a slice of a bucket; 1x1 to 130x3; scale and alpha read on the device or passed as
-    values; operands it does not take are refused; address tables are kept per list."""
-    assert "ok: 32 cases" in run_interpreted(CASES, "kernel")
+    values; cautious weight decay; operands it does not take are refused; address tables are
+    kept per list."""
+    assert "ok: 48 cases" in run_interpreted(CASES, "kernel")
 
 
 @pytest.mark.slow
 @needs_triton
 def test_compiled_step_writes_through_the_kernel():
-    """A compiled stacked step whose write runs the kernel (on the bf16 result) equals eager."""
-    assert "ok: a compiled step" in run_interpreted(CASES, "step")
+    """Compiled stacked steps whose write runs the kernel (on the bf16 result), with and
+    without cautious weight decay, equal eager."""
+    assert "ok: compiled steps" in run_interpreted(CASES, "step")
 
 
 def test_fallback_is_mul_then_add_with_alpha():
     """Where Triton does not run (this CPU without the interpreter) the op is ``mul_`` then
-    ``add_`` with ``alpha`` per member, from an update of any float dtype and strides."""
+    ``add_`` with ``alpha`` per member, from an update of any float dtype and strides; with
+    ``cautious`` the factor is ``scale`` where the update and the parameter agree in sign."""
     if scale_add_kernel.triton_usable(torch.device("cpu")):
         pytest.skip("TRITON_INTERPRET is set: the op runs the kernel")
     src = torch.randn(3, 40, 24).to(torch.bfloat16).mT
-    for scale_value in (1.0, 0.999):
+    for scale_value, cautious in ((1.0, False), (0.999, False), (0.9, True)):
         dsts = [torch.randn(24, 40) for _ in range(3)]
-        want = [d.mul(scale_value).add_(s, alpha=-0.0245) for d, s in zip(dsts, src)]
+        factors = [torch.where(s * d >= 0, scale_value, 1.0) if cautious else scale_value for d, s in zip(dsts, src)]
+        want = [(d * f).add_(s, alpha=-0.0245) for d, f, s in zip(dsts, factors, src)]
         scale, alpha = torch.tensor(scale_value, dtype=torch.float64), torch.tensor(-0.0245, dtype=torch.float64)
-        stacks.unstack_scale_add_(dsts, scale, src, alpha)
+        stacks.unstack_scale_add_(dsts, scale, src, alpha, cautious=cautious)
         for got, w in zip(dsts, want):
             assert torch.equal(got, w)
 
@@ -64,22 +68,23 @@ def test_write_source_changes_no_value(tmp_path):
 
 @pytest.mark.cuda
 def test_op_on_cuda_runs_the_kernel():
-    """On CUDA the op runs the kernel, with the scalars on the device or on the host, to the
-    bound of ``tests/scale_add_cases.py``; a compiled stacked step equals eager."""
+    """On CUDA the op runs the kernel, with the scalars on the device or on the host, cautious
+    or not, to the bound of ``tests/scale_add_cases.py``; compiled stacked steps equal eager."""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     from helpers import compare_steps
     from scale_add_cases import CASES, check, operands
 
     for i, case in enumerate(CASES):
-        for scalars_device in ("cuda", "cpu"):
+        for scalars_device, cautious in (("cuda", False), ("cpu", False), ("cuda", True)):
             dsts, src = operands(*case, seed=i)
             before = [d.clone() for d in dsts]
             dsts, src = [d.cuda() for d in dsts], src.cuda()
             scale = torch.tensor(0.999, dtype=torch.float64, device=scalars_device)
             alpha = torch.tensor(-0.0245, dtype=torch.float64, device=scalars_device)
             assert scale_add_kernel.applies(dsts, src)
-            stacks.unstack_scale_add_(dsts, scale, src, alpha)
+            stacks.unstack_scale_add_(dsts, scale, src, alpha, cautious=cautious)
             for got, b, s in zip(dsts, before, src):
-                check(got.cpu(), b, scale.cpu(), s.cpu(), alpha.cpu())
-    compare_steps(muon(weight_decay=0.1), SHAPES, rtol=NS_RTOL["cuda"][torch.bfloat16], device="cuda")
+                check(got.cpu(), b, scale.cpu(), s.cpu(), alpha.cpu(), cautious)
+    for cautious in (False, True):
+        compare_steps(muon(weight_decay=0.1, cautious_weight_decay=cautious), SHAPES, rtol=NS_RTOL["cuda"][torch.bfloat16], device="cuda")
