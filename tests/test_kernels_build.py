@@ -25,12 +25,14 @@ def ptx_for(kernel, signature, constexprs, divisible=(), **options):
     of 16 (as Triton's launcher specialises aligned pointers and sizes)."""
     names = kernel.arg_names
     types = {n: signature.get(n, "constexpr") for n in names}
+    assert set(types.values()) != {"constexpr"} and all(n in signature or n in constexprs for n in names), names
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in divisible}
     return triton.compile(ASTSource(kernel, types, constexprs, attrs), target=SM90, options=options).asm["ptx"]
 
 
+@pytest.mark.parametrize("cautious", [False, True])
 @pytest.mark.parametrize("dst", [torch.float32, torch.bfloat16])
-def test_scale_add_kernel_builds_with_vector_access_and_one_rounding(dst):
+def test_scale_add_kernel_builds_with_vector_access_and_one_rounding(dst, cautious):
     dst_tl = {torch.float32: "fp32", torch.bfloat16: "bf16"}[dst]
     signature = {
         "table_ptr": "*i64", "src_ptr": "*bf16", "scale_ptr": "*fp64", "alpha_ptr": "*fp64", "scale_value": "fp32",
@@ -40,7 +42,7 @@ def test_scale_add_kernel_builds_with_vector_access_and_one_rounding(dst):
     constexprs = {
         "stride_sn": 1, "DST": getattr(tl, {"fp32": "float32", "bf16": "bfloat16"}[dst_tl]),
         "TILE_M": scale_add_kernel.TILE_ROWS, "TILE_N": scale_add_kernel.TILE_COLS, "ON_DEVICE": True,
-        "BF16_INTERPRETED": False, "ALIGNED": True,
+        "CAUTIOUS": cautious, "BF16_INTERPRETED": False, "ALIGNED": True,
     }
     ptx = ptx_for(scale_add_kernel._scale_add_kernel, signature, constexprs, ("table_ptr", "src_ptr", "N", "stride_sb", "stride_sm"))
     assert "fma.rn.f32" in ptx  # alpha * src added with one rounding
