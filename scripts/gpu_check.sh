@@ -20,6 +20,8 @@
 #                and the muon arm's profiled step per workload -> traces/<workload>-muon.json
 #   sym          scripts/bench_sym.py: the symmetric product kernel against bmm, m 256-8192,
 #                X Xᵀ and S S in bf16                             -> bench_sym.txt/.json
+#   write        scripts/bench_write.py: the stacks' one-pass write kernel against the
+#                foreach write it replaced, llama-1b and 8B stacks -> bench_write.txt/.json
 #   tests        the CUDA instances of the device-parametrised tests (pytest -m cuda, 4
 #                workers)                                         -> tests.log, junit.xml
 #   calibrate    the planner's profile of this GPU (python -m muon_compile.planner.calibrate:
@@ -35,7 +37,7 @@
 # and arm), BENCH_DIST_ARGS adds to the distributed one's.
 # Exit status: non-zero when a step failed (the later steps still run).
 set -uo pipefail
-KNOWN=(bench sym tests calibrate distributed)
+KNOWN=(bench sym write tests calibrate distributed)
 DEVICE=cuda
 if [ "${1:-}" = "--device" ]; then
   DEVICE="${2:-}"
@@ -121,6 +123,14 @@ if wanted sym; then
   [ "$DEVICE" = cpu ] && SYM_ARGS=(--sizes 32,64 --batch 4 --reps 2 --warmup 1)  # the steps checked: off CUDA the op is bmm
   bounded "$PY" scripts/bench_sym.py --device "$DEVICE" --json "$REPORT/bench_sym.json" "${SYM_ARGS[@]}" \
     > "$REPORT/bench_sym.txt" 2> "$REPORT/bench_sym.log" || status=1
+fi
+
+if wanted write; then
+  step "the stacks' write against the foreach write on $DEVICE"
+  WRITE_ARGS=()
+  [ "$DEVICE" = cpu ] && WRITE_ARGS=(--stacks 4x32x64,4x64x32 --reps 2 --warmup 1)  # the steps checked: off CUDA the op's fallback
+  bounded "$PY" scripts/bench_write.py --device "$DEVICE" --json "$REPORT/bench_write.json" "${WRITE_ARGS[@]}" \
+    > "$REPORT/bench_write.txt" 2> "$REPORT/bench_write.log" || status=1
 fi
 
 if wanted tests; then

@@ -10,6 +10,8 @@ Lines, in the order of gpu_check.sh's steps:
   kernels per step, its GPU busy time (of it in products) and its cold compile seconds;
 * the symmetric products (bench_sym.json): per product kind, the symmetric kernel's time
   over ``bmm``'s at each size, and what ran as the kernel;
+* the stacks' write (bench_write.json): per stack, the write's time over the foreach
+  write's it replaced and its rate in the write's least bytes, and what ran as the write;
 * the CUDA tests' counts (junit.xml);
 * the calibration (profile.json, read as the planner reads it,
   :func:`muon_compile.planner.profiles.load`): the device's peak bf16 matmul rate over the
@@ -77,6 +79,15 @@ def sym_lines(report: Path) -> list[str]:
     return lines
 
 
+def write_lines(report: Path) -> list[str]:
+    path = report / "bench_write.json"
+    if not path.exists():
+        return ["stacks' write: missing (no bench_write.json; see bench_write.log)"]
+    data = json.loads(path.read_text())
+    rows = ", ".join(f"{r['stack']}: {r['ratio']:.2f} ({r['write_gbps']:.0f} GB/s)" for r in data["rows"])
+    return [f"stacks' write, write / before time by stack: {rows or 'none'} ({data['kernel']})"]
+
+
 def tests_line(report: Path) -> str:
     path = report / "junit.xml"
     if not path.exists():
@@ -126,7 +137,7 @@ def main(argv: list[str]) -> int:
         print(__doc__.strip().splitlines()[2].strip(), file=sys.stderr)
         return 2
     report = Path(argv[0])
-    lines = ["=== gpu_check summary ===", *environment_lines(report), *bench_lines(report), *sym_lines(report)]
+    lines = ["=== gpu_check summary ===", *environment_lines(report), *bench_lines(report), *sym_lines(report), *write_lines(report)]
     lines.append(tests_line(report))
     lines += [*calibrate_lines(report), distributed_line(report)]
     print("\n".join(lines))
