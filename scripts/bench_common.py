@@ -48,6 +48,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable, Iterable
+from pathlib import Path
 
 import torch
 from torch._inductor.utils import fresh_cache, run_and_get_code
@@ -399,6 +400,17 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
     return value
+
+
+def kernel_bench_parser(doc: str) -> argparse.ArgumentParser:
+    """The arguments every kernel benchmark (bench_sym.py, bench_write.py) takes: ``--device``,
+    ``--warmup``, ``--reps`` and ``--json``; the script adds its own."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--warmup", type=positive_int, default=3)
+    parser.add_argument("--reps", type=positive_int, default=20)
+    parser.add_argument("--json", type=Path)
+    return parser
 
 
 def non_negative_int(text: str) -> int:

@@ -19,7 +19,6 @@ says so): ``--device cpu`` checks the script, not the kernel.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -28,7 +27,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import clock_for, machine_info, machine_line, markdown_row, markdown_rule, positive_int, time_steps  # noqa: E402
+from bench_common import (  # noqa: E402
+    clock_for, kernel_bench_parser, machine_info, machine_line, markdown_row, markdown_rule, positive_int, time_steps,
+)
 
 from muon_compile import sym_kernel  # noqa: E402
 
@@ -66,14 +67,10 @@ def measure(kind: str, m: int, dtype: str, device: torch.device, warmup: int, re
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", default="cuda")
+    parser = kernel_bench_parser(__doc__)
     parser.add_argument("--sizes", default="256,512,1024,2048,4096,8192")
     parser.add_argument("--dtypes", default="bf16,fp16")
     parser.add_argument("--batch", type=positive_int, help="matrices per product (default: (4096 / m)², at least 1)")
-    parser.add_argument("--warmup", type=positive_int, default=3)
-    parser.add_argument("--reps", type=positive_int, default=20)
-    parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     sizes = [int(s) for s in args.sizes.split(",")]

@@ -22,7 +22,6 @@ fallback (the output says so): ``--device cpu`` checks the script, not the kerne
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -31,7 +30,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import clock_for, machine_info, machine_line, markdown_row, markdown_rule, positive_int, time_steps  # noqa: E402
+from bench_common import clock_for, kernel_bench_parser, machine_info, machine_line, markdown_row, markdown_rule, time_steps  # noqa: E402
 
 from muon_compile import scale_add_kernel, stacks  # noqa: E402
 
@@ -89,12 +88,8 @@ def measure(stack: str, device: torch.device, warmup: int, reps: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", default="cuda")
+    parser = kernel_bench_parser(__doc__)
     parser.add_argument("--stacks", default=STACKS, help="comma list of BxMxN (members x rows x cols)")
-    parser.add_argument("--warmup", type=positive_int, default=3)
-    parser.add_argument("--reps", type=positive_int, default=20)
-    parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     machine = machine_info(device)
