@@ -110,13 +110,18 @@ def address_table(dsts: Sequence[Tensor]) -> Tensor | None:
     if table is not None:
         _tables.move_to_end(key)
         return table
-    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+    if capturing(device):
         return None
     table = torch.tensor(key[1], dtype=torch.int64, device=device)
     _tables[key] = table
     while len(_tables) > TABLES_KEPT:
         _tables.popitem(last=False)
     return table
+
+
+def capturing(device: torch.device) -> bool:
+    """Whether a CUDA graph is being captured on ``device``'s current stream."""
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
 def launch(

@@ -81,6 +81,14 @@ def kernel_cases():
     table = scale_add_kernel.address_table(dsts)
     assert scale_add_kernel.address_table(dsts) is table and table.tolist() == [d.data_ptr() for d in dsts]
     assert scale_add_kernel.address_table(dsts[::-1]).tolist() == [d.data_ptr() for d in dsts[::-1]]
+    # while a CUDA graph is captured (made to say so here): a kept table serves, a new one is
+    # not made (no copy to the device then) and the write is left to the op's fallback
+    scale_add_kernel.capturing = lambda device: True
+    one, half = torch.ones((), dtype=torch.float64), torch.full((), 0.5, dtype=torch.float64)
+    assert scale_add_kernel.launch(dsts, one, src, half)
+    fresh = [d.clone() for d in dsts]
+    assert scale_add_kernel.address_table(fresh) is None and not scale_add_kernel.launch(fresh, one, src, half)
+    assert all(torch.equal(f, d) for f, d in zip(fresh, dsts))
     print(f"ok: {count} cases")
 
 

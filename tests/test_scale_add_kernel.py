@@ -24,7 +24,7 @@ def test_kernel_equals_the_exact_update():
     """fp32, bf16 and fp16 parameters; bf16, fp16 and fp32 updates, contiguous, transposed
     and a slice of a bucket; 1x1 to 130x3; scale and alpha read on the device or passed as
     values; cautious weight decay; operands it does not take are refused; address tables are
-    kept per list."""
+    kept per list, and none is made while a CUDA graph is captured."""
     assert "ok: 48 cases" in run_interpreted(CASES, "kernel")
 
 
