@@ -1,7 +1,7 @@
 """This package's Triton kernels compile for the GPUs the issues target (sm_90: H100, H200)
 on this CPU, by Triton's own compiler and the ``ptxas`` its wheel carries: what the
 interpreter, which runs the kernels here, does not check (types, layouts, the tensor-core
-instructions ``tl.dot`` becomes, vector loads). No GPU is needed or used."""
+instructions ``tl.dot`` becomes, vector access, shared memory). No GPU is needed or used."""
 
 import re
 
@@ -17,17 +17,21 @@ from triton.compiler import ASTSource  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 SM90 = GPUTarget("cuda", 90, 32)
+SM90_SHARED_BYTES = 227 * 1024  # an H100's / H200's most shared memory per block: more fails at launch
 
 
 def ptx_for(kernel, signature, constexprs, divisible=(), **options):
     """The PTX of ``kernel`` for sm_90: ``signature`` the arguments' Triton types,
     ``constexprs`` the compile-time ones, ``divisible`` the arguments known to be multiples
-    of 16 (as Triton's launcher specialises aligned pointers and sizes)."""
+    of 16 (as Triton's launcher specialises aligned pointers and sizes). Its shared memory
+    must fit an sm_90 block."""
     names = kernel.arg_names
     types = {n: signature.get(n, "constexpr") for n in names}
     assert set(types.values()) != {"constexpr"} and all(n in signature or n in constexprs for n in names), names
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in divisible}
-    return triton.compile(ASTSource(kernel, types, constexprs, attrs), target=SM90, options=options).asm["ptx"]
+    compiled = triton.compile(ASTSource(kernel, types, constexprs, attrs), target=SM90, options=options)
+    assert compiled.metadata.shared <= SM90_SHARED_BYTES, f"{compiled.metadata.shared} bytes of shared memory"
+    return compiled.asm["ptx"]
 
 
 @pytest.mark.parametrize("cautious", [False, True])
