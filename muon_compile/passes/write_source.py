@@ -94,7 +94,7 @@ def _undone(node: fx.Node) -> fx.Node | None:
 
 def _exact_cast_up(source: torch.dtype, target: torch.dtype) -> bool:
     """Whether every value of float dtype ``source`` is one of ``target``."""
-    if not (source.is_floating_point and target.is_floating_point) or source.is_complex or target.is_complex:
+    if not (source.is_floating_point and target.is_floating_point):
         return False
     s, t = torch.finfo(source), torch.finfo(target)  # fewer digits, a range inside the target's
     return s.eps >= t.eps and s.smallest_normal >= t.smallest_normal and s.max <= t.max
