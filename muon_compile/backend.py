@@ -22,6 +22,7 @@ from .passes import MuonGraphPass, new_dump_name, run_torch_passes
 from .rank_agreement.fingerprint import fingerprint
 
 compat.tolerate_unread_users()
+compat.lazy_fallback_log()
 
 # Inductor's fusion search tries each node against the next N nodes that read the same
 # buffer. Every per-parameter kernel of an optimizer step reads the same 0-D

@@ -98,3 +98,39 @@ def tolerate_unread_users() -> None:
 
     get_read_expr._tolerates_unread_users = True  # type: ignore[attr-defined]
     LoopBody.get_read_expr = get_read_expr
+
+
+# torch 2.11 and 2.12 (2.12 read in its source, not run): the first time Inductor falls back
+# to an op it has no lowering for (this package's custom ops), it formats every argument for an
+# INFO log line, logged or not (2.13 formats it lazily, pytorch's LazyString). An argument's
+# text holds its inputs' texts, and a bucket's Newton–Schulz products read each other, so the
+# text of the stacks' write's source (the last product, passes/write_source.py) grows about
+# 8-fold per iteration: 19 s of a compile at 5 iterations on this project's CPU, and no end in
+# sight at 10. Read by :func:`lazy_fallback_log`.
+EAGER_FALLBACK_LOG = _VERSION < (2, 13)
+
+
+def lazy_fallback_log() -> None:
+    """Where :data:`EAGER_FALLBACK_LOG`: ``OperatorIssue.operator_str`` returns text made when
+    it is read (by a log record that is emitted, or an error's message), as on torch 2.13.
+    Patched once, by :mod:`muon_compile.backend`."""
+    if not EAGER_FALLBACK_LOG:
+        return
+    from torch._inductor.exc import OperatorIssue
+
+    original = OperatorIssue.operator_str
+    if getattr(original, "_lazy", False):
+        return
+
+    class _Text:
+        def __init__(self, *call: object) -> None:
+            self.call = call
+
+        def __str__(self) -> str:
+            return original(*self.call)
+
+    def operator_str(target, args, kwargs):  # noqa: ANN001, ANN202
+        return _Text(target, args, kwargs)
+
+    operator_str._lazy = True  # type: ignore[attr-defined]
+    OperatorIssue.operator_str = staticmethod(operator_str)

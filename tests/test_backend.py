@@ -334,3 +334,26 @@ def test_unmodified_torch_muon_with_a_float_lr_under_a_scheduler(weight_decay):
                 schedule.step()
     graphs = dynamo_counters["stats"]["unique_graphs"]
     assert graphs == 8 if DYNAMO_SPECIALIZES_FLOATS else graphs <= 2, graphs
+
+
+def test_inductors_first_fallback_to_an_op_formats_its_arguments_only_when_read():
+    """torch 2.11 / 2.12 (``compat.lazy_fallback_log``): Inductor's text of the arguments of an
+    op it first falls back to is made when read, not for an INFO line that is not logged (the
+    stacks' write's source, a bucket's last product, has a text 8-fold longer per Newton–Schulz
+    iteration). 2.13 and later make it lazily themselves."""
+    from torch._inductor.exc import OperatorIssue
+
+    from muon_compile import backend, compat  # noqa: F401 - the backend patches on import
+
+    if not compat.EAGER_FALLBACK_LOG:
+        pytest.skip(f"torch {torch.__version__} formats the fallback's log line lazily itself")
+    reads = []
+
+    class Argument:
+        def __str__(self):
+            reads.append(self)
+            return "an argument"
+
+    text = OperatorIssue.operator_str("an op", [Argument()], {})
+    assert reads == []
+    assert str(text) == "  target: an op\n  args[0]: an argument" and len(reads) == 1
