@@ -125,9 +125,10 @@ products (extern BLAS calls, Triton matmul templates), the other kernels Inducto
 GPU kernels per step (every arm, on ``cuda``): the CUDA events (kernels, copies, fills) the
 profiled step ran. Below each table on ``cuda``, that step's GPU time by kind of kernel
 (``bench_common.kernel_kind``: products, Inductor's generated kernels, writes into many
-tensors (``_foreach_*``, the stacks' write kernel), copies and casts, collectives, the rest), "busy" their sum and
-"idle" the median step less it (where the GPU waited for the host), then the muon arm's
-costliest kernels besides the products: where a step's time goes. ``--trace-dir DIR`` also
+tensors (``_foreach_*``, the stacks' write kernel), copies and casts, collectives, the
+rest), "busy" their sum and "idle" the median step less it (where the GPU waited for the
+host), then the muon arm's costliest kernels besides the products: where a step's time
+goes. ``--trace-dir DIR`` also
 writes the muon arm's profiled step of each workload to ``DIR/<workload>-muon.json``, a Chrome
 trace (``chrome://tracing``, Perfetto): every kernel of that step, to read after the run.
 
