@@ -28,9 +28,10 @@ inputs without that cache (the FX graph cache still serves its kernels).
 :func:`alpha_as_product`: a symbolic float given as ``alpha=`` (``p.add_(u, alpha=-lr)``,
 as ``torch.optim.Muon`` writes its update) cannot become a tensor (``alpha`` is a Scalar
 argument), so AOTAutograd specialises it and every new learning rate recompiles the step
-(8 graphs in 12 scheduled steps, then eager). Written as ``p.add_(u * -lr)``, the same
-arithmetic Inductor generates for ``alpha``, the float becomes a graph input and the step
-compiles twice: once with the first value, once symbolic.
+(8 graphs in 12 scheduled steps, then eager). Written as ``p.add_(u.to(dtype) * -lr)``
+(``dtype`` the sum's: ``alpha`` scales ``u`` there, so a bf16 ``u`` is not rounded to bf16
+again after the product, as ``u * -lr`` would be), the float becomes a graph input and the
+step compiles twice: once with the first value, once symbolic.
 """
 
 from __future__ import annotations
@@ -104,12 +105,18 @@ def alpha_as_product(gm: fx.GraphModule) -> int:
         alpha_value, other_value = alpha.meta.get("example_value"), getattr(other, "meta", {}).get("example_value")
         if not isinstance(alpha_value, torch.SymFloat) or not isinstance(other_value, torch.Tensor):
             continue
+        x_value = getattr(node.args[0], "meta", {}).get("example_value")
+        dtype = torch.result_type(x_value, other_value) if isinstance(x_value, torch.Tensor) else other_value.dtype
         try:
             with other_value.fake_mode:
-                product_value = other_value * alpha_value
+                cast_value = other_value.to(dtype)
+                product_value = cast_value * alpha_value
         except Exception:  # a value fake tensors cannot multiply: leave the node as it is
             continue
         with gm.graph.inserting_before(node):
+            if dtype != other_value.dtype:  # the product in the sum's dtype, as alpha= is applied
+                other = gm.graph.call_method("to", (other, dtype))
+                other.meta = {**node.args[1].meta, "example_value": cast_value}
             product = gm.graph.call_function(operator.mul, (other, alpha))
         product.meta = {**other.meta, "example_value": product_value}
         node.args = (node.args[0], product)

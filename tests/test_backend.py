@@ -336,6 +336,33 @@ def test_unmodified_torch_muon_with_a_float_lr_under_a_scheduler(weight_decay):
     assert graphs == 8 if DYNAMO_SPECIALIZES_FLOATS else graphs <= 2, graphs
 
 
+def test_a_float_alpha_made_a_product_scales_in_the_sums_dtype(monkeypatch):
+    """``p.add_(u, alpha=-lr)`` with a bf16 ``u`` and a Python-float ``lr`` that changes: from
+    the second compile ``lr`` is an input and ``alpha`` a product (tensorify.alpha_as_product),
+    taken in the sum's fp32 as ``alpha`` is: the compiled parameters equal eager's to 2 ulps.
+    The product in ``u``'s bf16 (as once) rounded every update to bf16 again: up to 1e-4 off."""
+    from muon_compile import tensorify
+    from muon_compile.compat import DYNAMO_SPECIALIZES_FLOATS
+
+    rewritten = []
+    original = tensorify.alpha_as_product
+    monkeypatch.setattr(tensorify, "alpha_as_product", lambda gm: rewritten.append(original(gm)) or rewritten[-1])
+
+    def write(p, u, lr):
+        p.add_(u, alpha=-lr)
+
+    gen = torch.Generator().manual_seed(0)
+    u = torch.randn(64, 64, generator=gen).bfloat16()
+    start = 1 + torch.rand(64, 64, generator=gen)  # in [1, 2): one ulp is 2^-23
+    step = torch.compile(write, backend="muon")
+    for lr in (0.02, 0.0173, 0.0311):
+        compiled, eager = start.clone(), start.clone()
+        step(compiled, u, lr)
+        write(eager, u, lr)
+        assert (compiled - eager).abs().max() <= 2 * 2.0**-23, lr
+    assert DYNAMO_SPECIALIZES_FLOATS or 1 in rewritten, rewritten  # the symbolic lr's graph took the product
+
+
 def test_inductors_first_fallback_to_an_op_formats_its_arguments_only_when_read():
     """torch 2.11 / 2.12 (``compat.lazy_fallback_log``): Inductor's text of the arguments of an
     op it first falls back to is made when read, not for an INFO line that is not logged (the
