@@ -226,6 +226,9 @@ def device_profile(plan: list[Measurement], times: list[float], device: torch.de
     )
 
 
+_ROUNDING = 1e-9
+
+
 def fit_link(points: list[tuple[float, float, float, float]]) -> tuple[Link, float]:
     """The link whose ``steps * latency + factor * bytes / bandwidth`` comes closest to
     ``points`` (``(steps, factor, bytes, seconds)``) in squared relative error (a term
@@ -233,9 +236,11 @@ def fit_link(points: list[tuple[float, float, float, float]]) -> tuple[Link, flo
     rows = torch.tensor([(s / t, f * b / t) for s, f, b, t in points], dtype=torch.float64)
     ones = torch.ones(len(points), 1, dtype=torch.float64)
     latency, inverse = torch.linalg.lstsq(rows, ones).solution.flatten().tolist()
-    if latency < 0:  # the times do not level off at small sizes: bandwidth alone
+    # a term is absent where it is negative or, at every point, a share of the time below
+    # lstsq's rounding (flat times gave an inverse bandwidth of 1.5e-24, not 0, on torch 2.15)
+    if max(s * latency / t for s, _, _, t in points) < _ROUNDING:  # no level at small sizes: bandwidth alone
         latency, inverse = 0.0, torch.linalg.lstsq(rows[:, 1:], ones).solution.item()
-    elif inverse < 0:  # they do not grow with the size: latency alone
+    elif max(f * b * inverse / t for _, f, b, t in points) < _ROUNDING:  # no growth with the size: latency alone
         latency, inverse = torch.linalg.lstsq(rows[:, :1], ones).solution.item(), 0.0
     worst = max(abs(s * latency + f * b * inverse - t) / t for s, f, b, t in points)
     return Link(_round(latency), _round(1 / inverse) if inverse > 0 else math.inf), worst
