@@ -52,7 +52,7 @@ from collections.abc import Iterator, Mapping
 from .ns_args import AUTO, check_algorithm
 
 # The passes a user may switch on or off, in pipeline order.
-PASS_NAMES = ("canonicalize", "distribute", "bucket", "schedule", "lower", "write_source")
+PASS_NAMES = ("canonicalize", "distribute", "bucket", "schedule", "lower", "stack_writes", "write_source")
 
 # The fields that change what the passes produce, with the variable that sets each: the
 # cache key (:meth:`Config.cache_key`) and what the ranks must agree on

@@ -85,13 +85,19 @@ if triton is not None:
         tl.store(dst, _rounded(tl.fma(update, alpha, decayed), DST, BF16_INTERPRETED), mask=inside)
 
 
+def takes(device: torch.device, dst_dtype: torch.dtype, src_dtype: torch.dtype) -> bool:
+    """Whether the kernel runs on ``device`` for members of ``dst_dtype`` and an update of
+    ``src_dtype`` (Triton there, both dtypes supported)."""
+    return dst_dtype in DST_DTYPES and src_dtype in SRC_DTYPES and triton_usable(device)
+
+
 def applies(dsts: Sequence[Tensor], src: Tensor) -> bool:
     """Whether the kernel takes these operands: contiguous ``dsts`` of one supported dtype on
     ``src``'s device, where Triton runs, each of ``src[i]``'s shape; ``src`` 3-D, any strides."""
-    if not dsts or src.dim() != 3 or src.shape[0] != len(dsts) or src.dtype not in SRC_DTYPES:
+    if not dsts or src.dim() != 3 or src.shape[0] != len(dsts):
         return False
     first = dsts[0]
-    if first.dtype not in DST_DTYPES or not triton_usable(src.device):
+    if not takes(src.device, first.dtype, src.dtype):
         return False
     shape = tuple(src.shape[1:])
     return all(

@@ -15,8 +15,9 @@
 #   bench        scripts/bench_single_device.py (CUDA-event times), every compiled arm
 #                compiled first, in parallel processes: gpt-small, llama-1b and 4 layers of
 #                Llama 3 8B; arms eager torch.optim.Muon, the default backend, muon, muon
-#                with the CUDA graph, muon with symmetric products, the textbook roofline
-#                and the roofline of the products chosen, and the peers -> bench_single.txt/.json,
+#                with the CUDA graph, muon with symmetric products, unmodified
+#                torch.optim.Muon under muon, the textbook roofline and the roofline of
+#                the products chosen, and the peers -> bench_single.txt/.json,
 #                and the muon arm's profiled step per workload -> traces/<workload>-muon.json
 #   sym          scripts/bench_sym.py: the symmetric product kernel against bmm, m 256-8192,
 #                X Xᵀ and S S in bf16                             -> bench_sym.txt/.json
@@ -100,7 +101,7 @@ else
   echo "no wheels in $WHEELS: the peers' arms will report that they are not installed" | tee -a "$REPORT/install.log" >&2
 fi
 
-ARMS=eager-torch,inductor-torch,muon,muon-cudagraph,muon-sym,roofline,roofline-auto,emerging,heavyball,dion
+ARMS=eager-torch,inductor-torch,muon,muon-cudagraph,muon-sym,muon-torch,roofline,roofline-auto,emerging,heavyball,dion
 if [ "$DEVICE" = cuda ]; then
   # compiles at once: half the host's cores (a compile also runs threads of its own), at most 8
   WORKERS=$(( $(nproc) / 2 > 8 ? 8 : ($(nproc) / 2 > 0 ? $(nproc) / 2 : 1) ))

@@ -93,7 +93,8 @@ def kernel_cases():
 
 
 def step_case():
-    """A compiled stacked step (its write: the kernel, from the bf16 NS result) equals eager."""
+    """Compiled steps whose writes run the kernel (from the bf16 NS result) equal eager: the
+    stacked optimizer's, and unmodified torch.optim.Muon's (its writes stacked by the pass)."""
     sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
     from helpers import compare_steps, muon
     from numerics import NS_RTOL
@@ -108,6 +109,12 @@ def step_case():
         compare_steps(muon(weight_decay=0.1, cautious_weight_decay=cautious), shapes, rtol=NS_RTOL["cpu"][torch.bfloat16])
     # two stacks, two steps, eager and compiled, twice: the compiled write reads the bf16 result
     assert sorted(launched, key=str) == sorted([(torch.float32, True)] * 8 + [(torch.bfloat16, True)] * 8, key=str), launched
+    # unmodified torch.optim.Muon: stack_writes makes its per-parameter writes one per
+    # orientation of its one bucket (two a step), which the kernel runs from the bf16 result
+    launched.clear()
+    compare_steps(lambda ps: torch.optim.Muon(ps, lr=torch.tensor(0.02)), [(24, 40)] * 2 + [(40, 24)] * 2,
+                  rtol=NS_RTOL["cpu"][torch.bfloat16])
+    assert launched == [(torch.bfloat16, True)] * 4, launched
     print("ok: compiled steps")
 
 

@@ -2,6 +2,7 @@
 package itself (a module added to the package or a subpackage changes it), the planner
 left out."""
 
+import os
 import sys
 from pathlib import Path
 
@@ -60,3 +61,6 @@ def test_the_pass_uuid_holds_the_sources_hash_and_the_configuration(monkeypatch)
     with config.override(bucket_mb=1.0) as other:
         assert pipeline.MuonGraphPass(other).uuid() != key
     assert pipeline.MuonGraphPass(cfg, rank_key=(1, ((3, 16),))).uuid() != key
+    # under Triton's interpreter the CPU runs the package's kernels, and stack_writes plans for them
+    monkeypatch.setenv("TRITON_INTERPRET", "0" if os.environ.get("TRITON_INTERPRET") == "1" else "1")
+    assert pipeline.MuonGraphPass(cfg).uuid() != key

@@ -6,6 +6,7 @@ checked by the device-parametrised tests of the same shapes and passes."""
 import torch
 
 import muon_compile
+from muon_compile.passes import stack_writes
 
 from golden import assert_golden
 from helpers import compile_with_dump, count_ns_calls, make_params, muon, set_grads
@@ -77,3 +78,24 @@ def test_torch_optim_muon_single_device(tmp_path):
         make(exact).step()
     for i, (s, c, e, x) in enumerate(zip(step.start, step.compiled, step.eager, exact)):
         assert_rewrite_close(c - s, e - s, x.detach() - s, torch.bfloat16, f"param {i} {GPT_SHAPES[i]}")
+
+
+def test_torch_optim_muon_writes_stacked_where_the_write_runs_in_one_pass(tmp_path, monkeypatch):
+    """``stack_writes``: where the stacked write runs in one pass (CUDA; here made to, the
+    op's CPU fallback computing the same), unmodified torch.optim.Muon's per-parameter writes
+    become one write per bucket and orientation: 4 writes of 8 parameters (the 16x64 bucket
+    holds 64x16 members at 0 and 2, 16x64 ones at 1 and 3). On this CPU, as it is, the pass
+    leaves the writes to Inductor; the parameters come out within 2 ulps either way, and
+    equal eager's."""
+    def make(params):
+        return torch.optim.Muon(params, lr=0.02)
+
+    _, per_parameter = compile_with_dump(make, GPT_SHAPES, tmp_path / "cpu")
+    assert muon_compile.counters["stack_writes.writes"] == 0
+    monkeypatch.setattr(stack_writes, "writes_in_one_pass", lambda *args: True)
+    graphs, step = compile_with_dump(make, GPT_SHAPES, tmp_path / "stacked")
+    assert_golden("torch_muon_gpt.written.txt", graphs["stack_writes_after"])
+    assert (muon_compile.counters["stack_writes.writes"], muon_compile.counters["stack_writes.members"]) == (4, 8)
+    for got, other in zip(step.compiled, per_parameter.compiled):
+        assert ((got - other).abs() <= 2 * torch.finfo(got.dtype).eps * other.abs()).all()
+    step.assert_close(NS_RTOL["cpu"][torch.bfloat16])

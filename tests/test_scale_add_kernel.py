@@ -32,7 +32,8 @@ def test_kernel_equals_the_exact_update():
 @needs_triton
 def test_compiled_step_writes_through_the_kernel():
     """Compiled stacked steps whose write runs the kernel (on the bf16 result), with and
-    without cautious weight decay, equal eager."""
+    without cautious weight decay, and unmodified torch.optim.Muon's (its writes stacked by
+    ``stack_writes``, as on CUDA), equal eager."""
     assert "ok: compiled steps" in run_interpreted(CASES, "step")
 
 

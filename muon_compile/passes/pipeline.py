@@ -1,6 +1,6 @@
 """The pipeline, top to bottom: canonicalize on the Dynamo graph (before AOTAutograd),
 then on the post-grad graph find -> plan -> distribute -> bucket -> schedule -> plan
-algorithms -> lower -> write_source,
+algorithms -> lower -> stack_writes -> write_source,
 then the user's own post-grad passes, if any (:class:`MuonGraphPass`).
 
 Each pass is named; with ``MUON_COMPILE_DUMP_DIR`` set, the graph before and after each
@@ -26,7 +26,7 @@ from torch._inductor.custom_graph_pass import CustomGraphPass
 
 import muon_compile
 from muon_compile import config as config_mod
-from muon_compile import explain
+from muon_compile import explain, triton_support
 from muon_compile.cache_key import sources_hash
 from muon_compile.counters import counters, pass_seconds
 
@@ -42,6 +42,7 @@ from .plan_algorithms import plan_algorithms
 from .plan_buckets import plan_buckets
 from .plan_distributed import plan_distributed
 from .schedule import apply_schedule
+from .stack_writes import apply_stack_writes, plan_stack_writes
 from .write_source import apply_write_sources, plan_write_sources
 
 log = logging.getLogger(__name__)
@@ -159,6 +160,9 @@ def _post_grad(graph: fx.Graph, cfg: config_mod.Config, dump_name: str | None) -
         log.debug("algorithm plan:\n%s", algorithms.describe())
         explain.note_plan(algorithms.describe())
         _run_pass("lower", graph, dumper, lambda: lower_ns_ops(graph, algorithms))
+    if cfg.enabled("stack_writes") and (writes := plan_stack_writes(graph)):
+        explain.note_plan("stacked writes:\n" + "\n".join("  " + w.describe() for w in writes))
+        _run_pass("stack_writes", graph, dumper, lambda: apply_stack_writes(graph, writes))
     if cfg.enabled("write_source") and (swaps := plan_write_sources(graph)):
         _run_pass("write_source", graph, dumper, lambda: apply_write_sources(graph, swaps))
 
@@ -208,4 +212,7 @@ class MuonGraphPass(CustomGraphPass):
         user_ids = tuple(p.uuid() if isinstance(p, CustomGraphPass) else None for p in self.user_passes)
         if any(u is None for u in user_ids):
             return None
-        return (sources_hash(muon_compile), repr(self.cfg.cache_key()), repr(self.rank_key), user_ids)
+        # under Triton's interpreter (the tests) the CPU runs this package's kernels, and the
+        # passes plan for them (stack_writes)
+        kernels = triton_support.interpreted()
+        return (sources_hash(muon_compile), repr(self.cfg.cache_key()), repr(self.rank_key), user_ids, kernels)

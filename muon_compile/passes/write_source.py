@@ -87,12 +87,12 @@ def _undone(node: fx.Node) -> fx.Node | None:
         return None
     if node.target is _CLONE and set(node.kwargs) <= {"memory_format"}:
         return node.args[0]
-    if node.target is _CONVERT and _exact_cast_up(node.args[0].meta["val"].dtype, node.args[1]):
+    if node.target is _CONVERT and exact_cast_up(node.args[0].meta["val"].dtype, node.args[1]):
         return node.args[0]
     return None
 
 
-def _exact_cast_up(source: torch.dtype, target: torch.dtype) -> bool:
+def exact_cast_up(source: torch.dtype, target: torch.dtype) -> bool:
     """Whether every value of float dtype ``source`` is one of ``target``."""
     if not (source.is_floating_point and target.is_floating_point):
         return False

@@ -1,0 +1,59 @@
+"""The ``stack_writes`` pass on the write forms of public per-parameter Muons (its golden graph
+and unmodified ``torch.optim.Muon``: tests/test_golden.py; the kernel running its writes under
+Triton's interpreter: tests/scale_add_cases.py). The pass plans only where the stacked write
+runs in one pass (CUDA), so here it is made to, the op's CPU fallback computing the same; each
+compiled step is checked against eager and the exact (fp64) step."""
+
+import dataclasses
+
+import pytest
+import torch
+
+import muon_compile
+from muon_compile.passes import stack_writes
+
+from helpers import graph_caches_off, make_params
+from muon_corpus import CORPUS, LR, WD
+from ns_forms import exact_torch_muon
+from numerics import assert_rewrite_close
+from test_corpus import run_entry
+
+SHAPES = [(48, 16), (16, 48)] * 4  # two of each orientation in each of the bucket's runs
+
+
+def _torch_muon_tensor_lr(params, dtype):
+    """The corpus's torch.optim.Muon with its lr a tensor (in fp64 through the test patch)."""
+    opt = torch.optim.Muon(params, lr=torch.tensor(LR), weight_decay=WD)
+    if dtype == torch.float64:
+        def exact_step():
+            with exact_torch_muon():
+                opt.step()
+        return exact_step
+    return opt.step
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("name", "stacked"),
+    [
+        ("torch_tensor_lr", 8),  # add_(u, alpha=-lr) with a tensor lr: prims.fma(u, -lr, p * (1 - lr * wd))
+        ("moonlight", 8),  # p.data.mul_, p.data.add_(u, alpha=-adjusted)
+        ("modded_nanogpt", 8),  # its own stacks, unbind-ed; p.sub_(lr * scale * u.to(p.dtype)), lr a tensor
+        ("keller_muon", 4),  # the tall members' update is scaled in bf16 after the slice: left per parameter
+    ],
+)
+def test_public_write_forms_are_stacked(name, stacked, monkeypatch):
+    monkeypatch.setattr(stack_writes, "writes_in_one_pass", lambda *args: True)
+    if name == "torch_tensor_lr":
+        entry = dataclasses.replace(CORPUS["torch_optim_muon"], name=name, make=_torch_muon_tensor_lr)
+    else:
+        entry = CORPUS[name]
+    start = [p.detach() for p in make_params(SHAPES)]
+    with graph_caches_off():
+        got = run_entry(entry, SHAPES, backend="muon", steps=1)
+    assert muon_compile.counters["stack_writes.members"] == stacked
+    assert muon_compile.counters["stack_writes.writes"] == stacked // 4  # one per orientation, 4 members each
+    eager = run_entry(entry, SHAPES, steps=1)
+    exact = run_entry(entry, SHAPES, dtype=torch.float64, steps=1)
+    for i, (g, e, x, s) in enumerate(zip(got, eager, exact, start)):
+        assert_rewrite_close(g - s, e - s, x - s, entry.dtype, f"{name} param {i} {SHAPES[i]}")
