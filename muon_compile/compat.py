@@ -53,6 +53,14 @@ DYNAMO_SORTS_CONFIG_SETS = _VERSION < (2, 13)
 # the explanation, which warns at the first such recompile where every change recompiles.
 DYNAMO_SPECIALIZES_FLOATS = _VERSION < (2, 13)
 
+# torch 2.11 (2.12 not run): Dynamo traces ``x.add_(u, alpha=a)`` as ``x.add_(u * a)``, the
+# product in ``u``'s dtype, so a bf16 update is rounded to bf16 again after ``* a``, which
+# eager does not (and the default backend keeps); 2.13 leaves a number ``alpha`` to ``add_`` and
+# takes a tensor one by ``fma``. The stacked write cannot reproduce that rounding: the
+# ``stack_writes`` pass leaves such writes per parameter (torch.optim.Muon's, Moonlight's,
+# Keller's on 2.11). Read by the tests.
+DYNAMO_ROUNDS_ALPHA_PRODUCTS = _VERSION < (2, 13)
+
 
 def dynamo_constant_folds() -> tuple[dict, dict]:
     """Dynamo's tables of functions it calls while tracing instead of recording them:

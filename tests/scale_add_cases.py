@@ -114,7 +114,9 @@ def step_case():
     launched.clear()
     compare_steps(lambda ps: torch.optim.Muon(ps, lr=torch.tensor(0.02)), [(24, 40)] * 2 + [(40, 24)] * 2,
                   rtol=NS_RTOL["cpu"][torch.bfloat16])
-    assert launched == [(torch.bfloat16, True)] * 4, launched
+    from muon_compile.compat import DYNAMO_ROUNDS_ALPHA_PRODUCTS  # torch 2.11: left per parameter
+
+    assert launched == ([] if DYNAMO_ROUNDS_ALPHA_PRODUCTS else [(torch.bfloat16, True)] * 4), launched
     print("ok: compiled steps")
 
 

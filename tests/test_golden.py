@@ -6,6 +6,7 @@ checked by the device-parametrised tests of the same shapes and passes."""
 import torch
 
 import muon_compile
+from muon_compile.compat import DYNAMO_ROUNDS_ALPHA_PRODUCTS
 from muon_compile.passes import stack_writes
 
 from golden import assert_golden
@@ -86,7 +87,8 @@ def test_torch_optim_muon_writes_stacked_where_the_write_runs_in_one_pass(tmp_pa
     become one write per bucket and orientation: 4 writes of 8 parameters (the 16x64 bucket
     holds 64x16 members at 0 and 2, 16x64 ones at 1 and 3). On this CPU, as it is, the pass
     leaves the writes to Inductor; the parameters come out within 2 ulps either way, and
-    equal eager's."""
+    equal eager's. On torch 2.11 Dynamo rounds each scaled update to bf16, which the
+    stacked write cannot: the pass leaves them (compat.DYNAMO_ROUNDS_ALPHA_PRODUCTS)."""
     def make(params):
         return torch.optim.Muon(params, lr=0.02)
 
@@ -94,8 +96,12 @@ def test_torch_optim_muon_writes_stacked_where_the_write_runs_in_one_pass(tmp_pa
     assert muon_compile.counters["stack_writes.writes"] == 0
     monkeypatch.setattr(stack_writes, "writes_in_one_pass", lambda *args: True)
     graphs, step = compile_with_dump(make, GPT_SHAPES, tmp_path / "stacked")
-    assert_golden("torch_muon_gpt.written.txt", graphs["stack_writes_after"])
-    assert (muon_compile.counters["stack_writes.writes"], muon_compile.counters["stack_writes.members"]) == (4, 8)
+    stacked = (muon_compile.counters["stack_writes.writes"], muon_compile.counters["stack_writes.members"])
+    if DYNAMO_ROUNDS_ALPHA_PRODUCTS:  # each update rounded again to bf16 after its scaling: left per parameter
+        assert stacked == (0, 0) and "stack_writes_after" not in graphs
+    else:
+        assert_golden("torch_muon_gpt.written.txt", graphs["stack_writes_after"])
+        assert stacked == (4, 8)
     for got, other in zip(step.compiled, per_parameter.compiled):
         assert ((got - other).abs() <= 2 * torch.finfo(got.dtype).eps * other.abs()).all()
     step.assert_close(NS_RTOL["cpu"][torch.bfloat16])
