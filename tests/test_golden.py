@@ -102,6 +102,8 @@ def test_torch_optim_muon_writes_stacked_where_the_write_runs_in_one_pass(tmp_pa
     else:
         assert_golden("torch_muon_gpt.written.txt", graphs["stack_writes_after"])
         assert stacked == (4, 8)
+        plan = muon_compile.explain.reports()[-1].plans[-1]  # the explanation names each write and its view
+        assert plan.startswith("stacked writes:\n") and "2 writes of 64x16 from " in plan and "[0:3:2].mT: " in plan
     for got, other in zip(step.compiled, per_parameter.compiled):
         assert ((got - other).abs() <= 2 * torch.finfo(got.dtype).eps * other.abs()).all()
     step.assert_close(NS_RTOL["cpu"][torch.bfloat16])
