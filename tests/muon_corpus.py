@@ -449,9 +449,10 @@ def nanochat(params, dtype):
 
 # -------------------------------------------------------------------- 11. torch.optim.Muon
 
-def torch_optim_muon(params, dtype):
-    """Unmodified ``torch.optim.Muon`` (its own code; in fp64 through the test patch)."""
-    opt = torch.optim.Muon(params, lr=LR, weight_decay=WD)
+def torch_optim_muon(params, dtype, lr=LR):
+    """Unmodified ``torch.optim.Muon`` (its own code; in fp64 through the test patch); ``lr``
+    a number or a 0-D tensor."""
+    opt = torch.optim.Muon(params, lr=lr, weight_decay=WD)
     if dtype == torch.float64:
         def exact_step():
             with exact_torch_muon():

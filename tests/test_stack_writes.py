@@ -5,6 +5,7 @@ runs in one pass (CUDA), so here it is made to, the op's CPU fallback computing 
 compiled step is checked against eager and the exact (fp64) step."""
 
 import dataclasses
+import functools
 
 import pytest
 import torch
@@ -14,24 +15,11 @@ from muon_compile.compat import DYNAMO_ROUNDS_ALPHA_PRODUCTS
 from muon_compile.passes import stack_writes
 
 from helpers import graph_caches_off, make_params
-from muon_corpus import CORPUS, LR, WD
-from ns_forms import exact_torch_muon
+from muon_corpus import CORPUS, LR, torch_optim_muon
 from numerics import assert_rewrite_close
 from test_corpus import run_entry
 
-SHAPES = [(48, 16), (16, 48)] * 4  # two of each orientation in each of the bucket's runs
-
-
-def _torch_muon_tensor_lr(params, dtype):
-    """The corpus's torch.optim.Muon with its lr a tensor (in fp64 through the test patch)."""
-    opt = torch.optim.Muon(params, lr=torch.tensor(LR), weight_decay=WD)
-    if dtype == torch.float64:
-        def exact_step():
-            with exact_torch_muon():
-                opt.step()
-        return exact_step
-    return opt.step
-
+SHAPES = [(48, 16), (16, 48)] * 4  # one bucket, the orientations alternating: a run of 4 (stride 2) each
 
 # Writes by add_(u, alpha=a): on torch 2.11 Dynamo rounds u * a to bf16, and they stay per parameter
 ALPHA = 0 if DYNAMO_ROUNDS_ALPHA_PRODUCTS else 1
@@ -50,7 +38,8 @@ ALPHA = 0 if DYNAMO_ROUNDS_ALPHA_PRODUCTS else 1
 def test_public_write_forms_are_stacked(name, stacked, monkeypatch):
     monkeypatch.setattr(stack_writes, "writes_in_one_pass", lambda *args: True)
     if name == "torch_tensor_lr":
-        entry = dataclasses.replace(CORPUS["torch_optim_muon"], name=name, make=_torch_muon_tensor_lr)
+        tensor_lr = functools.partial(torch_optim_muon, lr=torch.tensor(LR))
+        entry = dataclasses.replace(CORPUS["torch_optim_muon"], name=name, make=tensor_lr)
     else:
         entry = CORPUS[name]
     start = [p.detach() for p in make_params(SHAPES)]
