@@ -102,8 +102,8 @@ CASES = {
     "tp_mode": "MUON_COMPILE_TP_MODE is distributed on rank 0 and blockwise on rank 1",
     "prefetch": "MUON_COMPILE_PREFETCH is 1 on rank 0 and 0 on rank 1",
     "passes": (
-        "MUON_COMPILE_PASSES is canonicalize,distribute,bucket,schedule,lower,write_source on rank 0 and "
-        "canonicalize,bucket,schedule,lower,write_source on rank 1"
+        "MUON_COMPILE_PASSES is canonicalize,distribute,bucket,schedule,lower,stack_writes,write_source on rank 0 "
+        "and canonicalize,bucket,schedule,lower,stack_writes,write_source on rank 1"
     ),
     "gradient": "rank 1 has no gradient for `layers.1.weight`; rank 0 has one",
 }
