@@ -56,9 +56,9 @@ DYNAMO_SPECIALIZES_FLOATS = _VERSION < (2, 13)
 # torch 2.11 (2.12 not run): Dynamo traces ``x.add_(u, alpha=a)`` as ``x.add_(u * a)``, the
 # product in ``u``'s dtype, so a bf16 update is rounded to bf16 again after ``* a``, which
 # eager does not (and the default backend keeps); 2.13 leaves a number ``alpha`` to ``add_`` and
-# takes a tensor one by ``fma``. The stacked write cannot reproduce that rounding: the
-# ``stack_writes`` pass leaves such writes per parameter (torch.optim.Muon's, Moonlight's,
-# Keller's on 2.11). Read by the tests.
+# takes a tensor one by ``fma``. The ``stack_writes`` pass keeps that rounding (a number ``a``
+# is the write's ``src_scale``) but leaves per parameter a tensor ``a`` (a tensor lr), which it
+# cannot express. Read by the tests.
 DYNAMO_ROUNDS_ALPHA_PRODUCTS = _VERSION < (2, 13)
 
 

@@ -13,7 +13,8 @@ parameter, and three launches or more per stack instead of one.
 The arithmetic is that of ``add_`` with ``alpha``, as ``torch.optim.Muon``'s per-parameter
 step writes it (``p.mul_(decay)``, then ``p.add_(update, alpha=-lr)``): ``p * scale`` rounded
 to the parameters' dtype, then ``alpha * src`` added to it in fp32 with one rounding (a fused
-multiply-add). Cautious weight decay takes the same pass: ``scale`` where ``src * p >= 0``
+multiply-add). An update the step scales in its own dtype first (Keller's ``u *= scale`` in bf16)
+is scaled and rounded so in the kernel (``src_scale``). Cautious weight decay takes the same pass: ``scale`` where ``src * p >= 0``
 (in fp32), 1 elsewhere. ``scale`` and ``alpha`` are 0-D tensors: read by the kernel when on the
 device (a captured CUDA graph reads their values of each replay), passed as values when on
 the host.
@@ -52,14 +53,16 @@ if triton is not None:
 
     @triton.jit
     def _scale_add_kernel(
-        table_ptr, src_ptr, scale_ptr, alpha_ptr, scale_value, alpha_value, M, N, col_tiles, tiles,
+        table_ptr, src_ptr, scale_ptr, alpha_ptr, scale_value, alpha_value, src_scale, M, N, col_tiles, tiles,
         stride_sb, stride_sm, stride_sn,
-        DST: tl.constexpr, TILE_M: tl.constexpr, TILE_N: tl.constexpr, ON_DEVICE: tl.constexpr,
-        CAUTIOUS: tl.constexpr, BF16_INTERPRETED: tl.constexpr, ALIGNED: tl.constexpr,
+        DST: tl.constexpr, SRC: tl.constexpr, TILE_M: tl.constexpr, TILE_N: tl.constexpr, ON_DEVICE: tl.constexpr,
+        CAUTIOUS: tl.constexpr, SRC_SCALED: tl.constexpr, BF16_INTERPRETED: tl.constexpr,
+        SRC_BF16_INTERPRETED: tl.constexpr, ALIGNED: tl.constexpr,
     ):
         """Tile ``pid % tiles`` (row-major, ``col_tiles`` to a row) of member ``pid // tiles``,
         whose contiguous ``M x N`` tensor of dtype ``DST`` is at address ``table[member]``.
-        ``CAUTIOUS``: the factor ``scale`` applies where ``src * dst >= 0`` only."""
+        ``CAUTIOUS``: the factor ``scale`` applies where ``src * dst >= 0`` only;
+        ``SRC_SCALED``: ``src`` is first multiplied by ``src_scale`` in its dtype ``SRC``."""
         pid = tl.program_id(0)
         member = (pid // tiles).to(tl.int64)  # member * stride_sb may pass 2^31
         tile = pid % tiles
@@ -78,11 +81,19 @@ if triton is not None:
         src = tl.load(src_ptr + member * stride_sb + rows[:, None] * stride_sm + cols[None, :] * stride_sn, mask=inside)
         dst = dst_ptr + rows[:, None] * N + cols[None, :]
         update = src.to(tl.float32)
+        if SRC_SCALED:  # src * src_scale, rounded to src's dtype as that product is
+            scaled = (update * src_scale).to(tl.float32)  # src_scale fp32-exact: one rounding, as a GPU's
+            update = _rounded(scaled, SRC, SRC_BF16_INTERPRETED).to(tl.float32)
         param = tl.load(dst, mask=inside).to(tl.float32)
         if CAUTIOUS:
             scale = tl.where(update * param >= 0, scale, 1.0)
         decayed = _rounded(param * scale, DST, BF16_INTERPRETED).to(tl.float32)
         tl.store(dst, _rounded(tl.fma(update, alpha, decayed), DST, BF16_INTERPRETED), mask=inside)
+
+
+def _fp32(value: float) -> float:
+    """``value`` rounded to fp32, as the product by a Python number in a tensor's dtype takes it."""
+    return torch.tensor(value, dtype=torch.float32).item()
 
 
 def takes(device: torch.device, dst_dtype: torch.dtype, src_dtype: torch.dtype) -> bool:
@@ -131,11 +142,17 @@ def capturing(device: torch.device) -> bool:
 
 
 def launch(
-    dsts: Sequence[Tensor], scale: Tensor, src: Tensor, alpha: Tensor, cautious: bool = False, host_scalars: bool | None = None
+    dsts: Sequence[Tensor],
+    scale: Tensor,
+    src: Tensor,
+    alpha: Tensor,
+    cautious: bool = False,
+    host_scalars: bool | None = None,
+    src_scale: float = 1.0,
 ) -> bool:
     """``dsts[i] = dsts[i] * scale + alpha * src[i]`` for every ``i`` in one launch (see the
-    module docstring; ``cautious``: :func:`muon_compile.stacks.unstack_scale_add_`'s); False,
-    with nothing written, where the kernel does not apply.
+    module docstring; ``cautious`` and ``src_scale``: :func:`muon_compile.stacks.unstack_scale_add_`'s);
+    False, with nothing written, where the kernel does not apply.
     ``host_scalars``: pass ``scale`` and ``alpha`` as values (the default where they are on
     the host and ``src`` is not; the tests force it on the CPU)."""
     if not applies(dsts, src):
@@ -159,10 +176,12 @@ def launch(
     tiles = triton.cdiv(rows, TILE_ROWS) * col_tiles
     with on(src.device):
         _scale_add_kernel[(members * tiles,)](
-            table, src, scale_ptr, alpha_ptr, scale_value, alpha_value, rows, cols, col_tiles, tiles,
+            table, src, scale_ptr, alpha_ptr, scale_value, alpha_value, _fp32(src_scale), rows, cols, col_tiles, tiles,
             src.stride(0), src.stride(1), src.stride(2),
-            DST=_TL_DTYPES[dsts[0].dtype], TILE_M=TILE_ROWS, TILE_N=TILE_COLS, ON_DEVICE=not host_scalars,
-            CAUTIOUS=cautious, BF16_INTERPRETED=dsts[0].dtype == torch.bfloat16 and interpreted(),
+            DST=_TL_DTYPES[dsts[0].dtype], SRC=_TL_DTYPES[src.dtype], TILE_M=TILE_ROWS, TILE_N=TILE_COLS,
+            ON_DEVICE=not host_scalars, CAUTIOUS=cautious, SRC_SCALED=src_scale != 1.0,
+            BF16_INTERPRETED=dsts[0].dtype == torch.bfloat16 and interpreted(),
+            SRC_BF16_INTERPRETED=src.dtype == torch.bfloat16 and interpreted(),
             ALIGNED=all(d.data_ptr() % 16 == 0 for d in dsts),  # vector loads and stores of the members
         )
     return True

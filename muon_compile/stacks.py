@@ -48,19 +48,24 @@ def _stack_fake(tensors: list[Tensor]) -> Tensor:
 
 
 @torch.library.custom_op("muon_compile::unstack_scale_add_", mutates_args=("dsts",))
-def unstack_scale_add_(dsts: list[Tensor], scale: Tensor, src: Tensor, alpha: Tensor, cautious: bool = False) -> None:
+def unstack_scale_add_(
+    dsts: list[Tensor], scale: Tensor, src: Tensor, alpha: Tensor, cautious: bool = False, src_scale: float = 1.0
+) -> None:
     """``dsts[i].mul_(scale).add_(src[i], alpha=alpha)`` for every ``i`` (``scale`` and ``alpha``
     0-D tensors, ``src`` of any float dtype: the arithmetic is in the members' own), one opaque
     call when compiled. ``cautious``: cautious weight decay, ``scale`` only where
     ``src[i] * dsts[i] >= 0`` (where the update and the parameter agree in sign), 1 elsewhere:
     :func:`muon_compile.updates.apply_update`'s, whose factor is a float64 tensor by type
-    promotion, to an ulp.
+    promotion, to an ulp. ``src_scale``: ``src * src_scale`` (in ``src``'s dtype, rounded
+    there) is added instead of ``src``, as a step that scales its update in place first writes.
 
     Where Triton runs, one launch of :mod:`muon_compile.scale_add_kernel` (one pass over the
     members); elsewhere ``torch`` calls, where a host ``scale`` of exactly 1 (no weight decay)
     skips the multiply, a pass over the parameters that would change nothing."""
-    if scale_add_kernel.launch(dsts, scale, src, alpha, cautious=cautious):
+    if scale_add_kernel.launch(dsts, scale, src, alpha, cautious=cautious, src_scale=src_scale):
         return
+    if src_scale != 1.0:
+        src = src * src_scale
     if cautious:
         for d, s in zip(dsts, src.unbind(0)):
             d.mul_(torch.where(s * d >= 0, scale.to(d.dtype), 1.0))

@@ -34,19 +34,20 @@ def ptx_for(kernel, signature, constexprs, divisible=(), **options):
     return compiled.asm["ptx"]
 
 
-@pytest.mark.parametrize("cautious", [False, True])
+@pytest.mark.parametrize(("cautious", "src_scaled"), [(False, False), (True, False), (False, True)])
 @pytest.mark.parametrize("dst", [torch.float32, torch.bfloat16])
-def test_scale_add_kernel_builds_with_vector_access_and_one_rounding(dst, cautious):
+def test_scale_add_kernel_builds_with_vector_access_and_one_rounding(dst, cautious, src_scaled):
     dst_tl = {torch.float32: "fp32", torch.bfloat16: "bf16"}[dst]
     signature = {
         "table_ptr": "*i64", "src_ptr": "*bf16", "scale_ptr": "*fp64", "alpha_ptr": "*fp64", "scale_value": "fp32",
-        "alpha_value": "fp32", "M": "i32", "N": "i32", "col_tiles": "i32", "tiles": "i32", "stride_sb": "i32",
-        "stride_sm": "i32",
+        "alpha_value": "fp32", "src_scale": "fp32", "M": "i32", "N": "i32", "col_tiles": "i32", "tiles": "i32",
+        "stride_sb": "i32", "stride_sm": "i32",
     }
     constexprs = {
-        "stride_sn": 1, "DST": getattr(tl, {"fp32": "float32", "bf16": "bfloat16"}[dst_tl]),
+        "stride_sn": 1, "DST": getattr(tl, {"fp32": "float32", "bf16": "bfloat16"}[dst_tl]), "SRC": tl.bfloat16,
         "TILE_M": scale_add_kernel.TILE_ROWS, "TILE_N": scale_add_kernel.TILE_COLS, "ON_DEVICE": True,
-        "CAUTIOUS": cautious, "BF16_INTERPRETED": False, "ALIGNED": True,
+        "CAUTIOUS": cautious, "SRC_SCALED": src_scaled, "BF16_INTERPRETED": False, "SRC_BF16_INTERPRETED": False,
+        "ALIGNED": True,
     }
     ptx = ptx_for(scale_add_kernel._scale_add_kernel, signature, constexprs, ("table_ptr", "src_ptr", "N", "stride_sb", "stride_sm"))
     assert "fma.rn.f32" in ptx  # alpha * src added with one rounding

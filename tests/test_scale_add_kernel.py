@@ -22,10 +22,11 @@ SHAPES = [(24, 40)] * 3 + [(40, 24)] * 2  # a wide stack and a tall one (its res
 @needs_triton
 def test_kernel_equals_the_exact_update():
     """fp32, bf16 and fp16 parameters; bf16, fp16 and fp32 updates, contiguous, transposed
-    and a slice of a bucket; 1x1 to 130x3; scale and alpha read on the device or passed as
-    values; cautious weight decay; operands it does not take are refused; address tables are
-    kept per list, and none is made while a CUDA graph is captured."""
-    assert "ok: 48 cases" in run_interpreted(CASES, "kernel")
+    and a slice of a bucket, also scaled in its own dtype first; 1x1 to 130x3; scale and
+    alpha read on the device or passed as values; cautious weight decay; operands it does not
+    take are refused; address tables are kept per list, and none is made while a CUDA graph
+    is captured."""
+    assert "ok: 64 cases" in run_interpreted(CASES, "kernel")
 
 
 @pytest.mark.slow
@@ -39,17 +40,18 @@ def test_compiled_step_writes_through_the_kernel():
 
 def test_fallback_is_mul_then_add_with_alpha():
     """Where Triton does not run (this CPU without the interpreter) the op is ``mul_`` then
-    ``add_`` with ``alpha`` per member, from an update of any float dtype and strides; with
-    ``cautious`` the factor is ``scale`` where the update and the parameter agree in sign."""
+    ``add_`` with ``alpha`` per member, from an update of any float dtype and strides (times
+    ``src_scale`` in its dtype); with ``cautious`` the factor is ``scale`` where the update and
+    the parameter agree in sign."""
     if scale_add_kernel.triton_usable(torch.device("cpu")):
         pytest.skip("TRITON_INTERPRET is set: the op runs the kernel")
     src = torch.randn(3, 40, 24).to(torch.bfloat16).mT
-    for scale_value, cautious in ((1.0, False), (0.999, False), (0.9, True)):
+    for scale_value, cautious, src_scale in ((1.0, False, 1.0), (0.999, False, 1.0), (0.9, True, 1.0), (0.999, False, 1.7)):
         dsts = [torch.randn(24, 40) for _ in range(3)]
         factors = [torch.where(s * d >= 0, scale_value, 1.0) if cautious else scale_value for d, s in zip(dsts, src)]
-        want = [(d * f).add_(s, alpha=-0.0245) for d, f, s in zip(dsts, factors, src)]
+        want = [(d * f).add_(s * src_scale, alpha=-0.0245) for d, f, s in zip(dsts, factors, src)]
         scale, alpha = torch.tensor(scale_value, dtype=torch.float64), torch.tensor(-0.0245, dtype=torch.float64)
-        stacks.unstack_scale_add_(dsts, scale, src, alpha, cautious=cautious)
+        stacks.unstack_scale_add_(dsts, scale, src, alpha, cautious=cautious, src_scale=src_scale)
         for got, w in zip(dsts, want):
             assert torch.equal(got, w)
 

@@ -21,18 +21,19 @@ from test_corpus import run_entry
 
 SHAPES = [(48, 16), (16, 48)] * 4  # one bucket, the orientations alternating: a run of 4 (stride 2) each
 
-# Writes by add_(u, alpha=a): on torch 2.11 Dynamo rounds u * a to bf16, and they stay per parameter
-ALPHA = 0 if DYNAMO_ROUNDS_ALPHA_PRODUCTS else 1
+# torch 2.11's Dynamo traces add_(u, alpha=a) as add_(u * a), the product rounded to u's dtype: a
+# number a is the write's src_scale, but a tensor one (a tensor lr) stays per parameter there
+LATER = 0 if DYNAMO_ROUNDS_ALPHA_PRODUCTS else 1
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("name", "stacked"),
     [
-        ("torch_tensor_lr", 8 * ALPHA),  # add_(u, alpha=-lr) with a tensor lr: prims.fma(u, -lr, p * (1 - lr * wd))
-        ("moonlight", 8 * ALPHA),  # p.data.mul_, p.data.add_(u, alpha=-adjusted)
+        ("torch_tensor_lr", 8 * LATER),  # add_(u, alpha=-lr) with a tensor lr: prims.fma(u, -lr, p * (1 - lr * wd))
+        ("moonlight", 8),  # p.data.mul_, p.data.add_(u, alpha=-adjusted)
         ("modded_nanogpt", 8),  # its own stacks, unbind-ed; p.sub_(lr * scale * u.to(p.dtype)), lr a tensor
-        ("keller_muon", 4 * ALPHA),  # the tall members' update is scaled in bf16 after the slice: left per parameter
+        ("keller_muon", 8),  # the tall members' u *= scale in bf16 after the slice: the write's src_scale
     ],
 )
 def test_public_write_forms_are_stacked(name, stacked, monkeypatch):

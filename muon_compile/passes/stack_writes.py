@@ -14,7 +14,8 @@ Algorithm:
   1. Plan: a member write is ``copy_(p, v)`` into a graph input ``p``, ``v`` read by nothing
      else and of ``p``'s dtype, of the form ``p * s + a * O`` (``add`` / ``sub`` with
      ``alpha``, ``O`` times a 0-D tensor in ``p``'s dtype, or ``prims.fma(O, a, p * s)``;
-     ``s`` absent, a number or a 0-D tensor) where ``O`` is matrix ``i`` of a 3-D result
+     ``s`` absent, a number or a 0-D tensor; ``O`` maybe times a number in its own dtype,
+     the write's ``src_scale``) where ``O`` is matrix ``i`` of a 3-D result
      ``B``: ``B[o:]`` cut to ``p``'s rows and columns, maybe transposed, then matrix ``j``
      of it (``squeeze``, ``select``, ``unbind``; ``i = o + j``), maybe cast up exactly.
      Members are grouped by ``B``, what ``s`` and ``a`` compute, orientation, shape and
@@ -32,9 +33,11 @@ Before / after::
                                alpha=-0.03, _all_bases=[p0, p1])
     copy_(p0, w[1]); copy_(p1, w[2])
 
-Left per parameter (Inductor fuses each write with what computes its update): an update
-computed after the slice (a scale in the compute dtype, a NorMuon factor), cautious or
-otherwise masked decay, 3-D members, a member alone in its group.
+An update scaled by a number in its own dtype after the slice (Keller's ``u *= scale``; torch
+2.11's ``add_(u, alpha=a)``, traced as ``u * a``) is the write's ``src_scale``. Left per
+parameter (Inductor fuses each write with what computes its update): an update computed
+otherwise after the slice (a NorMuon factor), a decay that is not ``p * s``, a masked one,
+3-D members, a member alone in its group.
 """
 
 from __future__ import annotations
@@ -64,9 +67,10 @@ Factor = float | fx.Node  # a number, or a 0-D tensor node
 
 @dataclasses.dataclass(frozen=True)
 class MemberWrite:
-    """``copy`` writes ``param * scale + alpha * base[index, :rows, :cols]`` (transposed if
-    ``transposed``); ``scale`` None is 1, ``negated``: ``-alpha`` (a tensor's negation);
-    ``arithmetic``: the per-member nodes computing it."""
+    """``copy`` writes ``param * scale + alpha * (src_scale * base[index, :rows, :cols])``
+    (transposed if ``transposed``; the product by ``src_scale`` rounded to ``base``'s dtype);
+    ``scale`` None is 1, ``negated``: ``-alpha`` (a tensor's negation); ``arithmetic``: the
+    per-member nodes computing it."""
 
     copy: fx.Node
     param: fx.Node
@@ -78,11 +82,12 @@ class MemberWrite:
     scale: Factor | None
     alpha: Factor
     negated: bool
+    src_scale: float
     arithmetic: tuple[fx.Node, ...]
 
     def group_key(self) -> tuple:
         val = self.param.meta["val"]
-        factors = (_value_key(self.scale), _value_key(self.alpha), self.negated)
+        factors = (_value_key(self.scale), _value_key(self.alpha), self.negated, self.src_scale)
         return (self.base, factors, self.transposed, self.rows, self.cols, val.dtype, tuple(val.shape))
 
 
@@ -174,6 +179,7 @@ def _rewrite(graph: fx.Graph, write: StackedWrite) -> None:
             src=src,
             alpha=-alpha if first.negated else alpha,
             cautious=False,
+            src_scale=first.src_scale,
             _dsts_length=k,
             _all_bases=list(rest[len(factor_nodes) :]),
             **{f"_dsts_{j}_base_index": j for j in range(k)},
@@ -225,17 +231,20 @@ def _member_write(copy: fx.Node) -> MemberWrite | None:
     affine = _affine(value, param)
     if affine is None:
         return None
-    scale, alpha, negated, update, arithmetic = affine
+    scale, alpha, negated, src_scale, update, arithmetic = affine
     block = _member_block(update, param)
     if block is None:
         return None
     base, index, rows, cols, transposed, views = block
-    return MemberWrite(copy, param, base, index, rows, cols, transposed, scale, alpha, negated, (*arithmetic, *views))
+    if src_scale != 1.0 and update.meta["val"].dtype != base.meta["val"].dtype:
+        return None  # scaled after a cast: rounded in another dtype than the kernel's src
+    fields = (scale, alpha, negated, src_scale, (*arithmetic, *views))
+    return MemberWrite(copy, param, base, index, rows, cols, transposed, *fields)
 
 
 def _affine(value: fx.Node, param: fx.Node) -> tuple | None:
-    """``value`` as ``param * scale + alpha * update``: (scale, alpha, negated, update, the
-    nodes computing it), or None."""
+    """``value`` as ``param * scale + alpha * (src_scale * update)``: (scale, alpha,
+    negated, src_scale, update, the nodes computing it), or None."""
     if value.target is _FMA and not value.kwargs:  # add_(u, alpha=t) with a tensor t: fma(u, t, decayed)
         product = value.args[:2]
         decayed = value.args[2]
@@ -254,7 +263,7 @@ def _affine(value: fx.Node, param: fx.Node) -> tuple | None:
         ):
             return None
         nodes = (value,) if decayed is param else (value, decayed)
-        return scale, tensor if isinstance(tensor, fx.Node) else float(tensor), False, update, nodes
+        return scale, tensor if isinstance(tensor, fx.Node) else float(tensor), False, 1.0, update, nodes
     if value.target not in (aten.add.Tensor, aten.sub.Tensor) or len(value.args) != 2:
         return None
     decayed, term = value.args
@@ -279,8 +288,15 @@ def _affine(value: fx.Node, param: fx.Node) -> tuple | None:
             if isinstance(update, fx.Node) and update.meta["val"].dim() > 0:
                 tensor = _other_factor(term, update)
                 if isinstance(tensor, fx.Node):
-                    return scale, tensor, negated, update, (*nodes, term)
-    return scale, -float(alpha) if negated else float(alpha), False, term, tuple(nodes)
+                    return scale, tensor, negated, 1.0, update, (*nodes, term)
+    factor = -float(alpha) if negated else float(alpha)
+    if term.target is aten.mul.Tensor:  # the update scaled by a number in its own dtype (Keller's u *= scale)
+        for update in term.args:
+            if isinstance(update, fx.Node) and update.meta["val"].dtype == term.meta["val"].dtype:
+                number = _other_factor(term, update)
+                if isinstance(number, float):
+                    return scale, factor, False, number, update, (*nodes, term)
+    return scale, factor, False, 1.0, term, tuple(nodes)
 
 
 _NO_MATCH = object()
