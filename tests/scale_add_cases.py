@@ -66,7 +66,10 @@ def kernel_cases():
     count = 0
     for i, case in enumerate(CASES):
         for host_scalars in (False, True):
-            for scale_value, cautious, src_scale in ((1.0, False, 1.0), (0.999, False, 1.0), (0.9, True, 1.0), (0.999, False, 1.7320508075688772)):
+            variants = [(1.0, False, 1.0), (0.999, False, 1.0), (0.9, True, 1.0)]
+            if not host_scalars:  # src_scale is a value either way
+                variants.append((0.999, False, 1.7320508075688772))
+            for scale_value, cautious, src_scale in variants:
                 dsts, src = operands(*case, seed=i)
                 before = [d.clone() for d in dsts]
                 src_before = src.clone()
@@ -123,10 +126,10 @@ def step_case():
     # orientation of its one bucket (two a step), which the kernel runs from the bf16 result
     launched.clear()
     compare_steps(lambda ps: torch.optim.Muon(ps, lr=torch.tensor(0.02)), [(24, 40)] * 2 + [(40, 24)] * 2,
-                  rtol=NS_RTOL["cpu"][torch.bfloat16])
+                  rtol=NS_RTOL["cpu"][torch.bfloat16], steps=1)
     from muon_compile.compat import DYNAMO_ROUNDS_ALPHA_PRODUCTS  # torch 2.11: left per parameter
 
-    assert launched == ([] if DYNAMO_ROUNDS_ALPHA_PRODUCTS else [(torch.bfloat16, True)] * 4), launched
+    assert launched == ([] if DYNAMO_ROUNDS_ALPHA_PRODUCTS else [(torch.bfloat16, True)] * 2), launched
     print("ok: compiled steps")
 
 

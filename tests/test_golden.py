@@ -61,45 +61,40 @@ def test_padding_merge(tmp_path):
     step.assert_close(NS_RTOL["cpu"][torch.bfloat16])
 
 
-def test_torch_optim_muon_single_device(tmp_path):
+def test_torch_optim_muon_single_device(tmp_path, monkeypatch):
     """Unmodified torch.optim.Muon: canonicalize turns each 5-step addmm loop into the op,
-    and the step is then bucketed exactly like muon_compile.Muon's."""
+    and the step is then bucketed exactly like muon_compile.Muon's.
+
+    Then ``stack_writes``: where the stacked write runs in one pass (CUDA; here made to, the
+    op's CPU fallback computing the same), its per-parameter writes become one write per
+    bucket and orientation: 4 writes of 8 parameters (the 16x64 bucket holds 64x16 members at
+    0 and 2, 16x64 ones at 1 and 3). On this CPU, as it is, the pass leaves the writes to
+    Inductor; the parameters come out within 2 ulps either way, and equal eager's (on torch
+    2.11, whose Dynamo rounds each scaled update to bf16 again, the write does so too: its
+    ``src_scale``)."""
 
     def make(params):
         return torch.optim.Muon(params, lr=0.02)
 
-    graphs, step = compile_with_dump(make, GPT_SHAPES, tmp_path)
+    graphs, per_parameter = compile_with_dump(make, GPT_SHAPES, tmp_path / "cpu")
     assert_golden("torch_muon_gpt.canonical.txt", graphs["canonicalize_after"])
     assert_golden("torch_muon_gpt.lowered.txt", graphs["lower_after"])
     assert muon_compile.counters["canonicalize.matched"] == len(GPT_SHAPES)
+    assert muon_compile.counters["stack_writes.writes"] == 0
     assert count_ns_calls(graphs["bucket_after"]) == 3  # the same three buckets as muon_compile.Muon
     exact = make_params(GPT_SHAPES)
     set_grads(exact, 0)
     with exact_torch_muon():  # the same code with its Newton–Schulz in fp64
         make(exact).step()
-    for i, (s, c, e, x) in enumerate(zip(step.start, step.compiled, step.eager, exact)):
+    for i, (s, c, e, x) in enumerate(zip(per_parameter.start, per_parameter.compiled, per_parameter.eager, exact)):
         assert_rewrite_close(c - s, e - s, x.detach() - s, torch.bfloat16, f"param {i} {GPT_SHAPES[i]}")
 
-
-def test_torch_optim_muon_writes_stacked_where_the_write_runs_in_one_pass(tmp_path, monkeypatch):
-    """``stack_writes``: where the stacked write runs in one pass (CUDA; here made to, the
-    op's CPU fallback computing the same), unmodified torch.optim.Muon's per-parameter writes
-    become one write per bucket and orientation: 4 writes of 8 parameters (the 16x64 bucket
-    holds 64x16 members at 0 and 2, 16x64 ones at 1 and 3). On this CPU, as it is, the pass
-    leaves the writes to Inductor; the parameters come out within 2 ulps either way, and
-    equal eager's (on torch 2.11, whose Dynamo rounds each scaled update to bf16 again, the
-    write does so too: its ``src_scale``)."""
-    def make(params):
-        return torch.optim.Muon(params, lr=0.02)
-
-    _, per_parameter = compile_with_dump(make, GPT_SHAPES, tmp_path / "cpu")
-    assert muon_compile.counters["stack_writes.writes"] == 0
     monkeypatch.setattr(stack_writes, "writes_in_one_pass", lambda *args: True)
     graphs, step = compile_with_dump(make, GPT_SHAPES, tmp_path / "stacked")
     assert_golden("torch_muon_gpt.written.txt", graphs["stack_writes_after"])
     assert (muon_compile.counters["stack_writes.writes"], muon_compile.counters["stack_writes.members"]) == (4, 8)
     plan = muon_compile.explain.reports()[-1].plans[-1]  # the explanation names each write and its view
-    assert plan.startswith("stacked writes:\n") and "2 writes of 64x16 from " in plan and "[0:3:2].mT: " in plan
+    assert plan.startswith("stacked writes:\n") and "one write of 2 x 64x16 from " in plan and "[0:3:2].mT: " in plan
     # torch 2.11's graph rounds each scaled update to bf16 (the write's src_scale does too), which
     # its fused CPU code skips (compat.CPU_FUSION_DROPS_ROUND_TRIP): a bf16 rounding apart there
     for got, other in zip(step.compiled, per_parameter.compiled):

@@ -31,7 +31,6 @@ LATER = 0 if DYNAMO_ROUNDS_ALPHA_PRODUCTS else 1
     ("name", "stacked"),
     [
         ("torch_tensor_lr", 8 * LATER),  # add_(u, alpha=-lr) with a tensor lr: prims.fma(u, -lr, p * (1 - lr * wd))
-        ("moonlight", 8),  # p.data.mul_, p.data.add_(u, alpha=-adjusted)
         ("modded_nanogpt", 8),  # its own stacks, unbind-ed; p.sub_(lr * scale * u.to(p.dtype)), lr a tensor
         ("keller_muon", 8),  # the tall members' u *= scale in bf16 after the slice: the write's src_scale
     ],
@@ -52,3 +51,18 @@ def test_public_write_forms_are_stacked(name, stacked, monkeypatch):
     exact = run_entry(entry, SHAPES, dtype=torch.float64, steps=1)
     for i, (g, e, x, s) in enumerate(zip(got, eager, exact, start)):
         assert_rewrite_close(g - s, e - s, x - s, entry.dtype, f"{name} param {i} {SHAPES[i]}")
+
+
+def test_members_split_into_runs_of_equal_stride():
+    """A group's members, by their matrix in the bucket, become runs of one stride (two or
+    more members each, so one strided view serves a run); a matrix written into two
+    parameters starts a new run (a stride of 0 is no view)."""
+    from types import SimpleNamespace
+
+    def runs(indices):
+        return [[m.index for m in w.members] for w in stack_writes._runs([SimpleNamespace(index=i) for i in indices])]
+
+    assert runs([0, 2, 4, 5, 6, 7]) == [[0, 2, 4], [5, 6, 7]]
+    assert runs([1, 3, 4]) == [[1, 3]]
+    assert runs([0, 1, 1, 2]) == [[0, 1], [1, 2]]
+    assert runs([3]) == []

@@ -110,7 +110,7 @@ class StackedWrite:
         shape = "x".join(map(str, first.param.meta["val"].shape))
         last = self.members[-1].index
         view = f"{first.base.name}[{self.start}:{last + 1}:{self.step}]" + (".mT" if first.transposed else "")
-        return f"{len(self.members)} writes of {shape} from {view}: {', '.join(m.param.name for m in self.members)}"
+        return f"one write of {len(self.members)} x {shape} from {view}: {', '.join(m.param.name for m in self.members)}"
 
 
 def writes_in_one_pass(device: torch.device, dst_dtype: torch.dtype, src_dtype: torch.dtype) -> bool:
@@ -150,7 +150,8 @@ def _runs(members: list[MemberWrite]) -> list[StackedWrite]:
     """``members`` (sorted by index) cut into maximal runs of equal stride, two or more each."""
     runs, current = [], members[:1]
     for m in members[1:]:
-        if len(current) == 1 or m.index - current[-1].index == current[1].index - current[0].index:
+        step = m.index - current[-1].index  # 0: one matrix written into two parameters
+        if step > 0 and (len(current) == 1 or step == current[1].index - current[0].index):
             current.append(m)
         else:
             runs.append(current)
