@@ -247,41 +247,26 @@ def _affine(value: fx.Node, param: fx.Node) -> tuple | None:
     """``value`` as ``param * scale + alpha * (src_scale * update)``: (scale, alpha,
     negated, src_scale, update, the nodes computing it), or None."""
     if value.target is _FMA and not value.kwargs:  # add_(u, alpha=t) with a tensor t: fma(u, t, decayed)
-        product = value.args[:2]
-        decayed = value.args[2]
-        if decayed is param:
-            scale: object = None
-        elif isinstance(decayed, fx.Node) and decayed.target is aten.mul.Tensor:
-            scale = _other_factor(decayed, param)
-        else:
+        decay = _decay(value.args[2], param)
+        update = next((u for u in value.args[:2] if isinstance(u, fx.Node) and u.meta["val"].dim() > 0), None)
+        if decay is None or update is None:
             return None
-        update = next((u for u in product if isinstance(u, fx.Node) and u.meta["val"].dim() > 0), None)
-        if scale is _NO_MATCH or update is None:
+        tensor = _factor(value.args[1] if value.args[0] is update else value.args[0])
+        if tensor is _NO_MATCH:
             return None
-        tensor = product[1] if product[0] is update else product[0]
-        if not (isinstance(tensor, (int, float)) and not isinstance(tensor, bool)) and not (
-            isinstance(tensor, fx.Node) and tensor.meta["val"].dim() == 0
-        ):
-            return None
-        nodes = (value,) if decayed is param else (value, decayed)
-        return scale, tensor if isinstance(tensor, fx.Node) else float(tensor), False, 1.0, update, nodes
+        scale, nodes = decay
+        return scale, tensor, False, 1.0, update, (value, *nodes)
     if value.target not in (aten.add.Tensor, aten.sub.Tensor) or len(value.args) != 2:
         return None
     decayed, term = value.args
     alpha = value.kwargs.get("alpha", 1)
     if set(value.kwargs) - {"alpha"} or isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
         return None
-    if not isinstance(term, fx.Node):
+    decay = _decay(decayed, param)
+    if not isinstance(term, fx.Node) or decay is None:
         return None
-    nodes = [value]
-    scale: object = None
-    if decayed is not param:
-        if not (isinstance(decayed, fx.Node) and decayed.target is aten.mul.Tensor):
-            return None
-        scale = _other_factor(decayed, param)
-        nodes.append(decayed)
-    if scale is _NO_MATCH:
-        return None
+    scale, decay_nodes = decay
+    nodes = (value, *decay_nodes)
     negated = value.target is aten.sub.Tensor
     if term.target is aten.mul.Tensor and alpha == 1 and term.meta["val"].dtype == param.meta["val"].dtype:
         # the update times a 0-D tensor (a tensor lr) in the parameter's dtype
@@ -297,7 +282,17 @@ def _affine(value: fx.Node, param: fx.Node) -> tuple | None:
                 number = _other_factor(term, update)
                 if isinstance(number, float):
                     return scale, factor, False, number, update, (*nodes, term)
-    return scale, factor, False, 1.0, term, tuple(nodes)
+    return scale, factor, False, 1.0, term, nodes
+
+
+def _decay(decayed: object, param: fx.Node) -> tuple[Factor | None, tuple[fx.Node, ...]] | None:
+    """``decayed`` as ``param * scale``: (scale, None for ``param`` itself; its node), or None."""
+    if decayed is param:
+        return None, ()
+    if not (isinstance(decayed, fx.Node) and decayed.target is aten.mul.Tensor):
+        return None
+    scale = _other_factor(decayed, param)
+    return None if scale is _NO_MATCH else (scale, (decayed,))
 
 
 _NO_MATCH = object()
@@ -332,10 +327,15 @@ def _other_factor(mul: fx.Node, operand: fx.Node) -> object:
     if len(mul.args) != 2 or mul.kwargs or operand not in mul.args:
         return _NO_MATCH
     other = mul.args[1] if mul.args[0] is operand else mul.args[0]
-    if isinstance(other, (int, float)) and not isinstance(other, bool):
-        return float(other)
-    if isinstance(other, fx.Node) and other is not operand and other.meta["val"].dim() == 0:
-        return other
+    return _NO_MATCH if other is operand else _factor(other)
+
+
+def _factor(value: object) -> object:
+    """``value`` as a write factor: a number (as a float), a 0-D tensor node, or _NO_MATCH."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, fx.Node) and value.meta["val"].dim() == 0:
+        return value
     return _NO_MATCH
 
 
