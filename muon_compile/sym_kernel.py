@@ -9,8 +9,12 @@ is ``torch.baddbmm(input, a, b, beta=beta, alpha=alpha)`` for a symmetric ``inpu
 the one rounding, as cuBLAS's epilogue does. The Triton kernel launches one
 program per output tile on and above the diagonal (``T(T+1)/2`` of ``T x T``: about half the
 FLOPs for large ``m``), accumulates each in fp32, rounds it once to the output dtype and
-writes it twice, as itself and mirrored below the diagonal, so the result is exactly
-symmetric (``bmm``'s is to its rounding only). Written for this project after reading the
+writes it twice, as itself and mirrored below the diagonal; a diagonal tile keeps its upper
+half and writes that mirrored over its lower half. Every element below the diagonal is so
+stored from the value stored above it, and the result is exactly symmetric by construction,
+whatever the ``dot`` underneath rounds (``bmm``'s is symmetric to its rounding only; so is one
+``dot`` of a diagonal tile: numpy's, under Triton's interpreter with OpenBLAS's Haswell
+kernels, rounds its mirrored entries apart). Written for this project after reading the
 published designs (Megatron's Triton SYRK, Dion's and flash-muon's kernels, QuACK's
 symmetric GEMM); their code is not used.
 
@@ -126,6 +130,8 @@ if triton is not None:
         if BF16_INTERPRETED:  # the interpreter rounds fp32 to bf16 toward zero: to nearest, ties to even, first
             acc = bf16_rounded(acc)
         c = acc.to(c_ptr.dtype.element_ty)
+        if ti == tj:  # the lower half is the upper half mirrored, not the dot's own lower half
+            c = tl.where(rows[:, None] <= cols[None, :], c, tl.trans(c))
         c_base = c_ptr + batch * stride_cb
         tl.store(c_base + rows[:, None] * stride_cm + cols[None, :] * stride_cn, c, mask=inside)
         if ti != tj:  # the mirror, C[col, row] = C[row, col], stored row by row as the tile is

@@ -143,11 +143,23 @@ def lowered_products(graph_text):
     return graph_text.count("aten.bmm(") + graph_text.count("aten.baddbmm(")
 
 
-def run_interpreted(script, *args, timeout=600):
+# Under Triton's interpreter ``tl.dot`` is numpy's matmul, whose OpenBLAS picks its kernels by
+# the CPU or by OPENBLAS_CORETYPE (some machines of this project's kind set it, and
+# OPENBLAS_L2_SIZE): each as the machine chooses (the variables removed), and Haswell's, which
+# rounds a tile's C[i, j] and C[j, i] apart (issue 74). A kernel's claim holds under both.
+BLAS_KERNELS = {
+    "blas-detected": {"OPENBLAS_CORETYPE": None, "OPENBLAS_L2_SIZE": None},
+    "blas-haswell": {"OPENBLAS_CORETYPE": "Haswell", "OPENBLAS_L2_SIZE": "512"},
+}
+
+
+def run_interpreted(script, *args, timeout=600, env=None):
     """Run ``python script *args`` with ``TRITON_INTERPRET=1`` (which must be set before
     Triton is imported: another test's import of Inductor may already have done it in a test
-    process) and return its stdout; a non-zero exit fails the test with its output."""
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    process) and return its stdout; a non-zero exit fails the test with its output. ``env``:
+    variables to set in the script's environment (``None`` removes one)."""
+    env = {**os.environ, **(env or {}), "TRITON_INTERPRET": "1"}
+    env = {name: value for name, value in env.items() if value is not None}
     done = subprocess.run([sys.executable, str(script), *args], env=env, capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     return done.stdout
