@@ -22,5 +22,10 @@ source "$VENV/bin/activate"
 # shellcheck source=scripts/installer.sh
 source "$ROOT/scripts/installer.sh"
 install_into "$VENV/bin/python" "torch==$TORCH_VERSION"
-install_into "$VENV/bin/python" -e "$ROOT[test]"
+# the test extras (pinned in pyproject.toml), and Triton where this torch pins none of its own
+extras=test
+if ! "$VENV/bin/python" -c 'import importlib.metadata as m, sys; sys.exit(not any(r.startswith("triton") for r in m.requires("torch") or []))'; then
+  extras=test,triton
+fi
+install_into "$VENV/bin/python" -e "$ROOT[$extras]"
 cd "$ROOT"

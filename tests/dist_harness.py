@@ -23,10 +23,8 @@ own ``cache_dir`` gets the graph caches on.
 from __future__ import annotations
 
 import contextlib
-import datetime
 import io
 import os
-import socket
 import traceback
 
 import torch
@@ -38,10 +36,12 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _store_server() -> dist.TCPStore:
+    """The rendezvous of one world: a key-value store served by this process on a port the
+    system picks and this process holds until the world ends, so that no two worlds (two
+    pytest workers, or another program on the machine) can be given the same port, as a port
+    found free and released before the ranks bind it could be."""
+    return dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
 
 
 def _to_bytes(value) -> bytes:
@@ -58,8 +58,8 @@ def shared_cache_dir() -> str:
     return cache_dir_utils.cache_dir()
 
 
-def _worker(rank, world, port, fn, args, queue, cache_dir, graph_caches, pg_timeout):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
+def _worker(rank, world, port, fn, args, queue, cache_dir, graph_caches):
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world))
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache_dir
     # torch read its environment when this process imported it: set the configs themselves
     torch._inductor.config.fx_graph_cache = graph_caches
@@ -68,8 +68,8 @@ def _worker(rank, world, port, fn, args, queue, cache_dir, graph_caches, pg_time
         if port is None:
             queue.put((rank, "ok", _to_bytes(fake_rank(fn, world, rank, *args))))
         else:
-            timeout = {} if pg_timeout is None else {"timeout": datetime.timedelta(seconds=pg_timeout)}
-            dist.init_process_group("gloo", rank=rank, world_size=world, **timeout)
+            store = dist.TCPStore("127.0.0.1", port, is_master=False)  # the parent's (_store_server)
+            dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
             try:
                 queue.put((rank, "ok", _to_bytes(fn(rank, world, *args))))
             finally:
@@ -78,16 +78,14 @@ def _worker(rank, world, port, fn, args, queue, cache_dir, graph_caches, pg_time
         queue.put((rank, "error", traceback.format_exc()))
 
 
-def run_world(
-    fn, world: int, *args, timeout: float = 600, cache_dir: str | None = None, pg_timeout: float | None = None
-) -> list:
+def run_world(fn, world: int, *args, timeout: float = 600, cache_dir: str | None = None) -> list:
     """``[fn(0, world, *args), ..., fn(world - 1, world, *args)]``, each on its own gloo rank.
 
     ``cache_dir`` sets TORCHINDUCTOR_CACHE_DIR for every rank, with the graph caches on
-    (default: :func:`shared_cache_dir`, the graph caches off);
-    ``pg_timeout`` the process group's collective timeout in seconds (default: gloo's).
+    (default: :func:`shared_cache_dir`, the graph caches off). The process group has gloo's
+    default timeout.
     """
-    return _spawn(fn, world, list(range(world)), args, timeout, cache_dir, fake=False, pg_timeout=pg_timeout)
+    return _spawn(fn, world, list(range(world)), args, timeout, cache_dir, fake=False)
 
 
 @contextlib.contextmanager
@@ -130,11 +128,12 @@ def _context():
     return ctx
 
 
-def _spawn(fn, world, ranks, args, timeout, cache_dir, fake, pg_timeout=None):
+def _spawn(fn, world, ranks, args, timeout, cache_dir, fake):
     ctx = _context()
     queue = ctx.Queue()
-    port = None if fake else free_port()
-    worker_args = (cache_dir or shared_cache_dir(), cache_dir is not None, pg_timeout)
+    server = None if fake else _store_server()
+    port = None if fake else server.port
+    worker_args = (cache_dir or shared_cache_dir(), cache_dir is not None)
     procs = [ctx.Process(target=_worker, args=(r, world, port, fn, args, queue, *worker_args), daemon=True) for r in ranks]
     for p in procs:
         p.start()
@@ -154,6 +153,7 @@ def _spawn(fn, world, ranks, args, timeout, cache_dir, fake, pg_timeout=None):
             p.join(timeout=5 if errors else 60)
             if p.is_alive():
                 p.kill()
+        del server  # the port is released once every rank has ended
     if errors:
         raise RuntimeError("\n".join(errors))
     return [results[r] for r in ranks]

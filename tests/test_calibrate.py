@@ -38,7 +38,8 @@ def test_a_cpu_calibration_at_tiny_sizes_is_a_profile_the_planner_runs_with(tmp_
     out = capsys.readouterr().out
     assert "device cpu-calibrated: measured by muon_compile.planner.calibrate" in out
     assert "network nvlink-ib" in out  # the file has none: --network's default
-    assert out.count("recommended: FSDP") == 2
+    # a configuration for each world: which one depends on this CPU's timings (one repetition)
+    assert out.count("recommended: ") == 2 and "recommended: none" not in out
 
 
 def _calibrate_rank(rank, world, path):

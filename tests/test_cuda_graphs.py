@@ -298,12 +298,11 @@ def test_a_recompile_captures_anew():
 
 _TEARDOWN = textwrap.dedent(
     """
-    import os, torch, torch.distributed as dist
+    import torch, torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     import muon_compile
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ.get("PORT", "29513"), RANK="0", WORLD_SIZE="1")
-    dist.init_process_group("nccl")
+    dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1)  # one rank: no port to take
     mesh = init_device_mesh("cuda", (1,))
     model = torch.nn.Sequential(torch.nn.Linear(64, 96, bias=False), torch.nn.Linear(96, 64, bias=False)).cuda()
     fully_shard(model, mesh=mesh)

@@ -132,8 +132,9 @@ def test_divergent_gradient_at_world_3():
 @pytest.mark.slow
 def test_rank_skipping_a_compiled_step_ends_in_the_collective_timeout():
     """Rank 1 skips step 2: rank 0's collective times out (the process group's 5 s from
-    step 2 on; step 1, which compiles, has 120 s) and raises naming the package; the job ends."""
-    step2, skipped = run_world(diverge_after_compile, 2, "skip", 5, timeout=300, pg_timeout=120)
+    step 2 on; step 1, which compiles, has gloo's default) and raises naming the package; the
+    job ends. The times asserted are lower bounds, which a loaded host cannot break."""
+    step2, skipped = run_world(diverge_after_compile, 2, "skip", 5, timeout=300)
     assert skipped == ("skipped", 0.0)
     text, seconds = step2
     assert text.startswith("muon_compile: the compiled optimizer step failed on rank 0"), text
@@ -145,7 +146,7 @@ def test_rank_skipping_a_compiled_step_ends_in_the_collective_timeout():
 def test_recompile_on_one_rank_is_reported_by_rank():
     """Rank 0 alone recompiles: it waits MUON_COMPILE_AGREE_TIMEOUT (3 s) and names rank 1;
     rank 1's step, whose collectives have no partner, fails too; the job ends."""
-    (text0, seconds0), (text1, _) = run_world(diverge_after_compile, 2, "recompile", 5, timeout=300, pg_timeout=120)
+    (text0, seconds0), (text1, _) = run_world(diverge_after_compile, 2, "recompile", 5, timeout=300)
     assert "rank(s) [1] did not" in text0 and "MUON_COMPILE_AGREE_TIMEOUT" in text0
     assert seconds0 > 2  # not before the agreement's timeout
     assert text1.startswith("muon_compile: the compiled optimizer step failed on rank 1"), text1
