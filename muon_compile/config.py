@@ -30,6 +30,7 @@ MUON_COMPILE_PAD_WASTE     0            largest fraction of a padded bucket's NS
 MUON_COMPILE_PASSES        (all)        comma list: ``a,b`` runs only those passes,
                                         ``-a`` disables pass ``a``
 MUON_COMPILE_DUMP_DIR      (unset)      directory for each pass's before/after graph
+                                        (created when the setting is read)
 MUON_COMPILE_TRACE_HELPERS 1            0 leaves Dynamo's handling of setting reads and
                                         logging calls as it is (:mod:`tracing`)
 MUON_COMPILE_EXPLAIN       0            1 prints what the backend did with each graph
@@ -145,6 +146,8 @@ class Config:
         unknown = [p for p in self.passes if p not in PASS_NAMES]
         if unknown:
             raise ValueError(f"unknown pass name(s) {unknown}; known passes: {PASS_NAMES}")
+        if self.dump_dir is not None:
+            _make_dump_dir(self.dump_dir)
 
     def enabled(self, pass_name: str) -> bool:
         """Whether the pass called ``pass_name`` runs."""
@@ -161,6 +164,20 @@ class Config:
         """``(variable, value)`` of each field of :data:`PLAN_FIELDS`, the value spelled as
         in the environment (``("MUON_COMPILE_BUCKET_MB", "64")``)."""
         return [(name, _spelling(getattr(self, field))) for field, name in PLAN_FIELDS]
+
+
+def _make_dump_dir(path: str) -> None:
+    """Create the dump directory ``path`` (and its parents) unless it exists; ``ValueError``
+    naming MUON_COMPILE_DUMP_DIR where it cannot be made or written into, so a bad path fails
+    where it is read, not in the first compile."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ValueError(f"MUON_COMPILE_DUMP_DIR={path!r} is a file, not a directory for the graph dumps")
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:  # a file in its path, a folder where none can be created
+        raise ValueError(f"MUON_COMPILE_DUMP_DIR={path!r}: the directory for the graph dumps cannot be created ({e.strerror or e})") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ValueError(f"MUON_COMPILE_DUMP_DIR={path!r} is a directory this process cannot write into")
 
 
 def _spelling(value: object) -> str:
@@ -216,6 +233,16 @@ def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
     if raw in ("0", "false", "no", "off"):
         return False
     raise ValueError(f"{name}={raw!r} is not a flag; use 1 or 0")
+
+
+# Every variable :func:`from_env` reads.
+VARIABLES = (
+    *(name for _, name in PLAN_FIELDS),
+    "MUON_COMPILE_DUMP_DIR",
+    "MUON_COMPILE_TRACE_HELPERS",
+    "MUON_COMPILE_EXPLAIN",
+    "MUON_COMPILE_AGREE_TIMEOUT",
+)
 
 
 def from_env(env: Mapping[str, str] | None = None) -> Config:

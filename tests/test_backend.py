@@ -256,6 +256,34 @@ def test_strategy_is_one_enum_in_the_configuration():
 
 
 
+def test_a_dump_directory_that_cannot_be_one_fails_where_it_is_read(tmp_path):
+    """MUON_COMPILE_DUMP_DIR is made when the setting is read; a file there or in its path,
+    or a folder where none can be made, is a ValueError naming the variable, not an error in
+    the first compile."""
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    with pytest.raises(ValueError, match=r"MUON_COMPILE_DUMP_DIR='.*a_file' is a file, not a directory"):
+        config.from_env({"MUON_COMPILE_DUMP_DIR": str(a_file)})
+    with pytest.raises(ValueError, match=r"MUON_COMPILE_DUMP_DIR='.*a_file/below'.* cannot be created \(Not a directory\)"):
+        config.from_env({"MUON_COMPILE_DUMP_DIR": str(a_file / "below")})
+    with pytest.raises(ValueError, match=r"MUON_COMPILE_DUMP_DIR='/proc/forbidden'.* cannot be created"):
+        config.from_env({"MUON_COMPILE_DUMP_DIR": "/proc/forbidden"})
+    with pytest.raises(ValueError, match="MUON_COMPILE_DUMP_DIR"):
+        with config.override(dump_dir=str(a_file)):
+            pass
+    made = tmp_path / "new" / "dumps"
+    assert config.from_env({"MUON_COMPILE_DUMP_DIR": str(made)}).dump_dir == str(made) and made.is_dir()
+
+
+def test_the_suite_runs_without_the_machines_settings():
+    """tests/conftest.py removed every variable muon_compile.config reads and Triton's
+    interpreter switch, so the suite compiles what it says whatever the machine sets."""
+    import os
+
+    assert not [name for name in (*config.VARIABLES, "TRITON_INTERPRET") if name in os.environ]
+    assert config.current() == config.Config() and torch.get_num_threads() == 2
+
+
 def test_tp_mode_is_parsed_and_validated_where_it_is_given():
     assert config.from_env({"MUON_COMPILE_TP_MODE": "blockwise", "MUON_COMPILE_TP_DIMS": "tp, etp"}).tp_dims == ("tp", "etp")
     assert config.from_env({"MUON_COMPILE_TP_MODE": "blockwise"}).tp_mode is config.TPMode.BLOCKWISE

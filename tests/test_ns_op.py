@@ -101,8 +101,11 @@ def test_batched_equals_per_matrix(device):
 
 
 def test_tall_is_transpose_of_wide(device):
+    # two layouts of one matrix: the BLAS may take other kernels (another summation order)
+    # for each, so within fp32 Newton-Schulz's bound, not bit for bit
     g = torch.randn(40, 12, generator=torch.Generator().manual_seed(4)).to(device)
-    assert_rel_close(call(g, KELLER, 5, torch.float32), call(g.T.contiguous(), KELLER, 5, torch.float32).T, 1e-6)
+    got, want = call(g, KELLER, 5, torch.float32), call(g.T.contiguous(), KELLER, 5, torch.float32).T
+    assert_rel_close(got, want, NS_RTOL[device][torch.float32])
 
 
 def test_output_dtype_follows_input_compute_dtype_is_used(device):
