@@ -8,7 +8,8 @@ themselves is marked ``graph_cache`` and runs inside its own fresh cache directo
 (``torch._inductor.utils.fresh_cache``) with the caches on.
 
 Markers: ``slow`` for multi-process tests and long compiles (``pytest -m "not slow"`` is
-the one-minute tier), ``graph_cache`` as above, ``cuda`` on every test instance that runs
+the one-minute tier), ``distributed`` for those that run real gloo ranks (``run_world``
+refuses a test without it), ``graph_cache`` as above, ``cuda`` on every test instance that runs
 on the GPU (``pytest -m cuda`` runs those only; scripts/gpu_check.sh does).
 
 Order: the ``slow`` tests run first, so that in two workers (``scripts/test.sh``:
@@ -59,6 +60,7 @@ import torch
 
 import muon_compile
 
+import dist_harness
 from helpers import DEVICES, graph_caches_off
 
 torch.set_num_threads(THREADS)
@@ -94,6 +96,7 @@ def _fresh_dynamo_and_exact_counters(request):
     """Each test compiles from a clean Dynamo state and counts its own pass decisions."""
     torch._dynamo.reset()
     muon_compile.counters.clear()
+    dist_harness.in_distributed_test = request.node.get_closest_marker("distributed") is not None
     if request.node.get_closest_marker("graph_cache"):
         yield
     else:

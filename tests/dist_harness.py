@@ -78,6 +78,11 @@ def _worker(rank, world, port, fn, args, queue, cache_dir, graph_caches):
         queue.put((rank, "error", traceback.format_exc()))
 
 
+# Whether the running test is marked ``distributed`` (tests/conftest.py sets it for each test;
+# None outside pytest): CI selects the tests that run real ranks by that marker.
+in_distributed_test: bool | None = None
+
+
 def run_world(fn, world: int, *args, timeout: float = 600, cache_dir: str | None = None) -> list:
     """``[fn(0, world, *args), ..., fn(world - 1, world, *args)]``, each on its own gloo rank.
 
@@ -85,6 +90,8 @@ def run_world(fn, world: int, *args, timeout: float = 600, cache_dir: str | None
     (default: :func:`shared_cache_dir`, the graph caches off). The process group has gloo's
     default timeout.
     """
+    if in_distributed_test is False:
+        raise RuntimeError("a test that runs gloo ranks must be marked @pytest.mark.distributed (CI selects them by it)")
     return _spawn(fn, world, list(range(world)), args, timeout, cache_dir, fake=False)
 
 

@@ -46,6 +46,7 @@ def _calibrate_rank(rank, world, path):
     return calibrate.calibrate(path, CPU, max_size=32, max_bytes=16384, reps=1, log=lambda line: None)
 
 
+@pytest.mark.distributed
 @pytest.mark.slow  # two processes started: about 10 s
 def test_a_two_rank_calibration_fits_a_link_per_collective_kind(tmp_path):
     path = tmp_path / "gloo.json"

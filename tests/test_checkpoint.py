@@ -52,6 +52,7 @@ def test_state_dict_resume_is_bit_identical(compiled):
         assert torch.equal(a, b), f"param {i} {tuple(a.shape)}"
 
 
+@pytest.mark.distributed
 @pytest.mark.slow
 def test_fsdp2_distributed_checkpoint_resume_is_bit_identical():
     for rank, result in enumerate(run_world(dcp_resume, 2, 2)):
@@ -60,6 +61,7 @@ def test_fsdp2_distributed_checkpoint_resume_is_bit_identical():
         assert result["state_keys"] == sorted(["momentum_buffer"] * (len(CHECKPOINT_SHAPES) - 1) + ["exp_avg", "exp_avg_sq", "step"])
 
 
+@pytest.mark.distributed
 @pytest.mark.slow
 def test_fsdp2_over_tp_distributed_checkpoint_resume_is_bit_identical():
     """World 4, the 2x2 (dp, tp) TP block (``_StridedShard`` and ``Shard(0), Shard(1)``
@@ -71,6 +73,7 @@ def test_fsdp2_over_tp_distributed_checkpoint_resume_is_bit_identical():
         assert result["state_keys"] == ["momentum_buffer"] * len(TP_NAMES) and result["tp_mode"] == "blockwise"
 
 
+@pytest.mark.distributed
 @pytest.mark.slow
 def test_fsdp2_set_state_dict_of_another_width_names_the_parameter():
     """The DCP path (``set_state_dict`` of a sharded optimizer state dict) reaches the same

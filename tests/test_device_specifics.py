@@ -93,6 +93,7 @@ def _wait_lines(body):
     ]
 
 
+@pytest.mark.distributed
 @pytest.mark.slow
 def test_collectives_are_issued_async_and_overlap_compute():
     """gloo, world 2, several buckets: in Inductor's generated code no collective's result is

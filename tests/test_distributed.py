@@ -31,7 +31,7 @@ from dist_workers import (
 )
 from numerics import FP32_RTOL, NS_RTOL, assert_rel_close, assert_rewrite_close
 
-pytestmark = pytest.mark.slow  # every test here spawns gloo ranks
+pytestmark = [pytest.mark.slow, pytest.mark.distributed]  # every test here spawns gloo ranks
 
 STEPS = 3
 OPT = dict(lr=0.05, momentum=0.9, weight_decay=0.1)

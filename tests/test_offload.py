@@ -60,6 +60,7 @@ def _differs(what: str, got: torch.Tensor, want: torch.Tensor) -> str:
     return f"{what} {tuple(got.shape)}: {int((diff > 0).sum())} elements differ, the largest by {diff.max().item():.3e}"
 
 
+@pytest.mark.distributed
 @pytest.mark.slow
 def test_fsdp2_offloaded_state():
     """On FSDP2 the state stays DTensors laid out like their parameters (their local shards

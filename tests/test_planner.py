@@ -61,6 +61,7 @@ def _ns_calls(plan):
     return sum(len({m.canonical for m in b.members}) for b in plan.buckets)
 
 
+@pytest.mark.distributed
 @pytest.mark.slow
 def test_one_rank_plan_is_the_compiled_steps():
     """At one rank the FSDP2 step is the single-device path's (a mesh of one rank leaves

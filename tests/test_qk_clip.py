@@ -95,6 +95,7 @@ def test_missing_layer_weight_is_named():
         opt.step(qk_logits={"layer9": LOGITS})
 
 
+@pytest.mark.distributed
 @pytest.mark.slow
 def test_fsdp2_rows_of_each_rank_are_rescaled():
     """Query rows 12 (6 per rank), MLA key rows 9 (5 and 4): each rank scales the heads' rows

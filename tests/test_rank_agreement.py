@@ -79,6 +79,7 @@ def _fingerprint_at(rank, world, strategy):
     return seen[-1]
 
 
+@pytest.mark.distributed
 @pytest.mark.slow
 def test_fingerprint_of_fsdp2_step_is_rank_independent():
     """The facts at world 4 are the same on ranks 0 and 3 (uneven shards: 7 rows over 4
@@ -109,6 +110,7 @@ CASES = {
 }
 
 
+@pytest.mark.distributed
 @pytest.mark.slow
 @pytest.mark.parametrize("case", CASES)
 def test_divergent_rank_fails_on_every_rank_naming_the_difference(case):
@@ -122,6 +124,7 @@ def test_divergent_rank_fails_on_every_rank_naming_the_difference(case):
     assert CASES[case] in texts[0] and "MUON_COMPILE_AGREE_TIMEOUT" not in texts[0]
 
 
+@pytest.mark.distributed
 @pytest.mark.slow
 def test_divergent_gradient_at_world_3():
     results = run_world(divergent_step, 3, "gradient", 2, timeout=300)
@@ -129,6 +132,7 @@ def test_divergent_gradient_at_world_3():
     assert "rank 2 has no gradient for `layers.1.weight`; rank 0 has one" in results[0][0]
 
 
+@pytest.mark.distributed
 @pytest.mark.slow
 def test_rank_skipping_a_compiled_step_ends_in_the_collective_timeout():
     """Rank 1 skips step 2: rank 0's collective times out (the process group's 5 s from
@@ -142,6 +146,7 @@ def test_rank_skipping_a_compiled_step_ends_in_the_collective_timeout():
     assert seconds > 4  # not before the process group's timeout
 
 
+@pytest.mark.distributed
 @pytest.mark.slow
 def test_recompile_on_one_rank_is_reported_by_rank():
     """Rank 0 alone recompiles: it waits MUON_COMPILE_AGREE_TIMEOUT (3 s) and names rank 1;

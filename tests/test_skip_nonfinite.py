@@ -113,6 +113,7 @@ def test_compiled_skip_matches_eager():
     assert counters["stats"]["unique_graphs"] == 1
 
 
+@pytest.mark.distributed
 @pytest.mark.slow
 def test_fsdp2_every_rank_skips_when_one_shard_is_nonfinite():
     """World 2: the NaN sits in rows only rank 1 holds; both ranks skip (one scalar
