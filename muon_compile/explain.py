@@ -89,7 +89,10 @@ _reports: collections.deque[GraphReport] = collections.deque(maxlen=_KEPT)
 _made = 0  # reports made in this process (``_reports`` keeps the last _KEPT)
 _current: GraphReport | None = None
 _breaks_seen: collections.Counter[str] = collections.Counter()
-_float_recompiles: collections.Counter[str] = collections.Counter()
+# recompiles caused by a changed Python number, by (Dynamo's frame id, hyper-parameter): counted
+# per compiled frame (a frame's first compile starts its count again, as Dynamo's frame ids
+# start again after torch._dynamo.reset())
+_float_recompiles: collections.Counter[tuple[int | None, str]] = collections.Counter()
 
 
 def reports() -> list[GraphReport]:
@@ -102,7 +105,12 @@ def collecting(printing: bool, gm: fx.GraphModule | None = None) -> Iterator[Gra
     """The report of the graph the backend is about to compile, ``gm`` (printed at the end if ``printing``)."""
     global _current, _made
     report = GraphReport(_compile_id(), recompile_reason(), _new_graph_breaks(), splits(gm) if gm is not None else [])
-    _warn_float_hyperparameter(report.recompile_reason)
+    cid = torch._guards.CompileContext.current_compile_id()
+    frame = cid.frame_id if cid is not None else None
+    if cid is not None and cid.frame_compile_id == 0:  # a frame compiled for the first time
+        for counted in [k for k in _float_recompiles if k[0] == frame]:
+            del _float_recompiles[counted]
+    _warn_float_hyperparameter(report.recompile_reason, frame)
     _current = report
     try:
         yield report
@@ -173,17 +181,17 @@ def _new_graph_breaks() -> list[str]:
 _PARAM_GROUP_KEY = re.compile(r"param_groups\[(\d+)\]\[['\"](\w+)['\"]\]")
 
 
-def _warn_float_hyperparameter(reason: str | None) -> None:
-    """Warn once per hyper-parameter at the recompile caused by a changed Python number in
-    an optimizer's ``param_groups`` that shows it recompiles at every change: the first where
-    Dynamo specialises floats (``compat.DYNAMO_SPECIALIZES_FLOATS``), else the second (torch
-    2.13 and later recompile once, then take the number as an input)."""
+def _warn_float_hyperparameter(reason: str | None, frame: int | None) -> None:
+    """Warn once per compiled frame and hyper-parameter at the recompile caused by a changed
+    Python number in an optimizer's ``param_groups`` that shows it recompiles at every change:
+    the first where Dynamo specialises floats (``compat.DYNAMO_SPECIALIZES_FLOATS``), else the
+    second (torch 2.13 and later recompile once, then take the number as an input)."""
     match = _PARAM_GROUP_KEY.search(reason or "")
     if match is None or not re.search(r"==\s*-?[\d.]+(e-?\d+)?", reason):
         return
     key = match.group(2)
-    _float_recompiles[key] += 1
-    if _float_recompiles[key] != (1 if DYNAMO_SPECIALIZES_FLOATS else 2):
+    _float_recompiles[frame, key] += 1
+    if _float_recompiles[frame, key] != (1 if DYNAMO_SPECIALIZES_FLOATS else 2):
         return
     times = "once" if DYNAMO_SPECIALIZES_FLOATS else "twice"
     warnings.warn(

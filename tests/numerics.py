@@ -28,9 +28,10 @@ comparison with these tolerances held; the one test that failed on a tolerance h
 own (fp32 batched against per-matrix at 1e-6, 1.19e-6 measured; docs/benchmarks.md, "GPU").
 
 Anything without Newton–Schulz in it (AdamW, momentum) is compared at fp32 precision
-(``FP32_RTOL``), as are two compiled programs on CUDA that should compute the same step
-(with and without state offload): Triton may order a row reduction differently in each,
-1-2 ulp of NorMuon's second moment on an H200 (docs/benchmarks.md).
+(``FP32_RTOL``), as are two compiled programs that should compute the same step (with and
+without state offload): the generated code may order a row reduction differently in each,
+1-2 ulp of NorMuon's second moment on an H200 (docs/benchmarks.md); a CPU's code splits
+its reductions by the thread count and the vector width, which differ by machine.
 
 Rewritten code (the canonicalize pass turns a user's own Newton–Schulz loop, e.g.
 torch.optim.Muon's, into the op) cannot round where the user's bf16 code rounds: the op
