@@ -235,16 +235,6 @@ def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
     raise ValueError(f"{name}={raw!r} is not a flag; use 1 or 0")
 
 
-# Every variable :func:`from_env` reads.
-VARIABLES = (
-    *(name for _, name in PLAN_FIELDS),
-    "MUON_COMPILE_DUMP_DIR",
-    "MUON_COMPILE_TRACE_HELPERS",
-    "MUON_COMPILE_EXPLAIN",
-    "MUON_COMPILE_AGREE_TIMEOUT",
-)
-
-
 def from_env(env: Mapping[str, str] | None = None) -> Config:
     """Parse a :class:`Config` from ``env`` (default ``os.environ``)."""
     env = os.environ if env is None else env

@@ -105,12 +105,7 @@ def collecting(printing: bool, gm: fx.GraphModule | None = None) -> Iterator[Gra
     """The report of the graph the backend is about to compile, ``gm`` (printed at the end if ``printing``)."""
     global _current, _made
     report = GraphReport(_compile_id(), recompile_reason(), _new_graph_breaks(), splits(gm) if gm is not None else [])
-    cid = torch._guards.CompileContext.current_compile_id()
-    frame = cid.frame_id if cid is not None else None
-    if cid is not None and cid.frame_compile_id == 0:  # a frame compiled for the first time
-        for counted in [k for k in _float_recompiles if k[0] == frame]:
-            del _float_recompiles[counted]
-    _warn_float_hyperparameter(report.recompile_reason, frame)
+    _warn_float_hyperparameter(report.recompile_reason, torch._guards.CompileContext.current_compile_id())
     _current = report
     try:
         yield report
@@ -181,11 +176,15 @@ def _new_graph_breaks() -> list[str]:
 _PARAM_GROUP_KEY = re.compile(r"param_groups\[(\d+)\]\[['\"](\w+)['\"]\]")
 
 
-def _warn_float_hyperparameter(reason: str | None, frame: int | None) -> None:
-    """Warn once per compiled frame and hyper-parameter at the recompile caused by a changed
-    Python number in an optimizer's ``param_groups`` that shows it recompiles at every change:
-    the first where Dynamo specialises floats (``compat.DYNAMO_SPECIALIZES_FLOATS``), else the
-    second (torch 2.13 and later recompile once, then take the number as an input)."""
+def _warn_float_hyperparameter(reason: str | None, cid: torch._guards.CompileId | None) -> None:
+    """Warn once per compiled frame (``cid``'s) and hyper-parameter at the recompile caused by
+    a changed Python number in an optimizer's ``param_groups`` that shows it recompiles at every
+    change: the first where Dynamo specialises floats (``compat.DYNAMO_SPECIALIZES_FLOATS``),
+    else the second (torch 2.13 and later recompile once, then take the number as an input)."""
+    frame = cid.frame_id if cid is not None else None
+    if cid is not None and cid.frame_compile_id == 0:  # a frame compiled for the first time
+        for counted in [k for k in _float_recompiles if k[0] == frame]:
+            del _float_recompiles[counted]
     match = _PARAM_GROUP_KEY.search(reason or "")
     if match is None or not re.search(r"==\s*-?[\d.]+(e-?\d+)?", reason):
         return

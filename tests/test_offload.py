@@ -1,6 +1,7 @@
 """CPU offload of optimizer state: state in host memory between steps, every step's
 result bit-identical to the run without offload (eager; compiled, within fp32 precision,
-see below), and FSDP2 against the single-process reference. The staged copy is always a real copy, so a missing write-back fails here even
+see below), and FSDP2 against the single-process reference. The staged copy is always a
+real copy, so a missing write-back fails here even
 though this machine's parameters live in host memory too."""
 
 import pytest
