@@ -25,6 +25,10 @@ MUON_COMPILE_NS_ALGORITHM  auto         how Newton–Schulz calls left to ``auto
 MUON_COMPILE_SYM_PRODUCTS  auto         symmetric products (X Xᵀ, squares) by the Triton
                                         kernel of :mod:`muon_compile.sym_kernel`: auto
                                         (where measured faster) | on | off
+MUON_COMPILE_NS_EPILOGUE   auto         the textbook iteration's scalars in the products'
+                                        epilogues (``baddbmm``) or in one pointwise
+                                        kernel (:func:`muon_compile.ns_cost.choose_epilogue`):
+                                        auto (the form measured faster) | on | off
 MUON_COMPILE_PAD_WASTE     0            largest fraction of a padded bucket's NS FLOPs
                                         that may be zero padding (0 disables merging)
 MUON_COMPILE_PASSES        (all)        comma list: ``a,b`` runs only those passes,
@@ -67,6 +71,7 @@ PLAN_FIELDS = (
     ("pad_waste", "MUON_COMPILE_PAD_WASTE"),
     ("ns_algorithm", "MUON_COMPILE_NS_ALGORITHM"),
     ("sym_products", "MUON_COMPILE_SYM_PRODUCTS"),
+    ("ns_epilogue", "MUON_COMPILE_NS_EPILOGUE"),
     ("passes", "MUON_COMPILE_PASSES"),
 )
 
@@ -121,6 +126,7 @@ class Config:
     pad_waste: float = 0.0
     ns_algorithm: str = AUTO
     sym_products: str = AUTO
+    ns_epilogue: str = AUTO
     passes: tuple[str, ...] = PASS_NAMES
     dump_dir: str | None = None
     trace_helpers: bool = True
@@ -139,8 +145,9 @@ class Config:
         if not 0.0 <= self.pad_waste < 1.0:
             raise ValueError(f"MUON_COMPILE_PAD_WASTE must be in [0, 1), got {self.pad_waste!r}")
         check_algorithm(self.ns_algorithm, "MUON_COMPILE_NS_ALGORITHM")
-        if self.sym_products not in ("auto", "on", "off"):
-            raise ValueError(f"MUON_COMPILE_SYM_PRODUCTS must be one of ['auto', 'on', 'off'], got {self.sym_products!r}")
+        for value, variable in ((self.sym_products, "MUON_COMPILE_SYM_PRODUCTS"), (self.ns_epilogue, "MUON_COMPILE_NS_EPILOGUE")):
+            if value not in ("auto", "on", "off"):
+                raise ValueError(f"{variable} must be one of ['auto', 'on', 'off'], got {value!r}")
         if not self.agree_timeout >= 0:
             raise ValueError(f"MUON_COMPILE_AGREE_TIMEOUT must be >= 0 seconds, got {self.agree_timeout!r}")
         unknown = [p for p in self.passes if p not in PASS_NAMES]
@@ -247,6 +254,7 @@ def from_env(env: Mapping[str, str] | None = None) -> Config:
         pad_waste=_number(env, "MUON_COMPILE_PAD_WASTE", float, Config.pad_waste),
         ns_algorithm=env.get("MUON_COMPILE_NS_ALGORITHM", "").strip() or Config.ns_algorithm,
         sym_products=env.get("MUON_COMPILE_SYM_PRODUCTS", "").strip() or Config.sym_products,
+        ns_epilogue=env.get("MUON_COMPILE_NS_EPILOGUE", "").strip() or Config.ns_epilogue,
         passes=parse_passes(env.get("MUON_COMPILE_PASSES", "")),
         dump_dir=env.get("MUON_COMPILE_DUMP_DIR") or None,
         trace_helpers=_flag(env, "MUON_COMPILE_TRACE_HELPERS", Config.trace_helpers),

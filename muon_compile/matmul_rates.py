@@ -108,6 +108,10 @@ class MatmulRates:
     # X Xᵀ (X m x 4m) and one square together (muon_compile.sym_kernel; the table scripts/bench_sym.py
     # prints), where measured: none yet, so never chosen
     symmetric: Mapping[torch.dtype, Table] = dataclasses.field(default_factory=dict)
+    # per dtype: (m, the polynomial form's time / the epilogue form's) of the textbook iteration on
+    # a stack of m x 4m matrices (muon_compile.ns_cost.choose_epilogue; the table
+    # scripts/bench_epilogue.py prints), where measured
+    epilogue: Mapping[torch.dtype, Table] = dataclasses.field(default_factory=dict)
 
     def rate(self, dtype: torch.dtype, m: int, k: int, n: int) -> float:
         """GFLOP/s of an ``(m x k) @ (k x n)`` product in ``dtype`` (see the module docstring)."""
@@ -130,6 +134,13 @@ class MatmulRates:
         table = self.symmetric.get(dtype)
         return interpolate(table, m) if table else None
 
+    def epilogue_speedup(self, dtype: torch.dtype, m: int) -> float | None:
+        """How many times faster the textbook iteration runs at an ``m x m`` Gram matrix in
+        ``dtype`` with the polynomial's scalars in the products' epilogues than in a pointwise
+        kernel, interpolated in the measured table; None where nothing was measured."""
+        table = self.epilogue.get(dtype)
+        return interpolate(table, m) if table else None
+
     def call_seconds(self, dtype: torch.dtype, m: int, k: int, n: int) -> float:
         """Seconds one batched ``(m x k) @ (k x n)`` product call costs beyond its
         arithmetic, whatever its batch (see the module docstring); 0 without a latency table."""
@@ -150,6 +161,15 @@ _CPU_FP16: Table = ((32, 5.2), (64, 5.7), (128, 5.9), (256, 2.5), (512, 2.2), (1
 _CPU_FP32: Table = ((32, 83.9), (64, 123.2), (128, 169.9), (256, 179.7), (512, 190.3), (1024, 187.6), (2048, 195.0))
 _CPU_FP64: Table = ((32, 32.2), (64, 57.6), (128, 63.1), (256, 82.8), (512, 85.2), (1024, 92.0), (2048, 85.1))
 
+# the textbook iteration's polynomial form against its epilogue form (time ratio by m; both
+# compiled, 5 iterations on a stack of m x 4m matrices), measured on 2026-12-02 on the 2-core VM:
+# python scripts/bench_epilogue.py --device cpu --sizes 64,128,256,384,512,768,1024,2048 --reps 7
+# (a CPU baddbmm copies its input into its output before the product: a pass over X)
+_CPU_EPILOGUE: dict[torch.dtype, Table] = {
+    torch.bfloat16: ((64, 0.810), (128, 0.957), (256, 0.921), (384, 0.916), (512, 0.942), (768, 0.968), (1024, 0.957), (2048, 0.949)),
+    torch.float32: ((64, 0.892), (128, 0.945), (256, 0.914), (384, 0.988), (512, 0.929), (768, 1.038), (1024, 1.027), (2048, 0.919)),
+}
+
 # measured on an H100 80GB HBM3, 2026-11-26 (see the module docstring)
 _CUDA_BF16: Table = ((32, 19450.0), (64, 62221.9), (128, 115134.2), (256, 214034.9), (512, 365549.9), (1024, 495268.4), (2048, 552525.8), (4096, 764093.1))
 _CUDA_FP16: Table = ((32, 19531.1), (64, 62628.3), (128, 115721.6), (256, 209961.2), (512, 364062.5), (1024, 487178.7), (2048, 534022.8), (4096, 736406.4))
@@ -166,6 +186,7 @@ PROFILES: dict[str, MatmulRates] = {
         "cpu",
         "measured on the 2-core CI VM, torch 2.13.0+cpu",
         {torch.bfloat16: _CPU_BF16, torch.float16: _CPU_FP16, torch.float32: _CPU_FP32, torch.float64: _CPU_FP64},
+        epilogue=_CPU_EPILOGUE,
     ),
     "cuda": MatmulRates(
         "cuda",

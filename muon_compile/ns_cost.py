@@ -149,11 +149,20 @@ PRODUCT_POLICIES = (AUTO, "on", "off")
 
 @dataclasses.dataclass(frozen=True)
 class ProductChoice:
-    """How an NS evaluation forms its symmetric products (``X Xᵀ`` and squares of Gram
-    matrices): ``bmm``, or ``sym`` (:mod:`muon_compile.sym_kernel`), and why."""
+    """How an NS evaluation forms its products, and why: its symmetric ones (``X Xᵀ`` and
+    squares of Gram matrices) by ``bmm`` or ``sym`` (:mod:`muon_compile.sym_kernel`,
+    :func:`choose_products`); the textbook polynomial's scalars in the products'
+    ``epilogue`` or in a ``polynomial`` kernel (:func:`choose_epilogue`)."""
 
     kind: str
     reason: str
+
+
+# Where the textbook iteration applies its polynomial's scalars (ns_kernel.orthogonalize):
+# in the products' epilogues (B = baddbmm(A, A, A, beta=b, alpha=c); X = baddbmm(X, B, X, beta=a):
+# three product calls, no other kernel), or in one fused pointwise kernel on the m x m matrices
+# (B = c A A + b A + a I; X = B X: three plain products and that kernel).
+EPILOGUE, POLYNOMIAL = "epilogue", "polynomial"
 
 
 def choose_products(rows: int, cols: int, algorithm: str, compute_dtype: torch.dtype, device_type: str, policy: str = AUTO) -> ProductChoice:
@@ -176,6 +185,25 @@ def choose_products(rows: int, cols: int, algorithm: str, compute_dtype: torch.d
         return ProductChoice(BMM, f"no measured rate of symmetric products on {device_type}")
     kind = SYMMETRIC if speedup > 1.0 else BMM
     return ProductChoice(kind, f"measured bmm/symmetric time {speedup:.2f} at {m}")
+
+
+def choose_epilogue(rows: int, cols: int, compute_dtype: torch.dtype, device_type: str, policy: str = AUTO) -> ProductChoice:
+    """Where the textbook iteration on ``rows x cols`` matrices applies its polynomial's
+    scalars (:data:`EPILOGUE` or :data:`POLYNOMIAL`): as ``policy``
+    (``MUON_COMPILE_NS_EPILOGUE``) says when it is ``on`` or ``off``; for ``auto``, the form
+    the device's measured table (:meth:`MatmulRates.epilogue_speedup`) has faster at the
+    Gram matrix's size in ``compute_dtype``, and the epilogue where nothing was measured
+    (the form that device has run until it is measured)."""
+    if policy not in PRODUCT_POLICIES:
+        raise ValueError(f"MUON_COMPILE_NS_EPILOGUE must be one of {list(PRODUCT_POLICIES)}, got {policy!r}")
+    if policy != AUTO:
+        return ProductChoice(EPILOGUE if policy == "on" else POLYNOMIAL, f"MUON_COMPILE_NS_EPILOGUE={policy}")
+    m = min(rows, cols)
+    speedup = profile_for(device_type).epilogue_speedup(compute_dtype, m)
+    if speedup is None:
+        return ProductChoice(EPILOGUE, f"no measured epilogue table on {device_type} for {compute_dtype}")
+    kind = EPILOGUE if speedup > 1.0 else POLYNOMIAL
+    return ProductChoice(kind, f"measured polynomial/epilogue time {speedup:.2f} at {m}")
 
 
 def choose(

@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 
 from .ns_args import AUTO, GRAM, NSArgs
-from .ns_cost import BMM, SYMMETRIC, choose, iteration_dtype, segments
+from .ns_cost import BMM, EPILOGUE, PRODUCT_POLICIES, SYMMETRIC, choose, choose_epilogue, iteration_dtype, segments
 from .rounding_cast import to_low_precision
 from .sym_kernel import sym_bmm
 
@@ -23,7 +23,7 @@ def algorithm_for(x: Tensor, args: NSArgs, policy: str = AUTO) -> str:
     return choose(rows, cols, args.steps, args.compute_dtype, x.device.type, policy=policy).algorithm
 
 
-def orthogonalize(x: Tensor, args: NSArgs, policy: str = AUTO, products: str = BMM) -> Tensor:
+def orthogonalize(x: Tensor, args: NSArgs, policy: str = AUTO, products: str = BMM, epilogue: str = AUTO) -> Tensor:
     """Approximate the orthogonal polar factor of each matrix in ``x`` (2-D, or 3-D batched).
 
     1. A tall matrix (rows > cols) is transposed so the Gram matrix is the small one.
@@ -37,20 +37,29 @@ def orthogonalize(x: Tensor, args: NSArgs, policy: str = AUTO, products: str = B
     3. The iteration, by the algorithm :func:`algorithm_for` names (``auto`` resolved
        under ``policy``):
 
-       * ``textbook``, for each iteration's ``(a, b, c)``: ``A = X X^T; B = b A + c A A;
-         X = a X + B X``: three products and nothing else, the scalars in the products'
-         ``beta`` / ``alpha`` (``baddbmm``), so an iteration is three matmul kernels, no
-         pointwise kernel between them (the same code for every iteration of a bucket up
-         to the scalars, which the generated code passes as arguments). The products
-         accumulate in fp32 and round once to ``compute_dtype``, epilogue included, on
-         cuBLAS and on the CPU alike.
+       * ``textbook``, for each iteration's ``(a, b, c)``, in one of two forms
+         (``epilogue``: the plan's :func:`muon_compile.ns_cost.choose_epilogue`, or a
+         policy of ``MUON_COMPILE_NS_EPILOGUE``, ``auto`` / ``on`` / ``off``, resolved for
+         ``x``'s shape and device):
+
+         - ``epilogue``: ``A = X X^T; B = b A + c A A; X = a X + B X``, the scalars in the
+           products' ``beta`` / ``alpha`` (``baddbmm``): three matmul kernels and no
+           pointwise kernel between them (the same code for every iteration of a bucket
+           up to the scalars, which the generated code passes as arguments). The products
+           accumulate in fp32 and round once to ``compute_dtype``, epilogue included. A
+           CPU ``baddbmm`` first copies its input into its output: a pass over ``X``.
+         - ``polynomial``: ``A = X X^T; B = c A A + b A + a I; X = B X``: three plain
+           products and one small (rows x rows) pointwise kernel forming ``B``, summed in
+           at least fp32 and rounded once (:func:`polynomial`). In low precision the
+           diagonal ``a + B_ii`` rounds relative to its own size, the size of the output
+           it scales, so the rounding error matches ``a X + B X`` rounded once.
        * ``gram`` (:func:`gram_iteration`): the same polynomial on the Gram matrix, the
          result rounded once to ``compute_dtype``.
 
        ``products="sym"`` (the plan's choice, :func:`muon_compile.ns_cost.choose_products`)
        forms the symmetric products (``X X^T``, ``A A``, ``R R``) with
-       :func:`muon_compile.sym_kernel.sym_bmm`, the textbook ``B`` with the same epilogue
-       (one rounding).
+       :func:`muon_compile.sym_kernel.sym_bmm`, in the epilogue form the textbook ``B``
+       with the same epilogue (one rounding).
 
     4. Transpose back; the result has ``x``'s shape, dtype and a contiguous layout.
     """
@@ -66,13 +75,17 @@ def orthogonalize(x: Tensor, args: NSArgs, policy: str = AUTO, products: str = B
     else:
         X = X.to(compute_dtype)
         symmetric = _symmetric(products)
+        if epilogue in PRODUCT_POLICIES:
+            epilogue = choose_epilogue(X.size(-2), X.size(-1), compute_dtype, X.device.type, epilogue).kind
+        eye = None if epilogue == EPILOGUE else identity(X.size(-2), X.device, acc)
         for a, b, c in args.coefficients:
             A = symmetric(X, X.mT)
-            if products == SYMMETRIC:
-                B = sym_bmm(A, A, A, beta=b, alpha=c)
+            if eye is not None:
+                X = torch.bmm(polynomial(A, symmetric(A, A), (a, b, c), eye, compute_dtype), X)
+            elif products == SYMMETRIC:
+                X = torch.baddbmm(X, sym_bmm(A, A, A, beta=b, alpha=c), X, beta=a)
             else:
-                B = torch.baddbmm(A, A, A, beta=b, alpha=c)
-            X = torch.baddbmm(X, B, X, beta=a)
+                X = torch.baddbmm(X, torch.baddbmm(A, A, A, beta=b, alpha=c), X, beta=a)
     if tall:
         X = X.mT
     if x.dim() == 2:
@@ -114,6 +127,15 @@ def frobenius_norm(X: Tensor) -> Tensor:
     small = torch.linalg.vector_norm(X * _RESCALE, dim=(-2, -1), keepdim=True) / _RESCALE
     large = torch.linalg.vector_norm(X / _RESCALE, dim=(-2, -1), keepdim=True) * _RESCALE
     return torch.where(norm < 1 / _LARGE_NORM, small, torch.where(norm > _LARGE_NORM, large, norm))
+
+
+def polynomial(A: Tensor, AA: Tensor, coefficients: tuple[float, float, float], eye: Tensor, dtype: torch.dtype) -> Tensor:
+    """The textbook iteration's pointwise step ``B = c A A + b A + a I`` of its polynomial
+    form, summed in ``eye``'s dtype (at least fp32) and rounded once to ``dtype``; ``AA`` is
+    the product ``A A``."""
+    a, b, c = coefficients
+    acc = eye.dtype
+    return (c * AA.to(acc) + b * A.to(acc) + a * eye).to(dtype)
 
 
 def identity(n: int, device: torch.device, dtype: torch.dtype) -> Tensor:

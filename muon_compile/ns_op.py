@@ -40,7 +40,8 @@ torch.library.define(_QUALNAME, f"(Tensor x, {NSArgs.SCHEMA}) -> Tensor")
 def _newton_schulz_impl(x: Tensor, *flat: object) -> Tensor:
     args = NSArgs.from_op(flat)
     check_input(x)
-    return orthogonalize(x, args, config.current().ns_algorithm)
+    cfg = config.current()
+    return orthogonalize(x, args, cfg.ns_algorithm, epilogue=cfg.ns_epilogue)
 
 
 @torch.library.register_fake(_QUALNAME)

@@ -124,9 +124,18 @@ def run_fake(fn, world: int, ranks, *args, timeout: float = 600) -> list:
 # nothing but import, as a DataLoader's forked workers start from a process with torch
 # imported; its environment is this process's when it started, and no test changes its
 # environment for the ranks.
+# The backend and what a rank's first FSDP2 compile imports of Inductor and torch.distributed
+# come too (none asks for CUDA): imported lazily, they took 1.7-2.4 s of each rank's first
+# step (an FSDP2 step of 4 matrices at world 2, its kernels on disk: 8.6-9.3 s, 6.2-7.2 s
+# preloaded; the same step again 3.4-4.2 s).
 # Not the test modules: tests/helpers.py asks torch.cuda.is_available() on import, which
 # must not run in a process that forks (a forked rank could not initialise CUDA).
-_PRELOAD = ["torch", "torch.distributed", "torch._dynamo", "muon_compile"]
+_PRELOAD = [
+    "torch", "torch.distributed", "torch._dynamo", "muon_compile", "muon_compile.backend",
+    "torch._inductor.compile_fx", "torch._inductor.graph", "torch._inductor.lowering", "torch._inductor.scheduler",
+    "torch._inductor.codegen.cpp", "torch._inductor.fx_passes.joint_graph", "torch._inductor.fx_passes.post_grad",
+    "torch.distributed.fsdp", "torch.distributed.tensor.parallel",
+]
 
 
 def _context():

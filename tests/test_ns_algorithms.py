@@ -15,7 +15,7 @@ from muon_compile.counters import counters
 from muon_compile.ns_kernel import orthogonalize
 
 from helpers import MIXED_SHAPES, compare_steps, make_params, set_grads
-from numerics import NS_RTOL, assert_rel_close, rel_err
+from numerics import NS_RTOL, assert_rel_close, assert_rewrite_close, rel_err
 
 @pytest.mark.parametrize("shape", [(16, 48), (48, 16), (24, 24), (3, 16, 40)])
 @pytest.mark.parametrize("algorithm", ["textbook", "gram"])
@@ -270,3 +270,65 @@ def test_symmetric_products_only_where_measured_faster_or_asked(monkeypatch):
     with pytest.raises(ValueError, match="MUON_COMPILE_SYM_PRODUCTS must be one of"):
         config.from_env({"MUON_COMPILE_SYM_PRODUCTS": "yes"})
     assert config.from_env({"MUON_COMPILE_SYM_PRODUCTS": "on"}).cache_key() != config.from_env({}).cache_key()
+
+
+def _plan_form(rows, cols, device, dtype=torch.bfloat16):
+    """The form ``plan_algorithms`` gives a textbook NS node of 8 ``rows x cols`` matrices on ``device``."""
+    from muon_compile.passes.find import NSSite
+    from muon_compile.passes.plan_algorithms import plan_algorithms
+
+    args = ns_args("keller", 5, compute_dtype=dtype, algorithm="textbook")
+    site = NSSite(0, 8, rows, cols, 3, torch.float32, device, args)
+    node = torch.fx.Graph().placeholder("ns")  # the plan reads a node's name only
+    (choice,) = plan_algorithms([node], [site], policy="auto").choices
+    assert choice.choice.algorithm == "textbook"
+    return choice.epilogue
+
+
+def test_the_plan_takes_the_form_each_devices_table_has_faster(monkeypatch):
+    """``MUON_COMPILE_NS_EPILOGUE=auto`` (issue 75): the plan puts the textbook scalars where
+    the device's measured table (``MatmulRates.epilogue``) has them faster: on this CPU, at
+    every size and dtype measured, the form of the table's ratio there, so a change of
+    lowering cannot cost the CPU again unmeasured; on CUDA, which has no table, the products'
+    epilogue (the form it ran before the table), and the polynomial where a table says so;
+    ``on`` / ``off`` force the form, a bad value is refused by name, and the setting is in
+    the cache key."""
+    cpu = matmul_rates.PROFILES["cpu"]
+    for dtype, table in cpu.epilogue.items():
+        for m, ratio in table:
+            want = ns_cost.EPILOGUE if ratio > 1 else ns_cost.POLYNOMIAL
+            for rows, cols in ((m, 4 * m), (4 * m, m)):
+                form = _plan_form(rows, cols, "cpu", dtype)
+                assert (form.kind, form.reason) == (want, f"measured polynomial/epilogue time {ratio:.2f} at {m}"), (m, dtype)
+    assert _plan_form(384, 1536, "cpu").kind == ns_cost.POLYNOMIAL  # gpt-small's MLP matrices
+    assert _plan_form(384, 1536, "cuda") == ns_cost.ProductChoice("epilogue", "no measured epilogue table on cuda for torch.bfloat16")
+    measured = dataclasses.replace(matmul_rates.PROFILES["cuda"], epilogue={torch.bfloat16: ((256, 1.2), (1024, 0.9))})
+    monkeypatch.setitem(matmul_rates.PROFILES, "cuda", measured)
+    assert _plan_form(256, 1024, "cuda").kind == ns_cost.EPILOGUE
+    assert _plan_form(1024, 4096, "cuda") == ns_cost.ProductChoice("polynomial", "measured polynomial/epilogue time 0.90 at 1024")
+    for policy, kind in (("on", ns_cost.EPILOGUE), ("off", ns_cost.POLYNOMIAL)):
+        assert ns_cost.choose_epilogue(384, 1536, torch.bfloat16, "cpu", policy).kind == kind
+    with pytest.raises(ValueError, match="MUON_COMPILE_NS_EPILOGUE must be one of"):
+        config.from_env({"MUON_COMPILE_NS_EPILOGUE": "yes"})
+    assert config.from_env({"MUON_COMPILE_NS_EPILOGUE": "on"}).cache_key() != config.from_env({}).cache_key()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_both_textbook_forms_are_the_iteration(dtype, device):
+    """The epilogue and the polynomial form of the textbook iteration (ns_kernel.orthogonalize)
+    are the same iteration, rounded differently: wide and tall, each is as accurate against
+    the fp64 iteration as the other is (the rewrite rule of tests/numerics.py), and in fp32
+    within fp32's NS bound of it; ``auto`` is the device's form."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 24, 64, generator=g, dtype=torch.float64).to(device)
+    args = ns_args("keller", 5, compute_dtype=dtype, algorithm="textbook")
+    for x in (x, x.mT):
+        exact = orthogonalize(x, dataclasses.replace(args, compute_dtype=torch.float64))
+        forms = {form: orthogonalize(x, args, epilogue=form) for form in (ns_cost.EPILOGUE, ns_cost.POLYNOMIAL)}
+        assert_rewrite_close(forms[ns_cost.POLYNOMIAL], forms[ns_cost.EPILOGUE], exact, dtype, "polynomial against epilogue")
+        assert_rewrite_close(forms[ns_cost.EPILOGUE], forms[ns_cost.POLYNOMIAL], exact, dtype, "epilogue against polynomial")
+        if dtype == torch.float32:
+            for form, y in forms.items():
+                assert_rel_close(y, exact, NS_RTOL[device][dtype], form)
+    chosen = ns_cost.choose_epilogue(24, 64, dtype, torch.device(device).type).kind
+    assert torch.equal(orthogonalize(x, args), orthogonalize(x, args, epilogue=chosen))

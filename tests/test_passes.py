@@ -107,15 +107,18 @@ def product_calls(rows, cols, device, steps=5, algorithm=None):
 
 # One bucket of seven 8x24 bf16 matrices (one stored tall), five Keller iterations, on the
 # CPU: (products, generated kernels, other op calls) in Inductor's code. Textbook: the
-# three products of each iteration, the scalars in their alpha / beta, and three kernels
-# around them (momentum fused with the norm and the cast; the write's two 0-D factors, the
+# three products of each iteration, their scalars in one pointwise kernel per iteration
+# (B = c A A + b A + a I: the polynomial form, which this CPU's table has faster,
+# ns_cost.choose_epilogue; the epilogue form puts them in the products' alpha / beta
+# instead: test_epilogue_form_has_no_pointwise_kernel), and three kernels around them
+# (momentum fused with the norm and the cast; the write's two 0-D factors, the
 # decay and -lr * scale, as the write reads the bf16 result itself (passes/write_source.py);
 # the tall one's write-back), one stack op, one write op. Gram:
 # its products (4T - 1 and 2 per restart), one kernel per iteration for Z = c R R + b R + a I
 # (its scalars scale with each matrix's norm, so they stay tensors), one per rescaled R (its
 # trace and the exact division fused: after the restart and after each R = Z Z R, four; see
 # ns_kernel.gram_iteration); its fp16 cast fused with the normalisation.
-LAUNCHES = {"textbook": (15, 3, 2), "gram": (18, 12, 2)}
+LAUNCHES = {"textbook": (15, 8, 2), "gram": (18, 12, 2)}
 
 
 @pytest.mark.parametrize("algorithm", LAUNCHES)
@@ -131,6 +134,26 @@ def test_launches_per_step_are_the_algorithms(algorithm):
     launches = count_launches(code)
     assert launches.products == product_calls(8, 24, "cpu", algorithm=algorithm)
     assert (launches.products, launches.kernels, launches.ops) == LAUNCHES[algorithm], launches.describe()
+    for p, e in zip(params, eager_params):
+        torch.testing.assert_close(p, e, rtol=NS_RTOL["cpu"][torch.bfloat16], atol=1e-3)
+
+
+def test_epilogue_form_has_no_pointwise_kernel():
+    """``MUON_COMPILE_NS_EPILOGUE=on`` (the form a device without a measured table runs):
+    the textbook scalars in the products' alpha / beta, so the bucket's code is its 15
+    products and the three kernels around them, no kernel between the products."""
+    shapes = [(8, 24)] * 6 + [(24, 8)]
+    eager_params, params = make_params(shapes), make_params(shapes)
+    eager = muon_compile.Muon(eager_params, ns_algorithm="textbook")
+    opt = muon_compile.Muon(params, ns_algorithm="textbook")
+    set_grads(params, 0)
+    set_grads(eager_params, 0)
+    with config.override(ns_epilogue="on"):
+        _, code = run_and_get_code(torch.compile(opt.step, backend="muon"))
+        eager.step()
+    launches = count_launches(code)
+    assert (launches.products, launches.kernels, launches.ops) == (15, 3, 2), launches.describe()
+    assert code[0].count("extern_kernels.baddbmm") == 10, "two of each iteration's three products carry its scalars"
     for p, e in zip(params, eager_params):
         torch.testing.assert_close(p, e, rtol=NS_RTOL["cpu"][torch.bfloat16], atol=1e-3)
 

@@ -28,6 +28,7 @@ import torch
 import torch.fx as fx
 
 from muon_compile.counters import counters
+from muon_compile.ns_args import TEXTBOOK
 from muon_compile.ns_kernel import orthogonalize
 from muon_compile.sharded_ns import gather_orthogonalize_slice, group_rank
 
@@ -46,19 +47,24 @@ def lower_ns_ops(graph: fx.Graph, plan: AlgorithmPlan) -> None:
         if node.name not in chosen:  # left as the op (plan.skipped)
             continue
         call = dataclasses.replace(ns_call(node), args=chosen[node.name].chosen_args)
-        products = chosen[node.name].products.kind
-        log.debug("lowering %s on %s: %s, %s products", node.name, tuple(call.input.meta["val"].shape), call.args.describe(), products)
+        products, epilogue = chosen[node.name].products.kind, chosen[node.name].epilogue.kind
+        log.debug(
+            "lowering %s on %s: %s, %s products, %s", node.name, tuple(call.input.meta["val"].shape), call.args.describe(), products, epilogue
+        )
         counters[f"lower.{call.args.algorithm}"] += 1
         counters[f"lower.products_{products}"] += 1
-        (out,) = splice_trace(graph, _kernel(call, products), [call.input], insert_before=node, meta=tagged(stage_of(node)))
+        if call.args.algorithm == TEXTBOOK:
+            counters[f"lower.scalars_in_{epilogue}"] += 1
+        kernel = _kernel(call, products, epilogue)
+        (out,) = splice_trace(graph, kernel, [call.input], insert_before=node, meta=tagged(stage_of(node)))
         node.replace_all_uses_with(out)
         graph.erase_node(node)
         counters["lower.ns_ops"] += 1
 
 
-def _kernel(call: NSCall, products: str) -> Callable[[torch.Tensor], list[torch.Tensor]]:
+def _kernel(call: NSCall, products: str, epilogue: str) -> Callable[[torch.Tensor], list[torch.Tensor]]:
     """The pure function an NS node computes, closed over its non-tensor arguments."""
     if call.shard is not None:
         shard, rank = call.shard, group_rank(call.shard.group_name)
-        return lambda t: [gather_orthogonalize_slice(t, shard, rank, call.args, products=products)]
-    return lambda t: [orthogonalize(t, call.args, products=products)]
+        return lambda t: [gather_orthogonalize_slice(t, shard, rank, call.args, products=products, epilogue=epilogue)]
+    return lambda t: [orthogonalize(t, call.args, products=products, epilogue=epilogue)]

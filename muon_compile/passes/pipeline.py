@@ -156,7 +156,7 @@ def _post_grad(graph: fx.Graph, cfg: config_mod.Config, dump_name: str | None) -
     if cfg.enabled("schedule") and distributed:
         _run_pass("schedule", graph, dumper, lambda: apply_schedule(graph, cfg.prefetch))
     if cfg.enabled("lower"):
-        algorithms = plan_algorithms(*find_ns_sites(graph), policy=cfg.ns_algorithm, products=cfg.sym_products)
+        algorithms = plan_algorithms(*find_ns_sites(graph), policy=cfg.ns_algorithm, products=cfg.sym_products, epilogue=cfg.ns_epilogue)
         log.debug("algorithm plan:\n%s", algorithms.describe())
         explain.note_plan(algorithms.describe())
         _run_pass("lower", graph, dumper, lambda: lower_ns_ops(graph, algorithms))

@@ -14,9 +14,14 @@ bucketing and distribution every node is one bucket or one owner's batch):
      formed: ``bmm``, or the Triton kernel of :mod:`muon_compile.sym_kernel` where the
      device's measured table has it faster at that size (none is measured yet: never
      chosen by ``auto``, never on the CPU) or ``MUON_COMPILE_SYM_PRODUCTS=on``.
-  4. The plan records the choices, their reasons and both algorithms' FLOPs and predicted
+  4. :func:`muon_compile.ns_cost.choose_epilogue` picks where a textbook iteration applies
+     its polynomial's scalars: in the products' epilogues (``baddbmm``) or in one pointwise
+     kernel between plain products, the form the device's measured table has faster at
+     that size (the polynomial on this project's CPU, whose ``baddbmm`` copies its input
+     first; the epilogue where nothing was measured) or ``MUON_COMPILE_NS_EPILOGUE``.
+  5. The plan records the choices, their reasons and both algorithms' FLOPs and predicted
      seconds; ``lower`` then traces each node's kernel with the chosen algorithm and products.
-  5. A node whose matrices have a symbolic shape (Dynamo's dynamic shapes) gets no
+  6. A node whose matrices have a symbolic shape (Dynamo's dynamic shapes) gets no
      choice: it is left as the op, whose kernel chooses from the real shape at each call,
      as in eager.
 
@@ -33,7 +38,7 @@ import torch
 import torch.fx as fx
 
 from muon_compile.ns_args import GRAM, TEXTBOOK, NSArgs
-from muon_compile.ns_cost import BMM, Choice, ProductChoice, choose, choose_products
+from muon_compile.ns_cost import BMM, EPILOGUE, Choice, ProductChoice, choose, choose_epilogue, choose_products
 
 from .find import NSSite
 
@@ -49,6 +54,7 @@ class NodeChoice:
     args: NSArgs
     choice: Choice
     products: ProductChoice = ProductChoice(BMM, "not chosen")
+    epilogue: ProductChoice = ProductChoice(EPILOGUE, "not chosen")
 
     @property
     def chosen_args(self) -> NSArgs:
@@ -80,8 +86,9 @@ class AlgorithmPlan:
             ch = c.choice
             costs = ", ".join(f"{a} {c.flops(a) / 1e9:.3g} GFLOP {1e3 * c.batch * ch.seconds[a]:.3g} ms" for a in (TEXTBOOK, GRAM))
             products = "" if c.products.kind == BMM else f"; symmetric products ({c.products.reason})"
+            form = f"; scalars in the {c.epilogue.kind} ({c.epilogue.reason})" if ch.algorithm == TEXTBOOK else ""
             lines.append(
-                f"ns {c.node}: {c.batch} x {c.rows}x{c.cols} {c.args.compute_dtype}: {ch.algorithm} ({ch.reason}; {costs}){products}"
+                f"ns {c.node}: {c.batch} x {c.rows}x{c.cols} {c.args.compute_dtype}: {ch.algorithm} ({ch.reason}; {costs}){products}{form}"
             )
         lines += [f"ns {node}: left as the op ({reason})" for node, reason in self.skipped]
         if self.choices:
@@ -91,11 +98,13 @@ class AlgorithmPlan:
         return "\n".join(lines)
 
 
-def plan_algorithms(nodes: list[fx.Node], sites: list[NSSite], *, policy: str, products: str = "auto") -> AlgorithmPlan:
+def plan_algorithms(
+    nodes: list[fx.Node], sites: list[NSSite], *, policy: str, products: str = "auto", epilogue: str = "auto"
+) -> AlgorithmPlan:
     """Choose the algorithm and products of each NS op node in ``nodes``, described by
     ``sites`` (:func:`~.find.find_ns_sites` of the graph ``lower`` rewrites; see the module
-    docstring), under ``MUON_COMPILE_NS_ALGORITHM`` (``policy``) and
-    ``MUON_COMPILE_SYM_PRODUCTS`` (``products``)."""
+    docstring), under ``MUON_COMPILE_NS_ALGORITHM`` (``policy``),
+    ``MUON_COMPILE_SYM_PRODUCTS`` (``products``) and ``MUON_COMPILE_NS_EPILOGUE`` (``epilogue``)."""
     choices, skipped = [], []
     for node, site in zip(nodes, sites, strict=True):
         if site.symbolic:
@@ -105,5 +114,6 @@ def plan_algorithms(nodes: list[fx.Node], sites: list[NSSite], *, policy: str, p
         device = torch.device(site.device).type
         choice = choose(site.rows, site.cols, args.steps, args.compute_dtype, device, args.algorithm, policy)
         kind = choose_products(site.rows, site.cols, choice.algorithm, args.compute_dtype, device, products)
-        choices.append(NodeChoice(node.name, site.batch, site.rows, site.cols, args, choice, kind))
+        form = choose_epilogue(site.rows, site.cols, args.compute_dtype, device, epilogue)
+        choices.append(NodeChoice(node.name, site.batch, site.rows, site.cols, args, choice, kind, form))
     return AlgorithmPlan(tuple(choices), tuple(skipped))

@@ -1,0 +1,111 @@
+"""The textbook Newton–Schulz iteration in its two forms on one device (issue 75): the
+polynomial's scalars in the products' epilogues (``baddbmm``) against one pointwise kernel
+between plain products (muon_compile/ns_kernel.py, ``orthogonalize``), median times.
+
+    python scripts/bench_epilogue.py [--device cpu] [--sizes 128,...] [--dtypes bf16,fp32] [--batch N] [--reps 20] [--json FILE]
+
+For each size ``m`` and dtype: a stack of ``m x 4m`` matrices (a wide matrix's bucket;
+``--batch``, by default as many as make 2²² elements on a CPU, 2²⁶ on a GPU, at least one),
+orthogonalised by 5 iterations of Keller Jordan's coefficients, each form compiled with
+Inductor (as the ``lower`` pass traces it), the two timed in alternation. Columns: both
+times, their ratio, and the largest difference between the two results in units of the
+result's largest entry. Last, the table ``ns_cost.choose_epilogue`` reads
+(``MatmulRates.epilogue``), per dtype ``(m, polynomial time / epilogue time)``, ready to paste
+into ``muon_compile/matmul_rates.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_common import clock_for, kernel_bench_parser, machine_info, machine_line, markdown_row, markdown_rule, positive_int  # noqa: E402
+
+from muon_compile import coefficients  # noqa: E402
+from muon_compile.ns_cost import EPILOGUE, POLYNOMIAL  # noqa: E402
+from muon_compile.ns_kernel import orthogonalize  # noqa: E402
+
+ASPECT = 4  # columns per row of each matrix
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+FORMS = (EPILOGUE, POLYNOMIAL)
+
+
+def default_batch(m: int, device: torch.device) -> int:
+    elements = 2**22 if device.type == "cpu" else 2**26
+    return max(1, elements // (ASPECT * m * m))
+
+
+def measure(m: int, dtype: str, device: torch.device, warmup: int, reps: int, batch: int | None = None) -> dict:
+    batch = batch or default_batch(m, device)
+    g = torch.Generator().manual_seed(m)
+    x = torch.randn(batch, m, ASPECT * m, generator=g).to(device)
+    args = coefficients.ns_args("keller", 5, compute_dtype=DTYPES[dtype], algorithm="textbook")
+    torch._dynamo.reset()  # each size and form a compile of its own, none past the recompile limit
+    steps = {form: torch.compile(lambda t, form=form: orthogonalize(t, args, epilogue=form), dynamic=False) for form in FORMS}
+    clock = clock_for(device)
+    for form in FORMS:
+        for _ in range(warmup):
+            steps[form](x)
+    clock.synchronize()
+    times: dict[str, list[float]] = {form: [] for form in FORMS}
+    for _ in range(reps):
+        for form in FORMS:
+            times[form].append(clock.step_s(lambda form=form: steps[form](x)))
+    row = {"m": m, "dtype": dtype, "n": ASPECT * m, "batch": batch}
+    for form in FORMS:
+        row[f"{form}_ms"] = statistics.median(times[form]) * 1e3
+    reference = steps[EPILOGUE](x).float()
+    diff = (steps[POLYNOMIAL](x).float() - reference).abs().max()
+    row["max_diff"] = float(diff / reference.abs().max().clamp_min(1e-30))
+    row["ratio"] = row[f"{POLYNOMIAL}_ms"] / row[f"{EPILOGUE}_ms"]
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = kernel_bench_parser(__doc__)
+    parser.add_argument("--sizes", default="64,128,256,384,512,1024,2048")
+    parser.add_argument("--dtypes", default="bf16,fp32")
+    parser.add_argument("--batch", type=positive_int, help="matrices per stack (default: see above)")
+    args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    sizes = [int(s) for s in args.sizes.split(",")]
+    machine = machine_info(device)
+    print(machine_line(machine))
+    print(f"textbook NS, 5 iterations, each form compiled; medians of {args.reps} after {args.warmup}, alternating")
+    print()
+    print(markdown_row(["dtype", "m x n", "batch", "epilogue ms", "polynomial ms", "polynomial / epilogue", "max diff"]))
+    print(markdown_rule("llrrrrr"))
+    rows = []
+    for dtype in args.dtypes.split(","):
+        for m in sizes:
+            row = measure(m, dtype, device, args.warmup, args.reps, args.batch)
+            rows.append(row)
+            print(markdown_row([
+                dtype, f"{m} x {row['n']}", str(row["batch"]), f"{row['epilogue_ms']:.3f}", f"{row['polynomial_ms']:.3f}",
+                f"{row['ratio']:.2f}", f"{row['max_diff']:.1e}",
+            ]), flush=True)
+    table = epilogue_table(rows)
+    print()
+    print(f"MatmulRates.epilogue of this device: {table}")
+    if args.json:
+        args.json.write_text(json.dumps({"machine": machine, "rows": rows, "table": table}, indent=1))
+    return 0
+
+
+def epilogue_table(rows: list[dict]) -> str:
+    """Per dtype, ``(m, polynomial time / epilogue time)``, as Python for ``muon_compile/matmul_rates.py``."""
+    parts = []
+    for dtype, name in (("bf16", "torch.bfloat16"), ("fp32", "torch.float32")):
+        points = [(r["m"], r["ratio"]) for r in sorted(rows, key=lambda r: r["m"]) if r["dtype"] == dtype]
+        if points:
+            parts.append(f"{name}: ({', '.join(f'({m}, {s:.3f})' for m, s in points)},)")
+    return "{" + ", ".join(parts) + "}"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
