@@ -21,6 +21,9 @@
 #                and the muon arm's profiled step per workload -> traces/<workload>-muon.json
 #   sym          scripts/bench_sym.py: the symmetric product kernel against bmm, m 256-8192,
 #                X Xᵀ and S S in bf16                             -> bench_sym.txt/.json
+#   epilogue     scripts/bench_epilogue.py: the textbook iteration's scalars in the products'
+#                epilogues against one pointwise kernel, m 128-4096, bf16 and fp32 (the table
+#                of matmul_rates' epilogue field)                 -> bench_epilogue.txt/.json
 #   write        scripts/bench_write.py: the stacks' one-pass write kernel against the
 #                foreach write it replaced, llama-1b and 8B stacks -> bench_write.txt/.json
 #   tests        the CUDA instances of the device-parametrised tests (pytest -m cuda, 4
@@ -38,7 +41,7 @@
 # and arm), BENCH_DIST_ARGS adds to the distributed one's.
 # Exit status: non-zero when a step failed (the later steps still run).
 set -uo pipefail
-KNOWN=(bench sym write tests calibrate distributed)
+KNOWN=(bench sym epilogue write tests calibrate distributed)
 DEVICE=cuda
 if [ "${1:-}" = "--device" ]; then
   DEVICE="${2:-}"
@@ -124,6 +127,14 @@ if wanted sym; then
   [ "$DEVICE" = cpu ] && SYM_ARGS=(--sizes 32,64 --batch 4 --reps 2 --warmup 1)  # the steps checked: off CUDA the op is bmm
   bounded "$PY" scripts/bench_sym.py --device "$DEVICE" --json "$REPORT/bench_sym.json" "${SYM_ARGS[@]}" \
     > "$REPORT/bench_sym.txt" 2> "$REPORT/bench_sym.log" || status=1
+fi
+
+if wanted epilogue; then
+  step "the textbook scalars: products' epilogues against a pointwise kernel on $DEVICE"
+  EPILOGUE_ARGS=(--sizes 128,256,512,1024,2048,4096)
+  [ "$DEVICE" = cpu ] && EPILOGUE_ARGS=(--sizes 32,64 --batch 4 --reps 2 --warmup 1)  # the steps checked, not the figures
+  bounded "$PY" scripts/bench_epilogue.py --device "$DEVICE" --json "$REPORT/bench_epilogue.json" "${EPILOGUE_ARGS[@]}" \
+    > "$REPORT/bench_epilogue.txt" 2> "$REPORT/bench_epilogue.log" || status=1
 fi
 
 if wanted write; then

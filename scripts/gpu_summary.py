@@ -10,6 +10,8 @@ Lines, in the order of gpu_check.sh's steps:
   kernels per step, its GPU busy time (of it in products) and its cold compile seconds;
 * the symmetric products (bench_sym.json): per product kind, the symmetric kernel's time
   over ``bmm``'s at each size, and what ran as the kernel;
+* the textbook scalars (bench_epilogue.json): per dtype, the polynomial form's time over the
+  epilogue form's at each size, and the table for ``matmul_rates``;
 * the stacks' write (bench_write.json): per stack, the write's time over the foreach
   write's it replaced and its rate in the write's least bytes, and what ran as the write;
 * the CUDA tests' counts (junit.xml);
@@ -79,6 +81,19 @@ def sym_lines(report: Path) -> list[str]:
     return lines
 
 
+def epilogue_lines(report: Path) -> list[str]:
+    path = report / "bench_epilogue.json"
+    if not path.exists():
+        return ["textbook scalars: missing (no bench_epilogue.json; see bench_epilogue.log)"]
+    data = json.loads(path.read_text())
+    lines = []
+    for dtype in sorted({r["dtype"] for r in data["rows"]}):
+        ratios = ", ".join(f"{r['m']}: {r['ratio']:.2f}" for r in data["rows"] if r["dtype"] == dtype)
+        lines.append(f"textbook scalars, {dtype}, polynomial / epilogue time by m: {ratios}")
+    lines.append(f"textbook scalars, the table for matmul_rates: {data['table']}")
+    return lines
+
+
 def write_lines(report: Path) -> list[str]:
     path = report / "bench_write.json"
     if not path.exists():
@@ -137,7 +152,8 @@ def main(argv: list[str]) -> int:
         print(__doc__.strip().splitlines()[2].strip(), file=sys.stderr)
         return 2
     report = Path(argv[0])
-    lines = ["=== gpu_check summary ===", *environment_lines(report), *bench_lines(report), *sym_lines(report), *write_lines(report)]
+    lines = ["=== gpu_check summary ===", *environment_lines(report), *bench_lines(report), *sym_lines(report)]
+    lines += [*epilogue_lines(report), *write_lines(report)]
     lines.append(tests_line(report))
     lines += [*calibrate_lines(report), distributed_line(report)]
     print("\n".join(lines))

@@ -52,6 +52,10 @@ def test_every_step_runs_on_the_cpu(tmp_path):
     assert all(r["max_diff"] == 0 for r in sym["rows"]), sym  # off CUDA the op is bmm itself
     assert sym["table"].startswith("{torch.bfloat16: ((32, ") and "torch.float16: ((32, " in sym["table"]
     assert "symmetric products, gram, bf16, sym / bmm time by m: 32: " in summary and "no Triton kernel on this device" in summary
+    epilogue = json.loads((tmp_path / "bench_epilogue.json").read_text())
+    assert [(r["dtype"], r["m"]) for r in epilogue["rows"]] == [("bf16", 32), ("bf16", 64), ("fp32", 32), ("fp32", 64)]
+    assert epilogue["table"].startswith("{torch.bfloat16: ((32, ") and "torch.float32: ((32, " in epilogue["table"]
+    assert "textbook scalars, bf16, polynomial / epilogue time by m: 32: " in summary
     write = json.loads((tmp_path / "bench_write.json").read_text())
     assert [(r["stack"], r["transposed"]) for r in write["rows"]] == [("4x32x64", False), ("4x64x32", True)]
     assert all(r["max_diff"] < 1e-6 for r in write["rows"]), write  # the op's fallback against the foreach write

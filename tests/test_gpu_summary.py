@@ -40,6 +40,9 @@ def write_report(folder: Path) -> None:
         {**row, "kind": "gram", "m": 256, "ratio": 1.25}, {**row, "kind": "square", "m": 256, "ratio": 1.5},
         {**row, "kind": "gram", "m": 4096, "ratio": 0.6},
     ]}))
+    (folder / "bench_epilogue.json").write_text(json.dumps({"table": "{torch.bfloat16: ((256, 1.100), (1024, 0.950),)}", "rows": [
+        {"dtype": "bf16", "m": 256, "ratio": 1.1}, {"dtype": "bf16", "m": 1024, "ratio": 0.95},
+    ]}))
     (folder / "bench_write.json").write_text(json.dumps({"kernel": "the Triton kernel", "rows": [
         {"stack": "64x2048x2048", "ratio": 0.42, "write_gbps": 4012.3},
         {"stack": "32x8192x2048", "ratio": 0.45, "write_gbps": 3890.0},
@@ -74,6 +77,8 @@ def test_summary_reads_every_step_of_a_report(tmp_path, capsys):
         f"  {'dion Muon':<42} FAILED: RuntimeError: boom",
         "symmetric products, gram, bf16, sym / bmm time by m: 256: 1.25, 4096: 0.60 (the Triton kernel)",
         "symmetric products, square, bf16, sym / bmm time by m: 256: 1.50 (the Triton kernel)",
+        "textbook scalars, bf16, polynomial / epilogue time by m: 256: 1.10, 1024: 0.95",
+        "textbook scalars, the table for matmul_rates: {torch.bfloat16: ((256, 1.100), (1024, 0.950),)}",
         "stacks' write, write / before time by stack: 64x2048x2048: 0.42 (4012 GB/s), 32x8192x2048: 0.45 (3890 GB/s)"
         " (the Triton kernel)",
         "CUDA tests: 36 passed, 1 failed, 0 errors, 3 skipped in 181 s",
@@ -88,6 +93,7 @@ def test_missing_files_are_reported_as_missing(tmp_path, capsys):
         "environment: missing (no environment.txt)",
         "single-device benchmark: missing (no bench_single.json; see bench_single.log)",
         "symmetric products: missing (no bench_sym.json; see bench_sym.log)",
+        "textbook scalars: missing (no bench_epilogue.json; see bench_epilogue.log)",
         "stacks' write: missing (no bench_write.json; see bench_write.log)",
         "CUDA tests: missing (no junit.xml; see tests.log)",
         "calibrate: missing (no profile.json; see calibrate.txt)",
