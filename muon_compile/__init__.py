@@ -2,11 +2,12 @@
 per-parameter Muon step into a bucketed, fully Inductor-compiled one.
 
     opt = muon_compile.MuonAdamW(muon_compile.muon_param_groups(model))
-    step = torch.compile(opt.step, backend="muon")
+    muon_compile.compile_step(opt)   # opt.step() is now the compiled step, for every caller
 """
 
 from . import config, tracing
 from .coefficients import PRESETS
+from .compile_step import compile_step, uncompile_step
 from .counters import counters
 from .ns_op import newton_schulz
 from .optimizers import Muon, MuonAdamW
@@ -21,10 +22,12 @@ __all__ = [
     "QKClip",
     "QKClipLayer",
     "RankDivergenceError",
+    "compile_step",
     "config",
     "counters",
     "muon_param_groups",
     "newton_schulz",
+    "uncompile_step",
 ]
 __version__ = "0.1.0"
 

@@ -30,6 +30,7 @@ from . import config
 from . import offload
 from . import qk_clip as qk_clip_mod
 from . import stacks as stacks_mod
+from .compile_step import without_compiled_step
 from .counters import counters
 from .ns_args import NSArgs, check_algorithm
 from .qk_clip import QKClip
@@ -392,6 +393,13 @@ class MuonAdamW(torch.optim.Optimizer):
             for key, value in state.items():
                 if value.dim() > 0:
                     offload.write_back(value, staged[key])
+
+    def __getstate__(self) -> dict:
+        """What ``copy.deepcopy`` and ``pickle`` copy: everything the optimizer holds (its
+        settings, stacks and state; ``torch.optim.Optimizer``'s own names only defaults, state and
+        param groups, which left a copy without its stacks), but a compiled step
+        (:func:`muon_compile.compile_step`): a copy is uncompiled, as ``torch.optim``'s are."""
+        return without_compiled_step(self.__dict__)
 
     def state_dict(self) -> dict:
         """Like ``torch.optim.Optimizer.state_dict``; with ``offload_state`` on CUDA it first

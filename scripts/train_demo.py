@@ -7,7 +7,7 @@ The demo builds a small GPT-like causal language model in plain PyTorch and trai
 two identical copies of it on the same batches, in lockstep:
 
 * ``eager``:    ``opt.step()`` of :class:`muon_compile.MuonAdamW`, run eagerly;
-* ``compiled``: ``torch.compile(opt.step, backend="muon")``, the bucketed, fused step.
+* ``compiled``: ``muon_compile.compile_step(opt)``, then ``opt.step()``: the bucketed, fused step.
 
 The forward and backward passes stay eager in both runs; only the optimizer step
 differs. Muon updates the hidden matrices (attention and MLP weights) and AdamW the
@@ -205,14 +205,15 @@ def mean_over_ranks(value: float) -> float:
 
 
 class Trainer:
-    """A model, its MuonAdamW optimizer and the step function that applies it."""
+    """A model and its MuonAdamW optimizer, whose step is compiled or eager."""
 
     def __init__(self, model: nn.Module, compiled: bool) -> None:
         if dist.is_initialized():
             model = shard_with_fsdp2(model)
         self.model = model
         self.opt = muon_compile.MuonAdamW(muon_compile.muon_param_groups(model), lr=MUON_LR, adamw_lr=ADAMW_LR)
-        self.step_fn = torch.compile(self.opt.step, backend="muon") if compiled else self.opt.step
+        if compiled:
+            muon_compile.compile_step(self.opt)
 
     def train_step(self, inputs: Tensor, targets: Tensor) -> StepResult:
         """Forward, backward and optimizer step on one batch, timed."""
@@ -222,7 +223,7 @@ class Trainer:
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         opt_start = time.perf_counter()
-        self.step_fn()
+        self.opt.step()
         end = time.perf_counter()
         return StepResult(mean_over_ranks(loss.item()), (end - opt_start) * 1e3, (end - start) * 1e3)
 

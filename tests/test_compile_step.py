@@ -1,0 +1,176 @@
+"""``muon_compile.compile_step(opt)`` (issue 76): ``opt.step`` becomes the compiled step and stays
+what ``torch.optim`` expects of it (muon_compile/compile_step.py). Every compiled step here is
+compared with the same optimizer stepped eagerly, within the bf16 Newton–Schulz bound."""
+
+import copy
+import pickle
+import warnings
+
+import pytest
+import torch
+from torch.optim.lr_scheduler import CosineAnnealingLR, LambdaLR
+
+import muon_compile
+from muon_compile import compile_step, uncompile_step
+
+from helpers import make_params, set_grads
+from numerics import NS_RTOL
+
+SHAPES = [(8, 24), (8, 24), (16, 8)]
+RTOL = NS_RTOL["cpu"][torch.bfloat16]
+
+
+def _frames() -> int:
+    from torch._dynamo.utils import counters
+
+    return counters["frames"]["ok"]
+
+
+def _run(make_opt, compiled: bool, steps: int = 3, before=None, after=None):
+    """Parameters after ``steps`` steps of ``make_opt(params)`` with the schedulers
+    ``before(opt)`` (built before compile_step) and ``after(opt)`` (after), each stepped
+    after the optimizer; the optimizer too."""
+    params = make_params(SHAPES)
+    opt = make_opt(params)
+    schedulers = [before(opt)] if before else []
+    if compiled:
+        compile_step(opt)
+    if after:
+        schedulers.append(after(opt))
+    for seed in range(steps):
+        set_grads(params, seed)
+        opt.step()
+        for s in schedulers:
+            s.step()
+    return params, opt
+
+
+def _assert_same(got, want):
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=RTOL, atol=1e-3)
+
+
+def test_schedulers_before_and_after_see_a_bound_method_and_the_step_compiles_once():
+    """The issue's crash (``'function' object has no attribute '__func__'`` in
+    ``lr_scheduler``) came from assigning a compiled function to ``opt.step``; with
+    compile_step a scheduler built before and one built after both work, neither warns, the
+    learning rate follows both, and the compiled step is equal to eager's."""
+    def make(params):
+        return muon_compile.Muon(params, lr=0.02)
+
+    def before(opt):
+        return LambdaLR(opt, lambda i: 1.0 / (1 + i))
+
+    def after(opt):
+        return CosineAnnealingLR(opt, T_max=4)
+
+    eager, eager_opt = _run(make, False, before=before, after=after)
+    frames = _frames()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        compiled, opt = _run(make, True, before=before, after=after)
+    # the scheduler's: "optimizer.step() has been overridden ...", "lr_scheduler.step() before optimizer.step()"
+    assert not [w for w in caught if "optimizer.step()" in str(w.message)], [str(w.message) for w in caught]
+    assert opt.step._wrapped_by_lr_sched and eager_opt.step._wrapped_by_lr_sched  # the scheduler's mark, as eager's
+    assert _frames() - frames == 1, "one compile for three steps under two schedulers"
+    assert float(opt.param_groups[0]["lr"]) == float(eager_opt.param_groups[0]["lr"])
+    _assert_same(compiled, eager)
+
+
+def test_bound_method_hooks_closure_and_state():
+    """``opt.step`` is a bound method of ``opt``; the step hooks run around it, eagerly; a
+    closure runs eagerly (Dynamo compiles the update alone) and its loss comes back; the
+    state dict loads into a fresh optimizer that continues as the compiled one."""
+    params = make_params(SHAPES)
+    eager_params = make_params(SHAPES)
+    opt, eager = muon_compile.Muon(params, lr=0.02), muon_compile.Muon(eager_params, lr=0.02)
+    assert compile_step(opt) is opt
+    assert opt.step.__self__ is opt and opt.step.__func__ is not None
+    calls = []
+    opt.register_step_pre_hook(lambda o, args, kwargs: calls.append(("pre", torch.compiler.is_compiling())))
+    opt.register_step_post_hook(lambda o, args, kwargs: calls.append(("post", torch.compiler.is_compiling())))
+
+    def closure_of(ps, seed):
+        def closure():
+            set_grads(ps, seed)
+            return torch.tensor(float(seed))
+        return closure
+
+    frames = _frames()
+    for seed in range(2):
+        assert opt.step(closure_of(params, seed)) == seed
+        eager.step(closure_of(eager_params, seed))
+    assert _frames() - frames == 1, "the update compiled once, the closure never"
+    assert calls == [("pre", False), ("post", False)] * 2
+    _assert_same(params, eager_params)
+
+    fresh_params = [p.detach().clone().requires_grad_() for p in params]
+    fresh = muon_compile.Muon(fresh_params, lr=0.02)
+    fresh.load_state_dict(copy.deepcopy(opt.state_dict()))  # as from a checkpoint: state_dict() holds the live tensors
+    compile_step(fresh)
+    for ps, o in ((params, opt), (fresh_params, fresh)):
+        set_grads(ps, 5)
+        o.step()
+    for p, q in zip(params, fresh_params):
+        torch.testing.assert_close(q, p, rtol=0, atol=0)
+
+
+def test_copies_are_uncompiled_and_uncompile_step_restores_the_step():
+    """``copy.deepcopy`` and ``pickle`` copy what ``Optimizer.__getstate__`` names: an
+    uncompiled optimizer that steps as the original's eager twin; compile_step twice is one;
+    uncompile_step gives back the class's step (and a scheduler's wrapper of it)."""
+    params = make_params(SHAPES)
+    opt = muon_compile.Muon(params, lr=0.02)
+    scheduler = LambdaLR(opt, lambda i: 1.0)
+    wrapped = opt.step
+    compile_step(opt)
+    compiled = opt.step
+    assert compile_step(opt).step is compiled
+    for clone in (copy.deepcopy(opt), pickle.loads(pickle.dumps(opt))):
+        assert "step" not in clone.__dict__ and len(clone.state_dict()["param_groups"]) == 1
+    uncompile_step(opt)
+    assert opt.step is wrapped
+    scheduler.step()
+    uncompile_step(opt)  # nothing left to undo
+    assert opt.step is wrapped
+
+
+def test_bad_calls_are_refused_by_name():
+    params = make_params(SHAPES)
+    with pytest.raises(TypeError, match="compile_step takes a torch.optim.Optimizer, got Linear"):
+        compile_step(torch.nn.Linear(2, 2))
+    opt = muon_compile.Muon(params, lr=0.02)
+    with pytest.raises(ValueError, match=r"compile_step\(dynamic=True\) is refused"):
+        compile_step(opt, dynamic=True)
+    opt.step = lambda closure=None: None
+    with pytest.raises(ValueError, match="Muon.step was replaced on this optimizer by <function"):
+        compile_step(opt)
+
+
+@pytest.mark.slow
+def test_unmodified_torch_muon_and_a_grad_scaler():
+    """Unmodified ``torch.optim.Muon`` through compile_step, stepped by
+    ``torch.amp.GradScaler`` (fp16 scaling on the CPU): a step whose gradients hold an inf is
+    skipped (the scaler never calls ``opt.step``), the others equal eager's."""
+    def run(compiled):
+        params = make_params(SHAPES)
+        opt = torch.optim.Muon(params, lr=0.02)
+        if compiled:
+            compile_step(opt)
+        scaler = torch.amp.GradScaler("cpu", init_scale=4.0)
+        for seed in range(3):
+            set_grads(params, seed)  # the loss sum(p * g) has the gradients g
+            directions = [p.grad for p in params]
+            for p in params:
+                p.grad = None
+            scaler.scale(sum((p * d).sum() for p, d in zip(params, directions))).backward()
+            if seed == 1:
+                params[0].grad[0, 0] = float("inf")
+            before = [p.detach().clone() for p in params]
+            scaler.step(opt)
+            scaler.update()
+            if seed == 1:
+                assert all(torch.equal(b, p) for b, p in zip(before, params)), "the inf step was skipped"
+        return params
+
+    _assert_same(run(True), run(False))
