@@ -21,8 +21,9 @@ What ``opt.step`` is afterwards, and what the rest of ``torch.optim`` sees:
   closure is never traced (other keyword arguments, e.g. ``qk_logits``, go to the update);
 * the optimizer's state is untouched: ``state_dict`` / ``load_state_dict`` and
   ``torch.distributed.checkpoint`` see the optimizer as before; ``copy.deepcopy`` and ``pickle``
-  copy what ``Optimizer.__getstate__`` names (defaults, state, param groups), so a copy is an
-  uncompiled optimizer: call ``compile_step`` on it to compile it too.
+  copy what the optimizer's ``__getstate__`` names (``torch.optim``'s: defaults, state and param
+  groups; ``MuonAdamW``'s: all but the instance ``step``), so a copy is an uncompiled optimizer:
+  call ``compile_step`` on it to compile it too.
 
 ``compile_step`` again on the same optimizer does nothing (one compile); :func:`uncompile_step`
 gives the optimizer back the step it had. ``torch.compile`` arguments pass through
@@ -117,7 +118,7 @@ def _is_compiled(step: Any) -> bool:
     """Whether ``step`` (an optimizer's instance ``step``) is this module's, maybe inside a
     scheduler's wrapper."""
     while step is not None:
-        if getattr(step, "__func__", None) is _HOOKED_STEP:
+        if step is _HOOKED_STEP or getattr(step, "__func__", None) is _HOOKED_STEP:
             return True
         step = getattr(step, "__wrapped__", None)
     return False

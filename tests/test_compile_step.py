@@ -126,13 +126,23 @@ def test_copies_are_uncompiled_and_uncompile_step_restores_the_step():
     compile_step(opt)
     compiled = opt.step
     assert compile_step(opt).step is compiled
+    eager = muon_compile.Muon(make_params(SHAPES), lr=0.02)
+    set_grads(eager.param_groups[0]["params"], 0)
+    eager.step()
     for clone in (copy.deepcopy(opt), pickle.loads(pickle.dumps(opt))):
-        assert "step" not in clone.__dict__ and len(clone.state_dict()["param_groups"]) == 1
+        assert "step" not in clone.__dict__
+        set_grads(clone.param_groups[0]["params"], 0)  # a copied parameter has no gradient
+        clone.step()  # eagerly, on its own stacks (a copy had none before MuonAdamW.__getstate__)
+        for c, e in zip(clone.param_groups[0]["params"], eager.param_groups[0]["params"]):
+            torch.testing.assert_close(c, e, rtol=0, atol=0)
     uncompile_step(opt)
     assert opt.step is wrapped
     scheduler.step()
     uncompile_step(opt)  # nothing left to undo
     assert opt.step is wrapped
+    other = compile_step(muon_compile.Muon(make_params(SHAPES), lr=0.02))
+    LambdaLR(other, lambda i: 1.0)  # a scheduler built after wraps the compiled step: still compiled
+    assert compile_step(other).step is other.step
 
 
 def test_bad_calls_are_refused_by_name():
