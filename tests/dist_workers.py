@@ -818,3 +818,32 @@ def tp_fsdp_muon(rank, world, steps, opt_kw, mesh_shape=(2, 2), config_changes=N
         "collectives": collective_sequence(graphs.get("lower_after", "")),
         "explanation": "\n".join(str(r) for r in explain.reports()),
     }
+
+
+def compile_step_run(rank, world, steps, opt_kw):
+    """``muon_compile.Muon`` on a Stack of :data:`FSDP_SHAPES` stepped ``steps`` times through
+    ``opt.step()`` under two schedulers (a ``LambdaLR`` built before
+    :func:`muon_compile.compile_step`, a ``CosineAnnealingLR`` after): FSDP2-sharded over
+    ``world`` gloo ranks and compiled, or (``world`` = 0) whole and eager in one process.
+    Returns the full weights and the pass counters."""
+    from torch.optim.lr_scheduler import CosineAnnealingLR, LambdaLR
+
+    if world:
+        params = sharded_stack(FSDP_SHAPES, device_mesh(world))
+    else:
+        params = [nn.Parameter(w) for w in initial_weights(FSDP_SHAPES)]
+    opt = make_optimizer("muon_compile", params, opt_kw)
+    schedulers = [LambdaLR(opt, lambda i: 1.0 / (1 + i))]
+    if world:
+        muon_compile.compile_step(opt)
+    schedulers.append(CosineAnnealingLR(opt, T_max=4))
+    for s in range(steps):
+        if world:
+            set_step_grads(params, FSDP_SHAPES, s)
+        else:
+            for p, g in zip(params, step_grads(FSDP_SHAPES, s)):
+                p.grad = g
+        opt.step()
+        for scheduler in schedulers:
+            scheduler.step()
+    return [p.full_tensor().clone() if world else p.detach() for p in params], dict(muon_compile.counters)
