@@ -9,7 +9,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 import muon_compile
-from muon_compile import config, matmul_rates, ns_cost
+from muon_compile import config, explain, matmul_rates, ns_cost
 from muon_compile.coefficients import ns_args
 from muon_compile.counters import counters
 from muon_compile.ns_kernel import orthogonalize
@@ -228,7 +228,8 @@ def test_unmodified_torch_optim_muon_follows_the_policy():
 
 def test_policy_reaches_the_compiled_plan_and_the_explanation(flat_rates):
     """With ``auto``, the wide and tall buckets run Gram and the square ones the textbook
-    iteration; the plan names each choice, its reason and the FLOPs per step."""
+    iteration; the plan names each choice, its reason and the FLOPs per step, and for the
+    textbook iteration where its scalars go."""
     w, g = torch.randn(16, 48), torch.randn(16, 48)
     s, h = torch.randn(16, 16), torch.randn(16, 16)
 
@@ -236,14 +237,17 @@ def test_policy_reaches_the_compiled_plan_and_the_explanation(flat_rates):
         w.sub_(0.1 * muon_compile.newton_schulz(g))
         s.sub_(0.1 * muon_compile.newton_schulz(h))
 
-    (report,) = muon_compile.explain.explain(step, w, g, s, h)
+    (report,) = explain.explain(step, w, g, s, h)
     text = str(report)
     assert "1 x 16x48 torch.bfloat16: gram (predicted Gram/textbook time" in text, text
     assert "1 x 16x16 torch.bfloat16: textbook (predicted Gram/textbook time 1.20" in text, text
     assert "NS GFLOP per step: chosen" in text
-    with config.override(ns_algorithm="textbook"):
-        (report,) = muon_compile.explain.explain(step, w, g, s, h)
+    # the textbook bucket names where its scalars go, and why (issue 75; flat_rates' profile has no table)
+    assert "; scalars in the epilogue (no measured epilogue table on cpu for torch.bfloat16)" in text, text
+    with config.override(ns_algorithm="textbook", ns_epilogue="off"):
+        (report,) = explain.explain(step, w, g, s, h)
     assert "16x48 torch.bfloat16: textbook (MUON_COMPILE_NS_ALGORITHM=textbook;" in str(report)
+    assert "; scalars in the polynomial (MUON_COMPILE_NS_EPILOGUE=off)" in str(report), str(report)
 
 
 def test_symmetric_products_only_where_measured_faster_or_asked(monkeypatch):
