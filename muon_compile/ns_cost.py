@@ -165,13 +165,18 @@ class ProductChoice:
 EPILOGUE, POLYNOMIAL = "epilogue", "polynomial"
 
 
+def check_policy(policy: str, variable: str) -> None:
+    """``ValueError`` naming ``variable`` unless ``policy`` is one of :data:`PRODUCT_POLICIES`."""
+    if policy not in PRODUCT_POLICIES:
+        raise ValueError(f"{variable} must be one of {list(PRODUCT_POLICIES)}, got {policy!r}")
+
+
 def choose_products(rows: int, cols: int, algorithm: str, compute_dtype: torch.dtype, device_type: str, policy: str = AUTO) -> ProductChoice:
     """``sym`` where ``policy`` (``MUON_COMPILE_SYM_PRODUCTS``) is ``on``, or where it is
     ``auto`` and the device's measured table (:meth:`MatmulRates.symmetric_speedup`) has the
     symmetric kernel faster at the Gram matrix's size in the products' dtype; ``bmm``
     otherwise, and always for a dtype the kernel does not take."""
-    if policy not in PRODUCT_POLICIES:
-        raise ValueError(f"MUON_COMPILE_SYM_PRODUCTS must be one of {list(PRODUCT_POLICIES)}, got {policy!r}")
+    check_policy(policy, "MUON_COMPILE_SYM_PRODUCTS")
     dtype = iteration_dtype(algorithm, compute_dtype)
     if policy == "off":
         return ProductChoice(BMM, "MUON_COMPILE_SYM_PRODUCTS=off")
@@ -194,8 +199,7 @@ def choose_epilogue(rows: int, cols: int, compute_dtype: torch.dtype, device_typ
     the device's measured table (:meth:`MatmulRates.epilogue_speedup`) has faster at the
     Gram matrix's size in ``compute_dtype``, and the epilogue where nothing was measured
     (the form that device has run until it is measured)."""
-    if policy not in PRODUCT_POLICIES:
-        raise ValueError(f"MUON_COMPILE_NS_EPILOGUE must be one of {list(PRODUCT_POLICIES)}, got {policy!r}")
+    check_policy(policy, "MUON_COMPILE_NS_EPILOGUE")
     if policy != AUTO:
         return ProductChoice(EPILOGUE if policy == "on" else POLYNOMIAL, f"MUON_COMPILE_NS_EPILOGUE={policy}")
     m = min(rows, cols)

@@ -413,6 +413,13 @@ def kernel_bench_parser(doc: str) -> argparse.ArgumentParser:
     return parser
 
 
+def python_table(points_by_dtype: dict[str, list[tuple[int, float]]]) -> str:
+    """``{torch.<dtype>: ((m, value), ...), ...}`` as Python for a ``muon_compile/matmul_rates.py``
+    table, from ``(m, value)`` points by dtype name (``"torch.bfloat16"``); dtypes without points left out."""
+    parts = [f"{name}: ({', '.join(f'({m}, {v:.3f})' for m, v in points)},)" for name, points in points_by_dtype.items() if points]
+    return "{" + ", ".join(parts) + "}"
+
+
 def non_negative_int(text: str) -> int:
     """An argparse type: an integer >= 0."""
     value = int(text)

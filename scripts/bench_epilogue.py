@@ -24,7 +24,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import clock_for, kernel_bench_parser, machine_info, machine_line, markdown_row, markdown_rule, positive_int  # noqa: E402
+from bench_common import (  # noqa: E402
+    clock_for, kernel_bench_parser, machine_info, machine_line, markdown_row, markdown_rule, positive_int, python_table,
+)
 
 from muon_compile import coefficients  # noqa: E402
 from muon_compile.ns_cost import EPILOGUE, POLYNOMIAL  # noqa: E402
@@ -99,12 +101,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def epilogue_table(rows: list[dict]) -> str:
     """Per dtype, ``(m, polynomial time / epilogue time)``, as Python for ``muon_compile/matmul_rates.py``."""
-    parts = []
-    for dtype, name in (("bf16", "torch.bfloat16"), ("fp32", "torch.float32")):
-        points = [(r["m"], r["ratio"]) for r in sorted(rows, key=lambda r: r["m"]) if r["dtype"] == dtype]
-        if points:
-            parts.append(f"{name}: ({', '.join(f'({m}, {s:.3f})' for m, s in points)},)")
-    return "{" + ", ".join(parts) + "}"
+    by_m = sorted(rows, key=lambda r: r["m"])
+    names = {"bf16": "torch.bfloat16", "fp32": "torch.float32"}
+    return python_table({name: [(r["m"], r["ratio"]) for r in by_m if r["dtype"] == dtype] for dtype, name in names.items()})
 
 
 if __name__ == "__main__":

@@ -28,7 +28,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_common import (  # noqa: E402
-    clock_for, kernel_bench_parser, machine_info, machine_line, markdown_row, markdown_rule, positive_int, time_steps,
+    clock_for, kernel_bench_parser, machine_info, machine_line, markdown_row, markdown_rule, positive_int, python_table,
+    time_steps,
 )
 
 from muon_compile import sym_kernel  # noqa: E402
@@ -106,19 +107,17 @@ def main(argv: list[str] | None = None) -> int:
 def speedup_table(rows: list[dict]) -> str:
     """Per dtype, ``(m, bmm time / sym time)`` of a gram and a square product together, as
     Python for ``muon_compile/matmul_rates.py`` (sizes where both were measured)."""
-    parts = []
+    points = {}
     for dtype, name in (("bf16", "torch.bfloat16"), ("fp16", "torch.float16")):
         by_m: dict[int, dict[str, dict]] = {}
         for r in rows:
             if r["dtype"] == dtype:
                 by_m.setdefault(r["m"], {})[r["kind"]] = r
-        points = [
+        points[name] = [
             (m, sum(r["bmm_ms"] for r in kinds.values()) / sum(r["sym_ms"] for r in kinds.values()))
             for m, kinds in sorted(by_m.items()) if len(kinds) == 2
         ]
-        if points:
-            parts.append(f"{name}: ({', '.join(f'({m}, {s:.3f})' for m, s in points)},)")
-    return "{" + ", ".join(parts) + "}"
+    return python_table(points)
 
 
 if __name__ == "__main__":

@@ -121,41 +121,38 @@ def product_calls(rows, cols, device, steps=5, algorithm=None):
 LAUNCHES = {"textbook": (15, 8, 2), "gram": (18, 12, 2)}
 
 
-@pytest.mark.parametrize("algorithm", LAUNCHES)
-def test_launches_per_step_are_the_algorithms(algorithm):
+def _one_bucket_step(algorithm, **config_changes):
+    """One compiled step of the bucket of seven 8x24 matrices (one stored tall) under
+    ``config_changes``, checked against eager: Inductor's generated code."""
     shapes = [(8, 24)] * 6 + [(24, 8)]
     eager_params, params = make_params(shapes), make_params(shapes)
     eager = muon_compile.Muon(eager_params, ns_algorithm=algorithm)
     opt = muon_compile.Muon(params, ns_algorithm=algorithm)
     set_grads(params, 0)
     set_grads(eager_params, 0)
-    _, code = run_and_get_code(torch.compile(opt.step, backend="muon"))
-    eager.step()
-    launches = count_launches(code)
-    assert launches.products == product_calls(8, 24, "cpu", algorithm=algorithm)
-    assert (launches.products, launches.kernels, launches.ops) == LAUNCHES[algorithm], launches.describe()
+    with config.override(**config_changes):
+        _, code = run_and_get_code(torch.compile(opt.step, backend="muon"))
+        eager.step()
     for p, e in zip(params, eager_params):
         torch.testing.assert_close(p, e, rtol=NS_RTOL["cpu"][torch.bfloat16], atol=1e-3)
+    return code
+
+
+@pytest.mark.parametrize("algorithm", LAUNCHES)
+def test_launches_per_step_are_the_algorithms(algorithm):
+    launches = count_launches(_one_bucket_step(algorithm))
+    assert launches.products == product_calls(8, 24, "cpu", algorithm=algorithm)
+    assert (launches.products, launches.kernels, launches.ops) == LAUNCHES[algorithm], launches.describe()
 
 
 def test_epilogue_form_has_no_pointwise_kernel():
     """``MUON_COMPILE_NS_EPILOGUE=on`` (the form a device without a measured table runs):
     the textbook scalars in the products' alpha / beta, so the bucket's code is its 15
     products and the three kernels around them, no kernel between the products."""
-    shapes = [(8, 24)] * 6 + [(24, 8)]
-    eager_params, params = make_params(shapes), make_params(shapes)
-    eager = muon_compile.Muon(eager_params, ns_algorithm="textbook")
-    opt = muon_compile.Muon(params, ns_algorithm="textbook")
-    set_grads(params, 0)
-    set_grads(eager_params, 0)
-    with config.override(ns_epilogue="on"):
-        _, code = run_and_get_code(torch.compile(opt.step, backend="muon"))
-        eager.step()
+    code = _one_bucket_step("textbook", ns_epilogue="on")
     launches = count_launches(code)
     assert (launches.products, launches.kernels, launches.ops) == (15, 3, 2), launches.describe()
     assert code[0].count("extern_kernels.baddbmm") == 10, "two of each iteration's three products carry its scalars"
-    for p, e in zip(params, eager_params):
-        torch.testing.assert_close(p, e, rtol=NS_RTOL["cpu"][torch.bfloat16], atol=1e-3)
 
 
 def test_matmul_kernels_per_step_are_one_set_per_bucket(device):
