@@ -19,8 +19,14 @@ What ``opt.step`` is afterwards, and what the rest of ``torch.optim`` sees:
 * ``step(closure)``: the closure (forward and backward) runs eagerly, under grad mode, before the
   compiled update, and its loss is returned; the update is compiled without it, so a trainer's
   closure is never traced (other keyword arguments, e.g. ``qk_logits``, go to the update);
+* the update is entered in the grad mode it runs in (``torch.optim``'s steps disable grad
+  unless ``differentiable``), so a call under ``torch.no_grad()`` reuses the graph;
 * the optimizer's state is untouched: ``state_dict`` / ``load_state_dict`` and
-  ``torch.distributed.checkpoint`` see the optimizer as before; ``copy.deepcopy`` and ``pickle``
+  ``torch.distributed.checkpoint`` (``get_optimizer_state_dict`` / ``set_optimizer_state_dict``,
+  nested or flattened) see the optimizer as before; a fresh ``torch.optim.Muon`` gets its state
+  from ``set_optimizer_state_dict``'s zero-lr step, through the compiled step, and recompiles once
+  after the load replaces its state tensors (as ``torch.compile(opt.step)`` does; ``MuonAdamW``
+  loads into its stacks in place and does not); ``copy.deepcopy`` and ``pickle``
   copy what the optimizer's ``__getstate__`` names (``torch.optim``'s: defaults, state and param
   groups; ``MuonAdamW``'s: all but the instance ``step``), so a copy is an uncompiled optimizer:
   call ``compile_step`` on it to compile it too.
@@ -106,7 +112,11 @@ def _step(self: torch.optim.Optimizer, closure: Callable[[], Any] | None = None,
     if closure is not None:
         with torch.enable_grad():
             loss = closure()
-    self.__dict__[_COMPILED](**kwargs)
+    # entered in the grad mode the update runs in (torch.optim's steps set it themselves), so a
+    # caller under torch.no_grad() (set_optimizer_state_dict's zero-lr step) reuses the graph
+    # instead of recompiling on Dynamo's grad-mode guard
+    with torch.set_grad_enabled(bool(self.defaults.get("differentiable", False))):
+        self.__dict__[_COMPILED](**kwargs)
     return loss
 
 

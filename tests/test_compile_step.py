@@ -100,8 +100,11 @@ def test_bound_method_hooks_closure_and_state():
     for seed in range(2):
         assert opt.step(closure_of(params, seed)) == seed
         eager.step(closure_of(eager_params, seed))
+    with torch.no_grad():  # entered in the update's own grad mode: no recompile on Dynamo's grad-mode guard
+        opt.step(closure_of(params, 2))
+        eager.step(closure_of(eager_params, 2))
     assert _frames() - frames == 1, "the update compiled once, the closure never"
-    assert calls == [("pre", False), ("post", False)] * 2
+    assert calls == [("pre", False), ("post", False)] * 3
     _assert_same(params, eager_params)
 
     fresh_params = [p.detach().clone().requires_grad_() for p in params]
@@ -201,3 +204,53 @@ def test_fsdp2_step_through_compile_step_under_schedulers_matches_one_process():
         assert counters["distribute.buckets"] >= 1, counters  # the step ran compiled, distributed by the passes
         for i, (got, want, s) in enumerate(zip(weights, reference, start)):
             assert_rel_close(got - s, want - s, NS_RTOL["cpu"][torch.float32], f"rank {rank} matrix {i}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind, flatten", [("MuonAdamW", False), ("torch.optim.Muon", True)], ids=["nested", "flattened"])
+def test_distributed_checkpoint_state_dict_round_trip(kind, flatten):
+    """``torch.distributed.checkpoint.state_dict``'s ``get_optimizer_state_dict`` /
+    ``set_optimizer_state_dict`` (FQN-keyed, nested or flattened) see the optimizer as without
+    compile_step, and the loaded optimizer continues bit-identically to the one saved (the same
+    compiled program on the same values). ``set_optimizer_state_dict`` first makes a fresh
+    optimizer's state by a zero-lr step with zero gradients under ``torch.no_grad`` (torch's
+    ``_init_optim_state``) where it has none: ``torch.optim.Muon``'s, whose state is lazy (the
+    step is the compiled one, ``lr`` a 0-D tensor set to 0 and back), then replaces its state
+    tensors, which its graph holds by identity: one more compile, as with
+    ``torch.compile(opt.step)``. ``MuonAdamW``'s stacked state exists from construction and is
+    loaded in place: one compile in all."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions, get_optimizer_state_dict, set_optimizer_state_dict,
+    )
+
+    options = StateDictOptions(flatten_optimizer_state_dict=flatten)
+
+    def model_and_opt():
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(16, 24), torch.nn.Linear(24, 24), torch.nn.Linear(24, 8))
+        if kind == "MuonAdamW":
+            opt = muon_compile.MuonAdamW(muon_compile.muon_param_groups(model, head_names=("2",)), lr=0.02)
+        else:
+            opt = torch.optim.Muon([model[0].weight, model[1].weight], lr=torch.tensor(0.02))
+        return model, compile_step(opt)
+
+    def step(model, opt, seed):
+        set_grads(list(model.parameters()), seed)
+        opt.step()
+
+    model, opt = model_and_opt()
+    for seed in range(2):
+        step(model, opt, seed)
+    saved = copy.deepcopy(get_optimizer_state_dict(model, opt, options=options))
+    keys = saved if flatten else saved["state"]
+    assert any("1.weight" in str(k) for k in keys), f"FQN keys: {list(keys)[:4]}"
+    fresh_model, fresh = model_and_opt()
+    fresh_model.load_state_dict(model.state_dict())
+    frames = _frames()
+    set_optimizer_state_dict(fresh_model, fresh, saved, options=options)
+    assert _frames() - frames == (kind == "torch.optim.Muon"), "the zero-lr step, compiled, where the state is lazy"
+    for m, o in ((model, opt), (fresh_model, fresh)):
+        step(m, o, 7)
+    assert _frames() - frames == (2 if kind == "torch.optim.Muon" else 1)
+    for p, q in zip(model.parameters(), fresh_model.parameters()):
+        torch.testing.assert_close(q, p, rtol=0, atol=0)
