@@ -1,7 +1,7 @@
 """Let Dynamo trace the step code people write around a Newton–Schulz loop in one graph.
 
 Two habits of public Muon code break Dynamo's graph in the middle of the loop, so the
-loop is never seen whole and cannot be recognised (see README, "Recognised spellings"):
+loop is never seen whole and cannot be recognised (see docs/recognised.md):
 
 * a setting read inside the step, e.g. ``torch.get_float32_matmul_precision()``
   (Megatron's Newton–Schulz picks bf16 when it returns "medium"): Dynamo records no
