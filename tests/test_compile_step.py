@@ -254,3 +254,26 @@ def test_distributed_checkpoint_state_dict_round_trip(kind, flatten):
     assert _frames() - frames == (2 if kind == "torch.optim.Muon" else 1)
     for p, q in zip(model.parameters(), fresh_model.parameters()):
         torch.testing.assert_close(q, p, rtol=0, atol=0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kwargs", ["options", "mode"])
+def test_torch_compile_arguments_pass_through(kwargs):
+    """``torch.compile``'s arguments reach the compile: ``options=`` (a user's post-grad pass,
+    which runs after this backend's passes) with ``dynamic=False``, or ``mode="reduce-overhead"``
+    (on the CPU no CUDA graph is captured; the step runs as without it); equal to eager."""
+    seen = []
+
+    def user_pass(graph):
+        seen.append(len(graph.nodes))
+
+    compile_kwargs = dict(options={"post_grad_custom_post_pass": user_pass}, dynamic=False) if kwargs == "options" \
+        else dict(mode="reduce-overhead")
+    eager, _ = _run(lambda ps: muon_compile.Muon(ps, lr=0.02), False)
+    params = make_params(SHAPES)
+    opt = compile_step(muon_compile.Muon(params, lr=0.02), **compile_kwargs)
+    for seed in range(3):
+        set_grads(params, seed)
+        opt.step()
+    assert bool(seen) == (kwargs == "options"), seen
+    _assert_same(params, eager)
