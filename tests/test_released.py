@@ -66,7 +66,9 @@ def _adam_atan2(params):
 # name -> (builder, its Newton–Schulz dtype, Dynamo graphs of the compiled step, NS loops matched,
 #          buckets). HeavyBall's step is split: Dynamo observes the KeyError its ``state_`` raises
 #          (heavyball/utils.py:1608) and runs the step eagerly around the chain it compiles, whose
-#          loops are recognised and bucketed together in one graph.
+#          loops are recognised and bucketed together in one graph. pytorch-optimizer's default
+#          (foreach) stacks the two same-shape matrices into one 3-D loop (3 loops for 4 matrices),
+#          whose out= buffers alternate with a no-op ``flatten(0, -3)`` view of the normalised input.
 RELEASED = {
     "muon-optimizer SingleDeviceMuon": (_keller, torch.bfloat16, 1, 4, 3),
     "heavyball Muon": (_heavyball, torch.bfloat16, 2, 4, 3),
@@ -74,10 +76,6 @@ RELEASED = {
     "pytorch-optimizer Muon (foreach, its default)": (_pytorch_optimizer(None), torch.bfloat16, 1, 3, 3),
     "adam-atan2-pytorch MuonAdamAtan2": (_adam_atan2, torch.float32, 1, 4, 3),
 }
-# pytorch-optimizer stacks same-shape matrices into one 3-D loop by default; the stack's loop is
-# left alone today: "NOT recognised: x_1 reads an intermediate iterate (x)" (its out= buffers
-# alternate with a flattened view of the normalised input)
-NOT_YET = {"pytorch-optimizer Muon (foreach, its default)": "the stacked loop is not recognised (issue 77)"}
 
 
 def _run(make, compiled, exact=False):
@@ -97,9 +95,7 @@ def _run(make, compiled, exact=False):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "name", [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=NOT_YET[n])) if n in NOT_YET else n for n in RELEASED]
-)
+@pytest.mark.parametrize("name", list(RELEASED))
 def test_released_muon_is_recognised_bucketed_and_as_accurate_as_eager(name):
     make, dtype, graphs, matched, buckets = RELEASED[name]
     eager = _run(make, compiled=False)

@@ -107,6 +107,17 @@ def example_value(node: Any) -> Any:
     return node.meta.get("example_value") if isinstance(node, fx.Node) else None
 
 
+def _same_layout(node: fx.Node, src: Any) -> bool:
+    """Whether ``node`` is ``src``'s storage seen as ``src`` is: its dtype (not a ``view(dtype)``'s
+    reinterpretation), shape, strides and offset."""
+    a, b = example_value(node), example_value(src)
+    return (
+        isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and _storage(node) == _storage(src)
+        and a.dtype == b.dtype and a.shape == b.shape and a.stride() == b.stride()
+        and a.storage_offset() == b.storage_offset()
+    )
+
+
 def _reads_metadata(node: fx.Node) -> bool:
     """``x.size()``, ``x.shape`` ...: reads no values, so it is no escape."""
     if node.op == "call_method":
@@ -637,6 +648,10 @@ class _Walk:
         if name in ("contiguous", "clone") and isinstance(x, CHAIN_VALUES) and len(args) == 1:
             # a copy holds the same value; a no-op ``contiguous`` is the tensor itself
             return View(node.args[0], False) if _storage(node) == _storage(node.args[0]) else x
+        if name in ("flatten", "reshape", "view") and isinstance(x, CHAIN_VALUES) and _same_layout(node, node.args[0]):
+            # a reshape to the tensor's own shape is the tensor itself (pytorch-optimizer flattens a
+            # stack's batch dimensions into one: for a 3-D stack, a no-op)
+            return View(node.args[0], False)
         if name in _CASTS or name in ("to", "type"):
             return self._cast(node, name, x)
         if isinstance(x, (Raw, SquaresOf)) and name in ("square", "pow", "mul", "sum", "add", "sqrt", "rsqrt"):
