@@ -27,6 +27,13 @@ def make_params(shapes, dtype=torch.float32, seed=0, device="cpu"):
     return [nn.Parameter(torch.randn(tuple(s), generator=g).to(device=device, dtype=dtype)) for s in shapes]
 
 
+def dynamo_frames() -> int:
+    """Frames Dynamo has compiled in this process so far (each graph a compile made)."""
+    from torch._dynamo.utils import counters
+
+    return counters["frames"]["ok"]
+
+
 def set_grads(params, seed):
     g = torch.Generator().manual_seed(seed)
     for p in params:

@@ -13,17 +13,11 @@ from torch.optim.lr_scheduler import CosineAnnealingLR, LambdaLR
 import muon_compile
 from muon_compile import compile_step, uncompile_step
 
-from helpers import make_params, set_grads
+from helpers import dynamo_frames, make_params, set_grads
 from numerics import NS_RTOL, assert_rel_close
 
 SHAPES = [(8, 24), (8, 24), (16, 8)]
 RTOL = NS_RTOL["cpu"][torch.bfloat16]
-
-
-def _frames() -> int:
-    from torch._dynamo.utils import counters
-
-    return counters["frames"]["ok"]
 
 
 def _run(make_opt, compiled: bool, steps: int = 3, before=None, after=None):
@@ -65,14 +59,14 @@ def test_schedulers_before_and_after_see_a_bound_method_and_the_step_compiles_on
         return CosineAnnealingLR(opt, T_max=4)
 
     eager, eager_opt = _run(make, False, before=before, after=after)
-    frames = _frames()
+    frames = dynamo_frames()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         compiled, opt = _run(make, True, before=before, after=after)
     # the scheduler's: "optimizer.step() has been overridden ...", "lr_scheduler.step() before optimizer.step()"
     assert not [w for w in caught if "optimizer.step()" in str(w.message)], [str(w.message) for w in caught]
     assert opt.step._wrapped_by_lr_sched and eager_opt.step._wrapped_by_lr_sched  # the scheduler's mark, as eager's
-    assert _frames() - frames == 1, "one compile for three steps under two schedulers"
+    assert dynamo_frames() - frames == 1, "one compile for three steps under two schedulers"
     assert float(opt.param_groups[0]["lr"]) == float(eager_opt.param_groups[0]["lr"])
     _assert_same(compiled, eager)
 
@@ -96,14 +90,14 @@ def test_bound_method_hooks_closure_and_state():
             return torch.tensor(float(seed))
         return closure
 
-    frames = _frames()
+    frames = dynamo_frames()
     for seed in range(2):
         assert opt.step(closure_of(params, seed)) == seed
         eager.step(closure_of(eager_params, seed))
     with torch.no_grad():  # entered in the update's own grad mode: no recompile on Dynamo's grad-mode guard
         opt.step(closure_of(params, 2))
         eager.step(closure_of(eager_params, 2))
-    assert _frames() - frames == 1, "the update compiled once, the closure never"
+    assert dynamo_frames() - frames == 1, "the update compiled once, the closure never"
     assert calls == [("pre", False), ("post", False)] * 3
     _assert_same(params, eager_params)
 
@@ -246,12 +240,12 @@ def test_distributed_checkpoint_state_dict_round_trip(kind, flatten):
     assert any("1.weight" in str(k) for k in keys), f"FQN keys: {list(keys)[:4]}"
     fresh_model, fresh = model_and_opt()
     fresh_model.load_state_dict(model.state_dict())
-    frames = _frames()
+    frames = dynamo_frames()
     set_optimizer_state_dict(fresh_model, fresh, saved, options=options)
-    assert _frames() - frames == (kind == "torch.optim.Muon"), "the zero-lr step, compiled, where the state is lazy"
+    assert dynamo_frames() - frames == (kind == "torch.optim.Muon"), "the zero-lr step, compiled, where the state is lazy"
     for m, o in ((model, opt), (fresh_model, fresh)):
         step(m, o, 7)
-    assert _frames() - frames == (2 if kind == "torch.optim.Muon" else 1)
+    assert dynamo_frames() - frames == (2 if kind == "torch.optim.Muon" else 1)
     for p, q in zip(model.parameters(), fresh_model.parameters()):
         torch.testing.assert_close(q, p, rtol=0, atol=0)
 

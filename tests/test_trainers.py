@@ -16,17 +16,12 @@ import torch
 import muon_compile
 from muon_compile import compile_step
 
+from helpers import dynamo_frames
 from numerics import NS_RTOL, assert_rel_close
 
 pytestmark = pytest.mark.slow  # each compiles a model's optimizer step, some twice
 
 RTOL = NS_RTOL["cpu"][torch.float32]
-
-
-def _frames() -> int:
-    from torch._dynamo.utils import counters
-
-    return counters["frames"]["ok"]
 
 
 def _assert_runs_close(got, want, start, what):
@@ -88,9 +83,9 @@ def test_hugging_face_trainer_trains_and_resumes_with_the_compiled_step(tmp_path
     optimizer, scheduler and RNG states, saved by the Trainer), the compiled run ends
     bit-identical to the run that did not stop."""
     eager_losses, eager, start = _hugging_face_run(tmp_path / "eager", compiled=False)
-    frames = _frames()
+    frames = dynamo_frames()
     losses, weights, _ = _hugging_face_run(tmp_path / "compiled", compiled=True)
-    assert _frames() - frames == 1, "one compiled graph for every step"
+    assert dynamo_frames() - frames == 1, "one compiled graph for every step"
     assert muon_compile.counters["bucket.buckets"] >= 1, dict(muon_compile.counters)
     assert len(losses) == len(eager_losses) == 6
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(eager_losses), rtol=RTOL, atol=0)
@@ -149,9 +144,9 @@ def test_lightning_automatic_optimization_compiles_the_update_alone():
     so Dynamo compiles one frame in eight steps (the update: no ``training_step``, none of
     Lightning's closure machinery, no recompile), and the run equals eager's."""
     eager_losses, eager, start = _lightning_run(compiled=False)
-    frames = _frames()
+    frames = dynamo_frames()
     losses, weights, _ = _lightning_run(compiled=True)
-    assert _frames() - frames == 1, "the update alone, compiled once"
+    assert dynamo_frames() - frames == 1, "the update alone, compiled once"
     assert muon_compile.counters["bucket.buckets"] >= 1, dict(muon_compile.counters)
     torch.testing.assert_close(losses, eager_losses, rtol=RTOL, atol=0)
     _assert_runs_close(weights, eager, start, "Lightning")
@@ -226,9 +221,9 @@ def test_accelerate_prepared_optimizer_steps_the_compiled_step():
         return _weights(model), start
 
     eager, start = run(False)
-    frames = _frames()
+    frames = dynamo_frames()
     weights, _ = run(True)
-    assert _frames() - frames == 1 and muon_compile.counters["bucket.buckets"] >= 1
+    assert dynamo_frames() - frames == 1 and muon_compile.counters["bucket.buckets"] >= 1
     _assert_runs_close(weights, eager, start, "accelerate")
 
 
@@ -245,9 +240,9 @@ def test_torchtitan_containers_step_save_and_resume(tmp_path):
     model = _Layers()
     optimizers, schedulers = _torchtitan_containers(model, compiled=True)
     assert [type(o).__name__ for o in optimizers] == ["Muon", "AdamW"]
-    frames = _frames()
+    frames = dynamo_frames()
     _titan_steps(model, optimizers, schedulers, range(3))
-    assert _frames() - frames == 1, "Muon's update, compiled once"
+    assert dynamo_frames() - frames == 1, "Muon's update, compiled once"
     assert muon_compile.counters["bucket.buckets"] >= 1, dict(muon_compile.counters)
     _assert_runs_close(_weights(model), _weights(eager_model), start, "torchtitan")
 
