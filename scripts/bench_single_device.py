@@ -348,9 +348,16 @@ def hand_stacked_step(workload: Workload, device: torch.device) -> Step:
 
 # ---------------------------------------------------------------------------------- peers
 def _peer(module: str):
-    """Import a peer's package, or say it is not installed and where it comes from."""
+    """Import a peer's package, or say it is not installed and where it comes from. Before Python
+    3.12, ``typing`` gets 3.12's ``override`` decorator (from ``typing_extensions``): NVIDIA
+    Emerging-Optimizers imports it and needs nothing else of 3.12."""
     import importlib
+    import typing
 
+    if not hasattr(typing, "override"):
+        import typing_extensions
+
+        typing.override = typing_extensions.override
     try:
         return importlib.import_module(module)
     except ImportError as e:

@@ -5,11 +5,14 @@ muon_compile.explain.explain)."""
 
 import contextlib
 import inspect
+import logging
 import re
 import warnings
 
 import pytest
 import torch
+from absl import logging as absl_logging
+from torch._dynamo.utils import counters as dynamo_counters
 
 import muon_compile
 from muon_compile import config, explain, tracing
@@ -50,6 +53,73 @@ def test_logging_and_setting_reads_trace_into_one_graph_and_can_be_switched_off(
     torch._dynamo.reset()
     with tracing_helpers(False):
         assert len(dynamo_graphs(entry, SHAPES)) > 1
+
+
+_LOG = logging.getLogger("muon_compile.tests.step")
+
+
+def _logs_inside(x):
+    """A helper Dynamo inlines, logging as released Muon code does (Emerging-Optimizers' absl
+    ``log_first_n`` in its Newton–Schulz function) and at every level and through every kind of call."""
+    absl_logging.log_first_n(absl_logging.WARNING, "absl first only", 1)
+    absl_logging.warning("absl warning %s", "args")
+    _LOG.warning("logger %s", "warning")
+    _LOG.log(logging.ERROR, "logger log")
+    _LOG.info("logger info, below the level")
+    warnings.warn("a warning in the step")
+    return x * 2
+
+
+def _logging_step(x):
+    logging.warning("module function %s", "warning")
+    return _logs_inside(x) + 1
+
+
+def _messages(step, caplog, steps=3):
+    """What ``steps`` calls of ``step`` log and warn, in order."""
+    caplog.clear()
+    with caplog.at_level(logging.WARNING), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(steps):
+            step(torch.ones(3))
+    return [r.getMessage() for r in caplog.records], [str(w.message) for w in caught]
+
+
+@pytest.mark.skipif(DYNAMO_SORTS_CONFIG_SETS, reason="torch < 2.13: logging calls are left to break the graph")
+def test_logging_calls_in_a_step_are_made_after_its_graph_as_eager_code_makes_them(caplog):
+    """Every logging call of a step, in a function Dynamo inlines too, is made after its one
+    graph, each time it runs, in the order eager code makes them; absl's ``log_first_n``
+    once in all; a message below the logger's level not at all, as in eager code."""
+    eager = _messages(_logging_step, caplog)
+    compiled = _messages(torch.compile(_logging_step, backend="eager", fullgraph=True), caplog)
+    assert eager[0].count("absl first only") == 1 and eager[0].count("logger log") == 3, eager
+    assert "logger info, below the level" not in eager[0]
+    assert compiled == eager
+
+
+@pytest.mark.skipif(DYNAMO_SORTS_CONFIG_SETS, reason="torch < 2.13: logging calls are left to break the graph")
+def test_a_logging_call_with_keyword_arguments_splits_the_step_and_is_made_in_place(caplog):
+    """Dynamo would make a reordered call without its keyword arguments: such a call splits
+    the step instead (the reason names it), and runs eagerly, as written."""
+
+    def step(x):
+        _LOG.warning("with %s", "keywords", stacklevel=1)
+        return x + 1
+
+    dynamo_counters.clear()
+    assert _messages(torch.compile(step, backend="eager"), caplog)[0] == ["with keywords"] * 3
+    assert any("logging call with keyword arguments" in reason for reason in dynamo_counters["graph_break"])
+
+
+@pytest.mark.skipif(DYNAMO_SORTS_CONFIG_SETS, reason="torch < 2.13: logging calls are left to break the graph")
+def test_logging_calls_split_the_step_without_the_helpers(caplog):
+    """The switch: without the tracing helpers Dynamo splits the step at each call (absl's
+    ``log_first_n`` reads its caller's frame), and the messages are still made eagerly."""
+    with tracing_helpers(False):
+        dynamo_counters.clear()
+        messages = _messages(torch.compile(_logging_step, backend="eager"), caplog)
+        assert sum(dynamo_counters["graph_break"].values()) > 1, dict(dynamo_counters["graph_break"])
+    assert messages == _messages(_logging_step, caplog)
 
 
 def test_a_setting_read_while_tracing_is_guarded():

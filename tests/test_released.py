@@ -126,9 +126,7 @@ def _run(make, compiled, exact=None):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", [
-    pytest.param(n, marks=pytest.mark.xfail(strict=True, reason="absl's log_first_n splits the step")) if n.startswith("emerging")
-    else n for n in RELEASED])
+@pytest.mark.parametrize("name", list(RELEASED))
 def test_released_muon_is_recognised_bucketed_and_as_accurate_as_eager(name):
     make, dtype, graphs, matched, buckets, exact_params = RELEASED[name]
     eager = _run(make, compiled=False)
