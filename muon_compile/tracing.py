@@ -38,6 +38,7 @@ FOLDED_SETTINGS = (
     torch.are_deterministic_algorithms_enabled,
     torch.is_deterministic_algorithms_warn_only_enabled,
 )
+
 _DISABLE_CACHE_LIMIT = torch._dynamo.utils.disable_cache_limit
 
 

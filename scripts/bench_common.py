@@ -297,6 +297,18 @@ def compile_warm(arm: Arm, step: Step, result: ArmResult, clock: Clock) -> Step:
     return compiled
 
 
+def python_312_typing() -> None:
+    """Give ``typing`` Python 3.12's ``override`` decorator (from ``typing_extensions``) where it
+    lacks it: NVIDIA Emerging-Optimizers imports it and needs nothing else of 3.12 (it marks a
+    method and does nothing at run time)."""
+    import typing
+
+    if not hasattr(typing, "override"):
+        import typing_extensions
+
+        typing.override = typing_extensions.override
+
+
 def error_summary(exc: BaseException, limit: int | None = None) -> str:
     """``Type: first line of the message`` (compiler errors run to many lines), that line
     cut to ``limit`` characters when given."""

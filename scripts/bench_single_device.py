@@ -175,6 +175,7 @@ from bench_common import (
     measure,
     non_negative_int,
     positive_int,
+    python_312_typing,
 )
 
 LR = 0.02
@@ -348,16 +349,11 @@ def hand_stacked_step(workload: Workload, device: torch.device) -> Step:
 
 # ---------------------------------------------------------------------------------- peers
 def _peer(module: str):
-    """Import a peer's package, or say it is not installed and where it comes from. Before Python
-    3.12, ``typing`` gets 3.12's ``override`` decorator (from ``typing_extensions``): NVIDIA
-    Emerging-Optimizers imports it and needs nothing else of 3.12."""
+    """Import a peer's package (on Python 3.11 too: :func:`bench_common.python_312_typing`), or
+    say it is not installed and where it comes from."""
     import importlib
-    import typing
 
-    if not hasattr(typing, "override"):
-        import typing_extensions
-
-        typing.override = typing_extensions.override
+    python_312_typing()
     try:
         return importlib.import_module(module)
     except ImportError as e:

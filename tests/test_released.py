@@ -9,14 +9,15 @@ the package's bf16 casts made fp64 by :class:`_Bf16AsFp64`; an fp32 loop against
 NVIDIA Emerging-Optimizers (Megatron-LM's Muon) declares Python 3.12 for ``typing.override``
 alone, a decorator that marks a method and does nothing else at run time: on Python 3.11
 scripts/env.sh installs it with ``--ignore-requires-python`` and :func:`_emerging` gives
-``typing`` the same decorator from ``typing_extensions`` before importing it.
+``typing`` the same decorator from ``typing_extensions`` before importing it, as the benchmarks'
+peer arm does (``scripts/bench_common.py``, ``python_312_typing``).
 
 Not here: timm (its ``timm.layers`` imports torchvision, whose PyPI wheels are CUDA builds that
 fail to load against the CPU build of torch: ``operator torchvision::nms does not exist``),
 Dion (not on PyPI: tests/published/dion_generator.py)."""
 
 import sys
-import typing
+from pathlib import Path
 from typing import NamedTuple
 
 import pytest
@@ -66,10 +67,10 @@ def _pytorch_optimizer(foreach):
 
 
 def _emerging(params):
-    if sys.version_info < (3, 12):
-        import typing_extensions
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    import bench_common
 
-        typing.override = typing_extensions.override  # what Python 3.12's typing has
+    bench_common.python_312_typing()
     from emerging_optimizers.orthogonalized_optimizers import Muon  # NVIDIA Emerging-Optimizers
 
     return Muon(params, lr=0.02)  # its defaults: fp32_matmul_prec="medium" (bf16 NS), quintic, spectral scale
