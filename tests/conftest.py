@@ -30,8 +30,11 @@ CPU vector ISA: ``TORCHINDUCTOR_VEC_ISA_OK=1`` (unless set otherwise), set befor
 imported, so that its processes inherit it too. Without it, every process that compiles first
 checks each ISA the CPU's flags name by building a test kernel and loading it in a child
 interpreter; on torch 2.11 the child imports torch, about 3 s for each of 6 ISAs, 20 s per
-pytest worker and per compiling subprocess. With it, Inductor trusts the CPU's flags: the same
-ISAs on this machine, and a compiler that could not build one fails the test loudly.
+pytest worker and per compiling subprocess. With it, Inductor trusts the CPU's flags for the
+base ISAs: the same ISAs on this machine, and a compiler that could not build one fails the
+test loudly. Its avx512_bf16, VNNI and AMX checks ignore the variable and still load their
+kernels in child interpreters, once a process: the gloo ranks inherit that choice from their
+forkserver (``rank_preload.py``).
 """
 
 import os

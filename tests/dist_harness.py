@@ -135,13 +135,32 @@ _PRELOAD = [
     "torch._inductor.compile_fx", "torch._inductor.graph", "torch._inductor.lowering", "torch._inductor.scheduler",
     "torch._inductor.codegen.cpp", "torch._inductor.fx_passes.joint_graph", "torch._inductor.fx_passes.post_grad",
     "torch.distributed.fsdp", "torch.distributed.tensor.parallel",
+    "rank_preload",  # Inductor's CPU vector ISA, chosen once for every rank (its docstring)
 ]
 
 
 def _context():
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(_PRELOAD)
+    _start_forkserver()
     return ctx
+
+
+def _start_forkserver():
+    """Start this process's forkserver (once) with this folder on its ``PYTHONPATH``: Python
+    3.11's forkserver is handed the parent's ``sys.path`` but does not apply it, so a preload
+    from this folder (``rank_preload``) would fail to import, silently."""
+    from multiprocessing import forkserver
+
+    before = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [os.path.dirname(os.path.abspath(__file__)), before]))
+    try:
+        forkserver.ensure_running()
+    finally:
+        if before is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = before
 
 
 def _spawn(fn, world, ranks, args, timeout, cache_dir, fake):

@@ -38,6 +38,16 @@ class Stack(nn.Module):
         self.layers = nn.ModuleList(nn.Linear(i, o, bias=False) for o, i in shapes)
 
 
+def preloaded(rank, world):
+    """What a rank finds done when it starts (``dist_harness._PRELOAD``): whether the forkserver
+    imported ``rank_preload`` and chose Inductor's CPU vector ISA for it."""
+    import sys
+
+    from torch._inductor import cpu_vec_isa
+
+    return {"rank_preload": "rank_preload" in sys.modules, "isa_chosen": cpu_vec_isa.valid_vec_isa_list.cache_info().currsize == 1}
+
+
 def initial_weights(shapes, seed=0):
     g = torch.Generator().manual_seed(seed)
     return [torch.randn(s, generator=g) for s in shapes]

@@ -26,6 +26,7 @@ from dist_workers import (
     layout_reference,
     layout_weights,
     mixed_layouts,
+    preloaded,
     reference_run,
     tp_fsdp_muon,
 )
@@ -44,6 +45,13 @@ def check_against_reference(results, ns_dtype, shapes=FSDP_SHAPES):
         for i, (got, want, start) in enumerate(zip(result["weights"], reference, initial)):
             # compare the total change over the steps: the updates, not the weights they sit on
             assert_rel_close(got - start, want - start, NS_RTOL["cpu"][ns_dtype], f"rank {rank} matrix {i} {tuple(want.shape)}")
+
+
+def test_ranks_start_with_the_vector_isa_chosen():
+    """The harness's forkserver imports its preload from this folder and chooses Inductor's CPU
+    vector ISA once (tests/rank_preload.py): a rank that chose it again would spend 8-15 s of
+    child interpreters on torch 2.11 before its first compile, and nothing else would fail."""
+    assert run_world(preloaded, 2) == [{"rank_preload": True, "isa_chosen": True}] * 2
 
 
 @pytest.mark.parametrize("strategy", ["all_to_all", "all_gather"])
