@@ -8,10 +8,10 @@ split from the rest of the step cannot be bucketed with it (NVIDIA Emerging-Opti
 compiled step makes it after the graph has run, every time it runs, in the order traced: the
 message reaches the user as eager code gives it, after the step's arithmetic instead of amid
 it. A tensor argument is the tensor after the step (where the step changes it in place
-afterwards, its value then). Where a message is counted per call site (absl's
-``log_first_n`` / ``log_every_n``, ``warnings.warn``'s "once per location"), the site is the
-compiled frame's, the same every step, so such a message appears as often as in eager code;
-the file and line it names are the compiled frame's.
+afterwards, its value then). An absl call is made as from the line of the step that made it
+(:func:`made_at`): absl counts ``log_first_n`` / ``log_every_n`` by that line, as in eager code,
+and the record names it. Other calls are made from the compiled frame: a logger's record names
+its line, and ``warnings.warn``'s "once per location" counts it, the same every step.
 
 Recorded: the standard library's module functions (``logging.debug`` ... ``critical``,
 ``logging.log``), absl's (``debug`` ... ``error``, ``log``, ``vlog``, ``log_first_n``,
@@ -38,7 +38,7 @@ import warnings
 
 import torch._dynamo.config
 from torch._dynamo.exc import unimplemented
-from torch._dynamo.source import AttrSource
+from torch._dynamo.source import AttrSource, ImportSource
 from torch._dynamo.variables import ConstantVariable, ListVariable, TensorVariable, TupleVariable
 from torch._dynamo.variables.misc import DebuggingVariable, LoggingLoggerVariable, StringFormatVariable
 
@@ -56,10 +56,35 @@ def _absl_functions() -> tuple:
     return tuple(getattr(absl, name) for name in names if hasattr(absl, name))
 
 
+ABSL_FUNCTIONS = _absl_functions()
 FUNCTIONS = (
     logging.debug, logging.info, logging.warning, logging.error, logging.critical, logging.log,
-    warnings.warn, *_absl_functions(),
+    warnings.warn, *ABSL_FUNCTIONS,
 )
+
+
+def made_at(site: tuple, fn, *args):
+    """``fn(*args)``, an absl call made after a step's graph, as from the line of the step that
+    made it (``site``: file, line, function). absl counts ``log_first_n``, ``log_every_n`` and
+    ``log_every_n_seconds`` by the calling line and names it in the record: made from the
+    compiled frame instead, every such call of a step would share one count (a
+    ``log_first_n(..., 1)`` after another's ``log_first_n(..., 8)`` never logged). absl's
+    logger reports ``site`` as the caller for the call's duration, in any thread."""
+    from absl import logging as absl
+
+    logger = absl.get_absl_logger()
+    logger.findCaller = lambda stack_info=False, stacklevel=1: (*site, None)
+    try:
+        return fn(*args)
+    finally:
+        del logger.findCaller
+
+
+def _made_at(tx, fn, args) -> tuple:
+    """The recorded call of absl's ``fn`` from ``tx``'s current line: :func:`made_at`."""
+    here = TupleVariable([ConstantVariable.create(v) for v in (tx.f_code.co_filename, tx.lineno, tx.f_code.co_name)])
+    source = AttrSource(AttrSource(ImportSource("muon_compile"), "logging_calls"), "made_at")
+    return DebuggingVariable(made_at, source=source), [here, fn, *args]
 
 _DYNAMO_CALL = DebuggingVariable.call_function
 _DYNAMO_LOGGER_METHOD = LoggingLoggerVariable.call_method
@@ -90,7 +115,8 @@ def _call_after_graph(self, tx, args, kwargs):
             "only without keyword arguments; this one runs in place, eagerly.",
             hints=["Pass the arguments by position, or log outside the optimizer step."],
         )
-    tx.output.root_tx.debug_locals.append((self, list(args)))
+    call = _made_at(tx, self, args) if self.value in ABSL_FUNCTIONS else (self, list(args))
+    tx.output.root_tx.debug_locals.append(call)
     return ConstantVariable.create(None)
 
 

@@ -18,6 +18,7 @@ import muon_compile
 from muon_compile import config, explain
 
 from helpers import dumped_graphs, graph_caches_off
+from numerics import exact_step
 
 # Rows chosen against W = 2 and 3: even (24), uneven (10, 7), fewer rows than ranks (1),
 # and a tall / wide pair that share a canonical shape (40x12, 12x40).
@@ -509,7 +510,12 @@ def corpus_run(rank, world, steps, name, dtype=None):
     from muon_corpus import CORPUS
 
     entry = CORPUS[name]
-    return fsdp2_or_eager_run(world, steps, lambda params: entry.make(params, dtype or entry.dtype))
+
+    def make(params):
+        step = entry.make(params, dtype or entry.dtype)
+        return exact_step(step) if dtype is torch.float64 else step  # hard-coded bf16 casts made fp64 too
+
+    return fsdp2_or_eager_run(world, steps, make)
 
 
 def fsdp2_or_eager_run(world, steps, make_step, shapes=FORM_SHAPES):

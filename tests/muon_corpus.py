@@ -29,8 +29,6 @@ from ns_forms import KELLER, POLAR, exact_torch_muon
 YOU_QUINTIC = PRESETS["quintic"].coefficients  # the five per-iteration triples Dion and timm default to
 LR, WD, MOMENTUM = 0.02, 0.1, 0.95
 
-log = logging.getLogger("muon_corpus")
-
 Step = Callable[[], None]
 
 
@@ -297,35 +295,44 @@ def _nvidia_step(X, a, b, c):
     return torch.addmm(X, B, X, alpha=1.0, beta=a)
 
 
-def _nvidia_ns(x, steps=5, eps=1e-15, dtype=torch.float32):
-    """fp32 in; ``F.normalize`` over both dims; bf16 only when the global matmul precision
-    is "medium" (read inside the step); coefficients cycled by itertools, one helper call each."""
+def _nvidia_ns(x, steps=5, eps=1e-15):
+    """fp32 in; turned wide, then ``F.normalize`` over both dims; bf16 when the fp32 matmul
+    precision is "medium" (set around the call by the step, read here); the "quintic" rows
+    cycled by itertools, one helper call each; back to the input's dtype after the loop."""
+    transpose = x.size(-2) > x.size(-1)
+    if transpose:
+        x = x.mT
     X = F.normalize(x, p=2, dim=(-2, -1), eps=eps)
     if torch.get_float32_matmul_precision() == "medium":
         X = X.to(torch.bfloat16)
-    X = X.to(dtype)
-    transpose = X.size(-2) > X.size(-1)
-    if transpose:
-        X = X.mT
-    for a, b, c in itertools.islice(itertools.cycle([KELLER]), steps):
-        log.debug("newton-schulz step with %s", (a, b, c))
+    for a, b, c in itertools.islice(itertools.cycle(YOU_QUINTIC), steps):
         X = _nvidia_step(X, a, b, c)
+    X = X.to(x.dtype)
     if transpose:
         X = X.mT
     return X
 
 
 def emerging_optimizers(params, dtype):
+    """The released step's order: decay ``p.add_(p, alpha=-wd lr)``, the momentum buffer itself
+    orthogonalised (no Nesterov, its default), under "medium" precision (its default), scaled by
+    ``sqrt(max(m, n))``. ``dtype`` says only whether this is the exact evaluation (fp64 for
+    fp32; its bf16 cast made fp64 by ``numerics.exact_step``)."""
     bufs = _momentum(params)
+    fp32 = torch.float64 if dtype is torch.float64 else torch.float32
 
     def step():
         for p, buf in zip(params, bufs):
             g = p.grad
-            p.mul_(1 - LR * WD)
+            p.add_(p, alpha=-WD * LR)
             buf.lerp_(g, 1 - MOMENTUM)
-            g = g.lerp(buf, MOMENTUM)
-            orth = _nvidia_ns(g, dtype=dtype)
-            p.add_(orth, alpha=-LR * max(p.size(0), p.size(1)) ** 0.5)
+            before = torch.get_float32_matmul_precision()
+            torch.set_float32_matmul_precision("medium")
+            try:
+                orth = _nvidia_ns(buf.to(fp32))
+            finally:
+                torch.set_float32_matmul_precision(before)
+            p.add_(orth * max(p.size(0), p.size(1)) ** 0.5, alpha=-LR)
 
     return step
 
@@ -548,8 +555,8 @@ CORPUS = {
         Entry("dion_triton_fallback", "microsoft/dion dion/newton_schulz_triton.py", "distributed library",
               _dion(_dion_buffers_ns), torch.bfloat16),
         Entry("timm", "huggingface/pytorch-image-models timm/optim/muon.py", "vision library", timm, torch.bfloat16),
-        Entry("emerging_optimizers", "NVIDIA-NeMo/Emerging-Optimizers muon_utils.py (Megatron-LM's Muon)",
-              "distributed library", emerging_optimizers, torch.float32, logs_in_loop=True),
+        Entry("emerging_optimizers", "NVIDIA-NeMo/Emerging-Optimizers muon_utils.py (Megatron-LM's Muon), without absl",
+              "distributed library", emerging_optimizers, torch.bfloat16),
         Entry("flash_muon", "nil0x9/flash-muon flash_muon/muon.py", "optimizer library", flash_muon, torch.bfloat16),
         Entry("pytorch_optimizer", "kozistr/pytorch_optimizer optimizer/shampoo_utils.py", "optimizer library",
               pytorch_optimizer, torch.bfloat16),

@@ -63,7 +63,10 @@ interpreter's rounding toward zero 1.7x, Gram squaring an ``R`` symmetric to its
 only 1.7x (Polar Express).
 """
 
+import functools
+
 import torch
+from torch.overrides import TorchFunctionMode
 
 _NS_RTOL_CPU = {torch.float32: 1e-4, torch.bfloat16: 5e-2}
 NS_RTOL = {"cpu": _NS_RTOL_CPU, "cuda": dict(_NS_RTOL_CPU)}
@@ -98,3 +101,28 @@ def assert_rewrite_close(got, eager, exact, dtype, what=""):
         return
     bound = max(rtol[torch.bfloat16], REWRITE_MARGIN * rel_err(eager, exact))
     assert_rel_close(got, exact, bound, f"{what} (eager's own error {rel_err(eager, exact):.3g})")
+
+
+class Bf16AsFp64(TorchFunctionMode):
+    """The exact evaluation of code that hard-codes bf16 (``G.bfloat16()``, ``X.to(torch.bfloat16)``,
+    ``dtype=torch.bfloat16``), as a package or a corpus entry spells it: the same code with every
+    bf16 cast and bf16 allocation made fp64."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.Tensor.bfloat16:
+            return args[0].double()
+        args = tuple(torch.float64 if a is torch.bfloat16 else a for a in args)
+        kwargs = {k: torch.float64 if v is torch.bfloat16 else v for k, v in kwargs.items()}
+        return func(*args, **kwargs)
+
+
+def exact_step(step):
+    """``step`` evaluated exactly: run under :class:`Bf16AsFp64`."""
+
+    @functools.wraps(step)
+    def run(*args, **kwargs):
+        with Bf16AsFp64():
+            return step(*args, **kwargs)
+
+    return run

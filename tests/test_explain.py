@@ -17,6 +17,7 @@ from torch._dynamo.utils import counters as dynamo_counters
 import muon_compile
 from muon_compile import config, explain, tracing
 from muon_compile.compat import DYNAMO_SORTS_CONFIG_SETS
+from muon_compile.passes.canonicalize import plan_canonical
 
 import ns_forms
 from helpers import compare_steps, make_params, muon, set_grads
@@ -46,9 +47,9 @@ def _line_of(fn, text):
 
 @pytest.mark.skipif(DYNAMO_SORTS_CONFIG_SETS, reason="torch < 2.13: logging calls are left to break the graph")
 def test_logging_and_setting_reads_trace_into_one_graph_and_can_be_switched_off():
-    """Megatron's spelling logs inside the loop and reads the matmul precision: one graph,
-    recognised, with the helpers; several graphs, nothing recognised, without them."""
-    entry = CORPUS["emerging_optimizers"]
+    """Megatron's Muon as released logs around its loop and sets and reads the matmul precision
+    inside the step: one graph with the helpers; several graphs without them."""
+    entry = CORPUS["emerging_optimizers_absl"]
     assert len(dynamo_graphs(entry, SHAPES)) == 1
     torch._dynamo.reset()
     with tracing_helpers(False):
@@ -75,10 +76,27 @@ def _logging_step(x):
     return _logs_inside(x) + 1
 
 
+@contextlib.contextmanager
+def _logging_from_fresh(caplog, level):
+    """Records at ``level`` and above into ``caplog``, absl's verbosity ``level`` and its counts
+    fresh: absl counts ``log_first_n`` by calling line, once for the process, so a run after
+    another of the same lines would log less."""
+    from absl.logging import _log_counter_per_token
+
+    caplog.clear()
+    _log_counter_per_token.clear()
+    verbosity = absl_logging.get_verbosity()
+    absl_logging.set_verbosity(level)
+    try:
+        with caplog.at_level(level):
+            yield
+    finally:
+        absl_logging.set_verbosity(verbosity)
+
+
 def _messages(step, caplog, steps=3):
     """What ``steps`` calls of ``step`` log and warn, in order."""
-    caplog.clear()
-    with caplog.at_level(logging.WARNING), warnings.catch_warnings(record=True) as caught:
+    with _logging_from_fresh(caplog, logging.WARNING), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for _ in range(steps):
             step(torch.ones(3))
@@ -120,6 +138,57 @@ def test_logging_calls_split_the_step_without_the_helpers(caplog):
         messages = _messages(torch.compile(_logging_step, backend="eager"), caplog)
         assert sum(dynamo_counters["graph_break"].values()) > 1, dict(dynamo_counters["graph_break"])
     assert messages == _messages(_logging_step, caplog)
+
+
+def _emerging_messages(step, params, caplog, steps=2):
+    """What ``steps`` calls of a corpus step log at INFO and above, in order, with the line each
+    record names."""
+    with _logging_from_fresh(caplog, logging.INFO), torch.no_grad():
+        for seed in range(steps):
+            set_grads(params, 100 + seed)
+            step()
+    return [(r.getMessage(), r.pathname, r.lineno) for r in caplog.records]
+
+
+@pytest.mark.skipif(DYNAMO_SORTS_CONFIG_SETS, reason="torch < 2.13: logging calls are left to break the graph")
+def test_emerging_optimizers_as_released_logs_from_one_recognised_graph(caplog):
+    """tests/published/emerging_optimizers_absl.py with its released default, "medium" fp32
+    matmul precision set inside the step and read by the Newton–Schulz function, which then
+    logs ``log_first_n(INFO, ..., 1)`` and, asked for SYRK on a shape that is not 16-byte
+    aligned, ``log_first_n(ERROR, ..., 8, shape)``: one graph, both loops recognised, the
+    messages eager code gives, each naming the line that logs it. Without the helpers (main before 220d5be, as the released package
+    was) the step splits at the calls and no loop is recognised."""
+    shapes = [(24, 12), (12, 12)]  # 12 columns of bf16: not 16-byte aligned, so the SYRK choice logs
+    entry = CORPUS["emerging_optimizers_absl"]
+
+    def make(params):
+        return entry.make(params, entry.dtype, use_syrk=True)
+
+    def compiled_run(helpers):
+        params = make_params(shapes)
+        graphs = []
+
+        def capture(gm, example_inputs):
+            graphs.append(gm)
+            return gm.forward
+
+        torch._dynamo.reset()
+        with tracing_helpers(helpers):
+            messages = _emerging_messages(torch.compile(make(params), backend=capture), params, caplog)
+        return graphs, messages
+
+    params = make_params(shapes)
+    eager = _emerging_messages(make(params), params, caplog)
+    texts = [text for text, _, _ in eager]
+    skipped = [t for t in texts if t.startswith("[SYRK-SKIP] skipping SYRK for shape (12, 24)")]
+    assert len(skipped) == 2 and texts.count("Using BF16 I/O kernels for Newton-Schulz iteration.") == 1, eager
+    assert {path for _, path, _ in eager} == {inspect.getsourcefile(entry.make)}
+    graphs, messages = compiled_run(True)
+    assert len(graphs) == 1 and messages == eager, (len(graphs), messages)
+    assert len(plan_canonical(graphs[0].graph)[0]) == len(shapes)
+    graphs, messages = compiled_run(False)
+    assert len(graphs) > 1 and messages == eager, len(graphs)
+    assert sum(len(plan_canonical(gm.graph)[0]) for gm in graphs) == 0
 
 
 def test_a_setting_read_while_tracing_is_guarded():

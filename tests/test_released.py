@@ -4,7 +4,7 @@ made) and once by ``torch.compile(opt.step, backend="muon")``. Asserted: Dynamo'
 Newton–Schulz loop recognised (``canonicalize.matched``: one per matrix, or per stack where the
 package stacks same-shape matrices itself), the step bucketed, and the result as accurate as
 eager's (tests/numerics.py: a rewritten bf16 loop against the exact evaluation of the same code,
-the package's bf16 casts made fp64 by :class:`_Bf16AsFp64`; an fp32 loop against eager).
+the package's bf16 casts made fp64 by :func:`numerics.exact_step`; an fp32 loop against eager).
 
 NVIDIA Emerging-Optimizers (Megatron-LM's Muon) declares Python 3.12 for ``typing.override``
 alone, a decorator that marks a method and does nothing else at run time: on Python 3.11
@@ -22,28 +22,14 @@ from typing import NamedTuple
 
 import pytest
 import torch
-from torch.overrides import TorchFunctionMode
 
 import muon_compile
 from torch._dynamo.utils import counters as dynamo_counters
 
 from helpers import make_params, set_grads
-from numerics import assert_rewrite_close
+from numerics import assert_rewrite_close, exact_step
 
 SHAPES = [(32, 16), (32, 16), (16, 48), (24, 24)]
-
-
-class _Bf16AsFp64(TorchFunctionMode):
-    """The same code with every bf16 cast and bf16 allocation made fp64: the exact evaluation
-    of a package's Newton–Schulz that hard-codes bf16 (``G.bfloat16()``, ``dtype=torch.bfloat16``)."""
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func is torch.Tensor.bfloat16:
-            return args[0].double()
-        args = tuple(torch.float64 if a is torch.bfloat16 else a for a in args)
-        kwargs = {k: torch.float64 if v is torch.bfloat16 else v for k, v in kwargs.items()}
-        return func(*args, **kwargs)
 
 
 def _keller(params):
@@ -118,11 +104,7 @@ def _run(make, compiled, exact=None):
     steps = [opt.step, torch.compile(opt.step, backend="muon") if compiled else opt.step]
     for seed, step in enumerate(steps):
         set_grads(params, seed)
-        if exact:
-            with _Bf16AsFp64():
-                step()
-        else:
-            step()
+        (exact_step(step) if exact else step)()
     return [p.detach() for p in params]
 
 

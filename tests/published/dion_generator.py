@@ -34,12 +34,11 @@ branches of the per-batch update (shard all-to-all, per-rank all-gather), replac
 ``NotImplementedError`` that leaves the function a generator; splitting batch-sharded 3-D
 DTensors into per-parameter tasks; ``to_local`` (identity for plain tensors); the Lion and AdamW
 task builders (no such groups: empty generators take their place); the closure; constructor
-checks; the Triton / user NS options (the default NS is kept). ``dtype`` gets in via
-``functools.partial`` on the NS routine (replacing its ``bfloat16``); the bf16 cast ahead of
-communication stays bf16, as in the corpus's ``dion_muon``.
+checks; the Triton / user NS options (the default NS is kept). The NS routine hard-codes
+bf16, as upstream's does: the entry's ``dtype`` is not used, and the exact evaluation makes its
+casts fp64 (``numerics.exact_step``).
 """
 
-import functools
 import math
 from collections import defaultdict
 from itertools import chain
@@ -158,7 +157,7 @@ def _orth(X, ns_fn, flat, eps):
         X = X.flatten(start_dim=1)
     elif X.ndim >= 4:
         X = X.flatten(end_dim=-3)
-    return ns_fn(X, eps=eps).reshape(shape)
+    return ns_fn(X, epsilon=eps).reshape(shape)
 
 
 def _spectral_lr(lr, shape, flat):
@@ -171,7 +170,7 @@ def _spectral_lr(lr, shape, flat):
 
 
 @torch.compile(fullgraph=True)
-def _ns(G, eps=1e-7, dtype=torch.bfloat16):
+def _ns(G, epsilon=1e-7):
     coeffs = [
         (4.0848, -6.8946, 2.9270),
         (3.9505, -6.3029, 2.6377),
@@ -179,10 +178,10 @@ def _ns(G, eps=1e-7, dtype=torch.bfloat16):
         (2.8769, -3.1427, 1.2046),
         (2.8366, -3.0525, 1.2012),
     ]
-    X = G.to(dtype=dtype)
+    X = G.to(dtype=torch.bfloat16)
     if G.size(-2) > G.size(-1):
         X = X.mT
-    X = X / (X.norm(dim=(-2, -1), keepdim=True) + eps)
+    X = X / (X.norm(dim=(-2, -1), keepdim=True) + epsilon)
     for a, b, c in coeffs:
         A = X @ X.mT
         B = b * A + c * (A @ A)
@@ -225,13 +224,14 @@ def _no_tasks(groups):
 
 def dion_generator(params, dtype):
     """dion's pre-mega-batching Muon step on a single device: a generator of tasks over
-    same-shape batches holding one parameter each, driven by dion's async runtime."""
+    same-shape batches holding one parameter each, driven by dion's async runtime (``dtype``
+    unused: its NS is bf16, as upstream's)."""
     groups = [dict(params=list(params), lr=LR, mu=MOMENTUM, wd=WD, cautious=False,
                    kind="muon", count=0, eps=1e-8, lookahead=False, flat=False,
                    lr_rule="spectral_norm")]
     state = defaultdict(dict)  # per-parameter optimizer state
     rank, world, pg = 0, 1, None
-    ns_fn = functools.partial(_ns, dtype=dtype)
+    ns_fn = _ns
 
     def state_for(p, kind):
         st = state[p]

@@ -1,7 +1,8 @@
 """Corpus entry ``emerging_optimizers_absl`` (issue 61): the Muon of NVIDIA-NeMo/
 Emerging-Optimizers as released, keeping each absl logging call at the place the source has it.
 
-Read: NVIDIA-NeMo/Emerging-Optimizers@fd7729267109a8848709e9406bf19e53e970c3f4
+Read: NVIDIA-NeMo/Emerging-Optimizers@fd7729267109a8848709e9406bf19e53e970c3f4 (as released in 0.3.0 but
+for the SYRK choice's log and the float64 norm)
   emerging_optimizers/orthogonalized_optimizers/orthogonalized_optimizer.py:164-212 (step), 214-240 (orthogonalisation)
   emerging_optimizers/orthogonalized_optimizers/muon.py:117-132 (scaled orthogonalisation), 190-216 (scale factor)
   emerging_optimizers/orthogonalized_optimizers/muon_utils.py:30-90 (coefficient tables), 93-129 (triple iterator),
@@ -102,12 +103,15 @@ def _iter3d(X, a, b, c):
     return X
 
 
-def _ns(x, n, table="quintic", eps=1e-15, flip=None, dtype=torch.float32):
-    """The released NS routine for a single rank (no tensor-parallel group, no SYRK kernel, no
-    float64 norm). Input has to arrive in the compute dtype (fp32 upstream). Order kept: flip
-    to wide, then ``F.normalize``; triple iterator made (and logging) ahead of the loop;
-    iteration helper picked by ndim; under "medium" fp32 matmul precision a bf16 cast plus a
-    ``log_first_n``; cast back to ``dtype`` after the loop."""
+def _ns(x, n, table="quintic", eps=1e-15, flip=None, use_syrk=False, dtype=torch.float32):
+    """The released NS routine for a single rank (no tensor-parallel group, no float64 norm).
+    Input has to arrive in fp32 (``dtype``: fp32, fp64 in the exact evaluation). Order kept:
+    flip to wide, then ``F.normalize``; triple iterator made (and logging) ahead of the loop;
+    iteration helper picked by ndim; under "medium" fp32 matmul precision (the optimizer's
+    default) the SYRK choice, which logs ``log_first_n(ERROR, ..., 8, shape)`` for a shape not
+    16-byte aligned, then a bf16 cast plus ``log_first_n(INFO, ..., 1)``; cast back after the
+    loop. The SYRK step itself (a Triton kernel) is not reproduced: an aligned shape with
+    ``use_syrk`` raises."""
     if x.ndim < 2 or x.ndim > 3:
         raise TypeError(f"need 2 or 3 dims, got {x.ndim}")
     if x.dtype != dtype:
@@ -127,8 +131,19 @@ def _ns(x, n, table="quintic", eps=1e-15, flip=None, dtype=torch.float32):
     coeffs = _triples(n, rows, how=how)
     one_iter = _iter2d if X.ndim == 2 else _iter3d
     if torch.get_float32_matmul_precision() == "medium":
+        if use_syrk:
+            if X.size(-1) % 8 != 0 or X.size(-2) % 8 != 0:
+                logging.log_first_n(
+                    logging.ERROR,
+                    "[SYRK-SKIP] skipping SYRK for shape %s because GEMM M or N is not 16-byte "
+                    "aligned, which is incompatible with TMA.",
+                    8,
+                    tuple(X.shape),
+                )
+            else:
+                raise NotImplementedError("the Triton SYRK step is not reproduced")
         X = X.to(torch.bfloat16)
-        logging.log_first_n(logging.INFO, "NS iterate kept in bf16", 1)
+        logging.log_first_n(logging.INFO, "Using BF16 I/O kernels for Newton-Schulz iteration.", 1)
     for a, b, c in coeffs:
         X = one_iter(X, a, b, c)
     X = X.to(dtype)
@@ -160,9 +175,9 @@ def _precision(level="highest"):
 
 # ------------------------------------------------------------------------------- the step
 
-def emerging_optimizers_absl(params, dtype, *, lookahead=False, precision="highest",
+def emerging_optimizers_absl(params, dtype, *, lookahead=False, precision="medium",
                              table="quintic", iters=5, scaling="spectral",
-                             extra=1.0):
+                             extra=1.0, use_syrk=False):
     """The library's generic orthogonalised-optimizer step driving its Muon orthogonaliser,
     as released: decay first, as ``p.add_(p, alpha=-wd*lr)``; momentum EMA via ``lerp_``;
     Nesterov off by default (the buffer itself is orthogonalised), and when on an
@@ -172,26 +187,28 @@ def emerging_optimizers_absl(params, dtype, *, lookahead=False, precision="highe
     quintic table, one helper call per iteration on Python floats; the fp32 result scaled by
     ``sqrt(max(m, n))`` and by ``extra``; finally ``p.add_(update, alpha=-lr)``.
 
-    ``precision`` is "highest" here, though upstream defaults to "medium" (which moves the
-    iterate to bf16): this keeps the NS in fp32, the dtype the entry names, while the
-    "medium" branch (bf16 cast plus ``log_first_n``) stays in the code, just not taken.
-    ``dtype`` stands in for fp32 where upstream spells it (the input check and the final
-    cast); momentum is cast to ``dtype`` on its way into the NS (no-op in fp32).
+    ``precision`` defaults to "medium", as upstream's ``fp32_matmul_prec``: set inside the step
+    around the orthogonalisation, read by the NS routine, which then moves the iterate to bf16
+    (the entry's dtype) and logs. ``dtype`` says only whether this is the exact evaluation:
+    fp32 where upstream spells it (the input check and the final cast), fp64 in the exact one
+    (whose bf16 cast the corpus makes fp64, ``numerics.exact_step``).
 
     Omitted: param groups, closures, lazily created state (``_momentum`` from the corpus is
     used), other decay variants, weight-update hooks and empty pre/post-update calls, tensor
-    parallel NS, the Triton SYRK path (off by default), the float64 norm (off by default),
+    parallel NS, the Triton SYRK step (``use_syrk``, off by default; its choice and log are
+    kept), the float64 norm (off by default),
     the "custom" table and the orthogonaliser's 2-D assertion.
     """
     bufs = _momentum(params)
+    fp32 = torch.float64 if dtype is torch.float64 else torch.float32
 
     def orthogonalise(g):
         logging.debug(
             "orthogonalise: iters=%s table=%s scaling=%s extra=%s",
             iters, table, scaling, extra,
         )
-        o = _ns(g.to(dtype), n=iters, table=table,
-                dtype=dtype)
+        o = _ns(g.to(fp32), n=iters, table=table, use_syrk=use_syrk,
+                dtype=fp32)
         s = _scale(g.size(-2), g.size(-1), how=scaling)
         return o * s * extra
 
@@ -220,6 +237,6 @@ ENTRY = Entry(
     "(the Muon Megatron-LM uses, with absl logging)",
     "distributed library",
     emerging_optimizers_absl,
-    torch.float32,
-    logs_in_loop=True,  # absl's debug calls before the loop
+    torch.bfloat16,  # fp32_matmul_prec="medium"
+    logs_in_loop=True,  # absl's debug calls before the loop, log_first_n after the bf16 cast
 )

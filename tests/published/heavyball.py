@@ -8,13 +8,13 @@ from muon_corpus import LR, MOMENTUM, WD, Entry, _momentum
 # ------------------------------------------------------------------- HomebrewML/HeavyBall (Muon)
 #
 # Read: HeavyBall 3.2.1 from PyPI (identical to HomebrewML/HeavyBall@07887bdf heavyball/utils.py).
-# Two things the library's step does, one entry each (so each entry tests one thing): the step runs
-# inside ``torch._dynamo.utils.disable_cache_limit()``, a context manager in a module Dynamo refuses
-# to trace (``heavyball_refused_call``); the NS input is normalised in fp32 and then rounded to bf16
-# at random: reinterpret as int32, add random bits below the bf16 mantissa, mask off the lower 16
-# bits (``heavyball_stochastic_round``).
+# The NS input is normalised in fp32 (``keepdim=True``, as 3.2.1 has it) and then rounded to bf16 at
+# random: reinterpret as int32, add random bits below the bf16 mantissa, mask off the lower 16 bits.
+# ``heavyball_refused_call`` is the step as released: it runs inside
+# ``torch._dynamo.utils.disable_cache_limit()``, a context manager in a module Dynamo refuses to
+# trace; ``heavyball_stochastic_round`` leaves that out, so that it tests the rounding alone.
 
-_COMPILE_MODE = "max-autotune-no-cudagraphs"  # name kept: _compare.py sets it on this module
+_COMPILE_MODE = "max-autotune-no-cudagraphs"  # heavyball/utils.py:25 (``compile_mode``)
 _NOISE_DRAWS = 1
 
 
@@ -116,15 +116,15 @@ def _ema_lookahead(bufs, grads, mu):
 
 
 @_lazy_compiled
-def _ns5(G, n=5, eps=1e-7, dtype=torch.bfloat16, dither=True):
+def _ns5(G, n=5, eps=1e-7, dtype=torch.bfloat16):
     """Divide by the clamped fp32 norm, round to bf16 at random, run five rounds written as
     ``(a I + (b I + c S) S) X`` with the identity terms added to diagonals in place.
-    (HeavyBall does not round an fp64 input; here every non-bf16 ``dtype`` is a plain cast,
-    which gives the fp64 reference.)"""
+    (HeavyBall does not round an fp64 input; here the exact evaluation, ``dtype`` fp64, is a
+    plain cast.)"""
     assert G.ndim >= 2
     assert n == 5
     G = G / G.norm(dim=(-2, -1), keepdim=True).clamp(min=eps)
-    x = _dither_bf16(G) if dither and dtype == torch.bfloat16 else G.to(dtype)
+    x = G.to(dtype) if dtype is torch.float64 else _dither_bf16(G)
     if G.size(-2) > G.size(-1):
         x = x.mT
     for a, b, c in [
@@ -146,9 +146,9 @@ def _ns5(G, n=5, eps=1e-7, dtype=torch.bfloat16, dither=True):
 
 
 @functools.partial(_lazy_compiled, fullgraph=False)
-def _orth_into(x, kind, dst, scaling, dtype, dither):
+def _orth_into(x, kind, dst, scaling, dtype):
     if kind == "newtonschulz" or x.shape[-2] != x.shape[-1]:
-        y = _ns5(x, 5, dtype=dtype, dither=dither)
+        y = _ns5(x, 5, dtype=dtype)
     else:
         raise NotImplementedError(kind)
     if scaling == "none":
@@ -162,12 +162,12 @@ def _orth_into(x, kind, dst, scaling, dtype, dither):
     dst.copy_(y)
 
 
-def _orth_update(u, dtype, dither):
+def _orth_update(u, dtype):
     if u.dim() < 2:
         return u
     shape = u.shape
     flat = u.flatten(1, -1)
-    _orth_into(flat, "newtonschulz", flat, "scale", dtype, dither)
+    _orth_into(flat, "newtonschulz", flat, "scale", dtype)
     return flat.reshape(shape)
 
 
@@ -180,7 +180,7 @@ def _apply(params, updates, wd, lr):
         _store(p, pf)
 
 
-def heavyball_muon(params, dtype, *, dither, refused_call):
+def heavyball_muon(params, dtype, *, refused_call):
     """HeavyBall's Muon at its defaults (Nesterov-style EMA, then orthogonalisation, all as one
     multi-tensor chain with fp32 momentum), the NS input rounded to bf16 at random by the
     library's own rounding routine; every write to state or parameters goes through its
@@ -198,9 +198,8 @@ def heavyball_muon(params, dtype, *, dither, refused_call):
     counting, FSDP/DTensor gather and views, ECC state, the transform registry (its guards
     only allocate the zero momentum, done in ``make`` here), caution and cautious decay, palm,
     mars and clipping (all off by default), enums (plain strings here), and the QR / SVD /
-    Polar Express modes. Deviations, one per entry: without ``dither`` the NS input is cast
-    with ``.to(dtype)``; without ``refused_call`` the step runs under ``torch.no_grad()``
-    alone, not also under ``disable_cache_limit()``."""
+    Polar Express modes. One deviation, in one entry: without ``refused_call`` the step runs
+    under ``torch.no_grad()`` alone, not also under ``disable_cache_limit()``."""
     bufs = _momentum(params)
     group = {"count": torch.zeros((), dtype=torch.int64), "lr": LR, "warmup": 0}
 
@@ -215,7 +214,7 @@ def heavyball_muon(params, dtype, *, dither, refused_call):
             _ema_lookahead(bufs, updates, _as_scalar(MOMENTUM, bufs[0]))
             ortho = []
             for u in updates:
-                ortho.append(_orth_update(u, dtype, dither))
+                ortho.append(_orth_update(u, dtype))
             updates = ortho
             _apply(params, updates, WD, _as_scalar(lr, params[0]))
 
@@ -225,8 +224,9 @@ def heavyball_muon(params, dtype, *, dither, refused_call):
 ENTRIES = (
     Entry("heavyball_refused_call",
           "HomebrewML/HeavyBall heavyball/utils.py (Muon; the step runs under torch._dynamo.utils.disable_cache_limit)",
-          "optimizer library", functools.partial(heavyball_muon, dither=False, refused_call=True), torch.bfloat16),
+          "optimizer library", functools.partial(heavyball_muon, refused_call=True), torch.bfloat16),
     Entry("heavyball_stochastic_round",
-          "HomebrewML/HeavyBall heavyball/utils.py (Muon; NS input rounded to bf16 at random)",
-          "optimizer library", functools.partial(heavyball_muon, dither=True, refused_call=False), torch.bfloat16),
+          "HomebrewML/HeavyBall heavyball/utils.py (Muon; NS input rounded to bf16 at random, the step outside "
+          "disable_cache_limit)",
+          "optimizer library", functools.partial(heavyball_muon, refused_call=False), torch.bfloat16),
 )
