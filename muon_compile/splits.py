@@ -9,13 +9,20 @@ Three kinds of split, each read from what Dynamo records (torch 2.11 to 2.15):
   ``torch_dynamo_resume_in_<function>_at_<line>`` (the first frame of the nodes' stack traces);
 * a caller of the compiled frame runs eagerly because Dynamo skipped it (a graph break in a
   loop, an unsupported context manager...): a frame on the Python stack whose code has a
-  failed entry in Dynamo's compilation metrics, which name the reason and the line.
+  failed entry in Dynamo's compilation metrics, which name the reason and the line. A loop of
+  matrix products in that function (read from its source: a product in the loop's body, or in
+  a function the body calls by a name the function binds to a module's function) runs there
+  uncompiled, neither recognised nor bucketed, and is named with its line.
 """
 
 from __future__ import annotations
 
+import ast
+import inspect
 import re
 import sys
+import textwrap
+from types import CodeType
 
 import torch.fx as fx
 from torch._dynamo.utils import get_compilation_metrics
@@ -67,6 +74,66 @@ def _skipped_callers() -> list[str]:
         m = failed.get((code.co_filename, code.co_name, code.co_firstlineno))
         if m is not None:
             where = f" at {m.fail_user_frame_filename}:{m.fail_user_frame_lineno}" if m.fail_user_frame_lineno else ""
-            found.append(f"{_first_line(m.fail_reason) or m.fail_type}{where}, so Dynamo runs {code.co_name} eagerly")
+            name, source, start = code.co_name, code, 0
+            resumed = _RESUME.match(name)
+            if resumed:  # a resume function: the rest of the function it was cut from, from that line
+                fn = inspect.unwrap(frame.f_globals.get(resumed.group(1)))
+                source, start = getattr(fn, "__code__", None), int(resumed.group(2))
+                name = f"{resumed.group(1)} from line {start}"
+            lines = [line for line in _product_loops(source, frame.f_globals) if line >= start] if source else []
+            loops = "".join(f"; its loop of matrix products at {code.co_filename}:{line} runs uncompiled, not bucketed"
+                            for line in lines)
+            found.append(f"{_first_line(m.fail_reason) or m.fail_type}{where}, so Dynamo runs {name} eagerly{loops}")
         frame = frame.f_back
     return found
+
+
+_PRODUCTS = frozenset({"mm", "bmm", "matmul", "addmm", "baddbmm"})
+
+
+def _tree(obj) -> ast.AST | None:
+    """The syntax tree of the function ``obj`` (its code object or itself), None where its
+    source is not at hand or is not a function's."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(obj)))
+    except (OSError, TypeError, SyntaxError):
+        return None
+    return tree if tree.body and isinstance(tree.body[0], (ast.FunctionDef, ast.AsyncFunctionDef)) else None
+
+
+def _has_product(tree: ast.AST) -> bool:
+    return any(
+        (isinstance(n, ast.BinOp) and isinstance(n.op, ast.MatMult))
+        or (isinstance(n, ast.Call) and getattr(n.func, "attr", getattr(n.func, "id", None)) in _PRODUCTS)
+        for n in ast.walk(tree)
+    )
+
+
+def _product_loops(code: CodeType, namespace: dict) -> list[int]:
+    """The first lines of the loops in ``code``'s function whose body makes a matrix product,
+    itself or through a function of ``namespace`` it calls, by name or by a local name the
+    function binds to one (``step = helper_2d if X.ndim == 2 else helper_3d``)."""
+    tree = _tree(code)
+    if tree is None:
+        return []
+    bound: dict[str, set[str]] = {}  # a local name -> the global names its assignments read
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Assign):
+            read = {r.id for r in ast.walk(n.value) if isinstance(r, ast.Name)}
+            for target in n.targets:
+                if isinstance(target, ast.Name):
+                    bound.setdefault(target.id, set()).update(read)
+
+    def makes_products(name: str) -> bool:
+        fn = namespace.get(name)
+        sub = _tree(fn) if inspect.isfunction(fn) else None
+        return sub is not None and _has_product(sub)
+
+    first = code.co_firstlineno - 1
+    lines = []
+    for loop in (n for n in ast.walk(tree) if isinstance(n, (ast.For, ast.While))):
+        called = {c.func.id for c in ast.walk(loop) if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)}
+        names = called | {g for name in called for g in bound.get(name, ())}
+        if any(_has_product(stmt) for stmt in loop.body) or any(makes_products(n) for n in names):
+            lines.append(first + loop.lineno)
+    return sorted(lines)

@@ -335,6 +335,35 @@ def _one_loop(G):
     return ns_forms.keller(G, steps=2)
 
 
+def _iteration(X, a, b, c):
+    A = X @ X.mT
+    return a * X + (b * A + c * A @ A) @ X
+
+
+def _skipped_newton_schulz(G):
+    """Emerging-Optimizers' shape: the iteration a helper picked by ndim, called once a row."""
+    X = G / G.norm()
+    iteration = _iteration if X.ndim == 2 else _iteration
+    for a, b, c in [ns_forms.KELLER] * 2:
+        torch._dynamo.graph_break()  # in the loop: Dynamo skips the whole function
+        X = iteration(X, a, b, c)
+    return X
+
+
+def test_explain_names_a_loop_that_runs_in_a_function_dynamo_skipped():
+    """A Newton–Schulz loop inside a function Dynamo runs eagerly after a split never reaches
+    the backend: the graphs compiled beneath it (the helper's) name the split, the function
+    and the loop's line, its products made through a helper bound to a local name."""
+    here = inspect.getsourcefile(_skipped_newton_schulz)
+    first = inspect.getsourcelines(_skipped_newton_schulz)[1]
+    with config.override(passes="canonicalize"):
+        reports = explain.explain(_skipped_newton_schulz, torch.randn(8, 12))
+    assert reports and all(
+        f"at {here}:{first + 5}, so Dynamo runs _skipped_newton_schulz eagerly; its loop of matrix products at "
+        f"{here}:{first + 4} runs uncompiled, not bucketed" in str(r) for r in reports
+    ), [str(r) for r in reports]
+
+
 def test_explain_names_the_split_that_leaves_a_recognised_loop_alone():
     """A recognised loop alone in its graph, because the step is split around it, is
     reported "recognised, not bucketed: the step is split by <reason> at <file>:<line>":
