@@ -21,10 +21,15 @@ The eager arm runs under ``torch.compiler.set_stance("force_eager")``, so an ent
 loop is a nested ``@torch.compile`` function runs it eagerly too. Every arm starts from the
 same parameters and gradients (the entry's step keeps its state between steps).
 
+``--entries released`` runs the Muon packages released on PyPI instead
+(tests/released_packages.py: each optimizer built as its package documents it, its
+``step``; the first warm-up step makes its state).
+
 Usage::
 
     python scripts/bench_corpus.py                       # every entry, gpt-small-ish shapes
     python scripts/bench_corpus.py --entries keller_muon,nanochat --reps 5
+    python scripts/bench_corpus.py --entries released    # the released packages
 """
 
 from __future__ import annotations
@@ -44,6 +49,17 @@ from bench_common import (
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from muon_corpus import CORPUS, Entry  # noqa: E402  (the corpus lives with the tests)
+from released_packages import RELEASED  # noqa: E402
+
+
+def _released_entry(name: str) -> Entry:
+    """The released package ``name`` as a corpus entry: its optimizer's ``step``."""
+    package = RELEASED[name]
+    return Entry(name, f"{name} from PyPI", "released package", lambda params, dtype: package.make(params).step,
+                 package.dtype, stacks=package.stacks)
+
+
+ENTRIES = {**CORPUS, **{name: _released_entry(name) for name in RELEASED}}
 
 # 4 layers of a d=256 GPT: fused QKV, attention out, MLP up and down (4 shapes, 16 matrices)
 SHAPES = tuple(s for _ in range(4) for s in ((768, 256), (256, 256), (1024, 256), (256, 1024)))
@@ -128,21 +144,24 @@ def report(rows: list[EntryResult]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--entries", default="all", help="comma-separated corpus entry names (default: all)")
+    parser.add_argument("--entries", default="all",
+                        help="comma-separated corpus entry or released package names; all: the corpus (default); "
+                        "released: the released packages")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--warmup", type=non_negative_int, default=2)
     parser.add_argument("--reps", type=positive_int, default=7)
     args = parser.parse_args()
-    names = list(CORPUS) if args.entries == "all" else args.entries.split(",")
-    unknown = [n for n in names if n not in CORPUS]
+    named = {"all": list(CORPUS), "released": list(RELEASED)}
+    names = named.get(args.entries) or args.entries.split(",")
+    unknown = [n for n in names if n not in ENTRIES]
     if unknown:
-        parser.error(f"unknown corpus entries {unknown}; known: {list(CORPUS)}")
+        parser.error(f"unknown entries {unknown}; known: {list(ENTRIES)}")
     device = torch.device(args.device)
     print(machine_line(machine_info(device)))
     print(f"shapes: {len(SHAPES)} matrices, {sorted(set(SHAPES))}; warmup {args.warmup}, reps {args.reps}")
     rows = []
     for name in names:
-        rows.append(bench_entry(CORPUS[name], device, args.warmup, args.reps))
+        rows.append(bench_entry(ENTRIES[name], device, args.warmup, args.reps))
         print(report(rows[-1:]).splitlines()[-1], flush=True)
     print()
     print(report(rows))
