@@ -73,7 +73,7 @@ def make_step(entry: Entry, device: torch.device, eager: bool):
     params = [torch.nn.Parameter(torch.randn(s, generator=gen).to(device)) for s in SHAPES]
     for p in params:
         p.grad = torch.randn(p.shape, generator=gen).to(device)
-    step = entry.make(params, entry.dtype)
+    step = entry.step(params)
     if not eager:
         return step
 

@@ -18,7 +18,6 @@ import muon_compile
 from muon_compile import config, explain
 
 from helpers import dumped_graphs, graph_caches_off
-from numerics import exact_step
 
 # Rows chosen against W = 2 and 3: even (24), uneven (10, 7), fewer rows than ranks (1),
 # and a tall / wide pair that share a canonical shape (40x12, 12x40).
@@ -509,13 +508,7 @@ def corpus_run(rank, world, steps, name, dtype=None):
     (Newton–Schulz in ``dtype``, the entry's own by default)."""
     from muon_corpus import CORPUS
 
-    entry = CORPUS[name]
-
-    def make(params):
-        step = entry.make(params, dtype or entry.dtype)
-        return exact_step(step) if dtype is torch.float64 else step  # hard-coded bf16 casts made fp64 too
-
-    return fsdp2_or_eager_run(world, steps, make)
+    return fsdp2_or_eager_run(world, steps, lambda params: CORPUS[name].step(params, dtype))
 
 
 def fsdp2_or_eager_run(world, steps, make_step, shapes=FORM_SHAPES):

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 
 from muon_compile.coefficients import PRESETS
 from ns_forms import KELLER, POLAR, exact_torch_muon
+from numerics import exact_step
 
 YOU_QUINTIC = PRESETS["quintic"].coefficients  # the five per-iteration triples Dion and timm default to
 LR, WD, MOMENTUM = 0.02, 0.1, 0.95
@@ -45,6 +46,12 @@ class Entry:
     logs_in_loop: bool = False  # a logging call in the step or loop (one graph only with muon_compile.tracing)
     today: str | None = None  # not yet recognised: what the backend meets (a rejection or a graph break)
     loops_of: Callable[[list], int] | None = None  # the step's own loop count, where stacks does not say it
+
+    def step(self, params, dtype: torch.dtype | None = None) -> Step:
+        """The step of ``params``, Newton–Schulz in ``dtype`` (the entry's own by default); in fp64
+        the exact evaluation, the code's hard-coded bf16 casts made fp64 too (``numerics.exact_step``)."""
+        step = self.make(params, dtype or self.dtype)
+        return exact_step(step) if dtype is torch.float64 else step
 
     def loops(self, shapes) -> int:
         """How many Newton–Schulz loops one step of ``shapes`` runs."""
@@ -461,10 +468,10 @@ def torch_optim_muon(params, dtype, lr=LR):
     a number or a 0-D tensor."""
     opt = torch.optim.Muon(params, lr=lr, weight_decay=WD)
     if dtype == torch.float64:
-        def exact_step():
+        def exact():
             with exact_torch_muon():
                 opt.step()
-        return exact_step
+        return exact
     return opt.step
 
 

@@ -16,7 +16,7 @@ from muon_compile.passes.near_miss import unseen_loops
 
 from helpers import make_params, set_grads
 from muon_corpus import CORPUS
-from numerics import assert_rewrite_close, exact_step
+from numerics import assert_rewrite_close
 
 # wide, square, wide and tall: three canonical shapes (8x24, 8x8, 8x32), so three buckets
 SHAPES = [(24, 8), (8, 8), (8, 32), (32, 8)]
@@ -43,9 +43,7 @@ def run_entry(entry, shapes, *, backend=None, dtype=None, steps=2, device="cpu")
     """Parameters after ``steps`` steps of ``entry``: compiled with ``backend``, or eager
     (its own nested ``torch.compile`` calls disabled too) when ``backend`` is None."""
     params = make_params(shapes, device=device)
-    step = entry.make(params, dtype or entry.dtype)
-    if dtype is torch.float64:  # the exact evaluation: its hard-coded bf16 casts made fp64 too
-        step = exact_step(step)
+    step = entry.step(params, dtype)
     if backend is not None:
         step = torch.compile(step, backend=backend)
     eager = torch.compiler.set_stance("force_eager") if backend is None else contextlib.nullcontext()
