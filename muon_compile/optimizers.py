@@ -42,7 +42,6 @@ from .updates import (
     lr_ratio,
     muon_direction,
     muon_update,
-    step_factor,
     second_moment_shape,
 )
 
@@ -573,15 +572,13 @@ class MuonAdamW(torch.optim.Optimizer):
         split, lr_scale = self._split_and_scale(group, members[0].shape)
         state = self._step_state(stack.state, members[0].device)
         ortho = muon_direction(
-            stacks_mod.stack([self._grad(p) for p in members]),
+            stacks_mod.gather([self._grad(p) for p in members]),
             state["momentum_buffer"],
             **self._direction_args(group, split, ns_args),
             second_moment=state.get("second_moment"),
         )
         self._end_step_state(stack.state, state)
-        stacks_mod.unstack_scale_add_(
-            members, decay, ortho, step_factor(group["lr"], lr_scale), cautious=group["cautious_weight_decay"]
-        )
+        stacks_mod.write(members, decay, ortho, group["lr"], lr_scale, cautious=group["cautious_weight_decay"])
 
     @staticmethod
     def _split_and_scale(group: dict, shape: torch.Size) -> tuple[tuple[int, ...] | None, float]:

@@ -4,19 +4,27 @@ Within a Muon param group, plain (non-DTensor) 2-D parameters of equal shape, dt
 device form a *stack*. Their state (momentum, NorMuon's second moment) lives in one
 tensor per stack with a leading dimension, and ``optimizer.state[p]`` holds views into
 it, so ``state_dict()`` / ``load_state_dict`` and per-parameter access work as before.
-A step of a stack is list-level: one :func:`stack` gathers the gradients, the Muon
-direction (momentum, one batched Newton–Schulz, NorMuon) is computed on the stacked
-tensors, and one :func:`unstack_scale_add_` writes ``p = p * (1 - lr * wd) - lr * s * O``
-into every member (cautious weight decay included).
+A step of a stack is list-level: :func:`gather` stacks the gradients, the Muon direction
+(momentum, one batched Newton–Schulz, NorMuon) is computed on the stacked tensors, and
+:func:`write` applies ``p = p * (1 - lr * wd) - lr * s * O`` to every member (cautious
+weight decay included).
 
-Compiled, the step then costs what the stacks cost, not what the parameters cost:
-Dynamo traces a handful of operations per stack, and Inductor sees one opaque call for
-the gather, one fused kernel per stack and one opaque call for the write, instead of a
-kernel per parameter. The two ops are custom ops (``muon_compile::stack``,
-``muon_compile::unstack_scale_add_``) so that Inductor keeps each as one call: its own
-lowering of ``torch.stack`` over hundreds of inputs emits a copy per input, and of a write
-into N parameters N kernels. Run, they are ``torch.stack`` and one Triton kernel where
-Triton runs (:mod:`muon_compile.scale_add_kernel`), ``torch._foreach_*`` calls elsewhere.
+Compiled, the step then costs what the stacks cost, not what the parameters cost: Dynamo
+traces a handful of operations per stack. How the gather and the write are expressed is
+chosen per device, by what Inductor makes of them:
+
+- On a GPU, two custom ops (``muon_compile::stack``, ``muon_compile::unstack_scale_add_``)
+  that Inductor keeps as one call each: its own lowering of ``torch.stack`` over hundreds
+  of inputs launches a copy per input, and of N parameters' writes N kernels, where the
+  write op is one launch of its Triton kernel (:mod:`muon_compile.scale_add_kernel`).
+- On the CPU, plain ``torch.stack`` and a write per member: Inductor's C++ code copies the
+  gradients into the stack inside the momentum's kernel and writes all the members in one
+  kernel fused with what computes their update, where the ops are an opaque call and two
+  ``torch._foreach_*`` passes with a cast per member (4.2 ms of a 13.2 ms many-small step
+  on 2026-12-02; docs/benchmarks.md).
+
+Run eagerly, the ops are used everywhere (one Triton launch or two ``foreach`` calls rather
+than a loop in Python).
 
 Replace state in place (``state[p]["momentum_buffer"].copy_(t)``): a tensor put in
 its place is not read by the stacked step (``load_state_dict`` restacks itself).
@@ -33,6 +41,7 @@ from torch import Tensor
 from torch.distributed.tensor import DTensor
 
 from . import scale_add_kernel
+from .updates import apply_update, step_factor
 
 
 @torch.library.custom_op("muon_compile::stack", mutates_args=())
@@ -77,6 +86,36 @@ def unstack_scale_add_(
         torch._foreach_add_(dsts, list(src.unbind(0)), alpha=alpha.item())
     else:  # no value on the host: the product in the members' dtype first
         torch._foreach_add_(dsts, list((src.to(dsts[0].dtype) * alpha).unbind(0)))
+
+
+def writes_in_one_pass(device: torch.device, dst_dtype: torch.dtype, src_dtype: torch.dtype) -> bool:
+    """Whether :func:`unstack_scale_add_` runs as one pass over its members (its Triton kernel,
+    :func:`muon_compile.scale_add_kernel.takes`): on CUDA. Elsewhere it is two
+    ``torch._foreach_*`` passes, where Inductor's code writes each member in one (on the CPU
+    it fuses the members' writes into few kernels, too): compiled, the op is then not used
+    (:func:`write`, :mod:`muon_compile.passes.stack_writes`)."""
+    return scale_add_kernel.takes(device, dst_dtype, src_dtype)
+
+
+def gather(grads: list[Tensor]) -> Tensor:
+    """The stacked gradients: :func:`stack`, or ``torch.stack`` in a step compiled for the CPU
+    (whose copies Inductor's C++ code makes in the kernel that computes the momentum)."""
+    if torch.compiler.is_compiling() and grads[0].device.type == "cpu":
+        return torch.stack(grads)
+    return stack(grads)
+
+
+def write(members: list[Tensor], decay: Tensor, ortho: Tensor, lr: Tensor, lr_scale: float, *, cautious: bool) -> None:
+    """``p = p * decay - lr * lr_scale * O`` into each member ``p`` and its matrix ``O`` of
+    ``ortho`` (cautious: :func:`muon_compile.updates.apply_update`'s decay): one
+    :func:`unstack_scale_add_`, or in a compiled step where that is not one pass
+    (:func:`writes_in_one_pass`), a write per member that Inductor fuses with what computes it."""
+    first = members[0]
+    if torch.compiler.is_compiling() and not writes_in_one_pass(first.device, first.dtype, ortho.dtype):
+        for p, o in zip(members, ortho.unbind(0)):
+            apply_update(p, o, decay=decay, lr=lr, lr_scale=lr_scale, cautious=cautious)
+    else:
+        unstack_scale_add_(members, decay, ortho, step_factor(lr, lr_scale), cautious=cautious)
 
 
 @dataclasses.dataclass

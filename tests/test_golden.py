@@ -7,7 +7,7 @@ import torch
 
 import muon_compile
 from muon_compile.compat import CPU_FUSION_DROPS_ROUND_TRIP
-from muon_compile.passes import stack_writes
+from muon_compile import stacks
 
 from golden import assert_golden
 from helpers import compile_with_dump, count_ns_calls, make_params, muon, set_grads
@@ -18,13 +18,23 @@ from numerics import NS_RTOL, assert_rewrite_close
 GPT_SHAPES = [(48, 16), (16, 16), (64, 16), (16, 64)] * 2
 
 
-def test_gpt_single_device(tmp_path):
-    graphs, step = compile_with_dump(muon(), GPT_SHAPES, tmp_path)
+def test_gpt_single_device(tmp_path, monkeypatch):
+    """muon_compile.Muon's stacked step. On this CPU its gradients are gathered by
+    ``torch.stack`` and its members written one by one, for Inductor to fuse
+    (:mod:`muon_compile.stacks`): no op call is left in the graph. Then the write as on CUDA
+    (the stacked write op, one pass there; here made to, its CPU fallback computing the same),
+    whose source ``write_source`` makes the bf16 result itself."""
+    graphs, step = compile_with_dump(muon(), GPT_SHAPES, tmp_path / "cpu")
     assert_golden("single_device_gpt.before.txt", graphs["bucket_before"])
     assert_golden("single_device_gpt.bucketed.txt", graphs["bucket_after"])
     assert_golden("single_device_gpt.lowered.txt", graphs["lower_after"])
-    assert_golden("single_device_gpt.written.txt", graphs["write_source_after"])
     assert count_ns_calls(graphs["bucket_after"]) == 3  # 16x48 (qkv), 16x16, 16x64 (up and down)
+    assert "muon_compile.stack(" not in graphs["bucket_before"] and "unstack_scale_add_" not in graphs["lower_after"]
+    step.assert_close(NS_RTOL["cpu"][torch.bfloat16])
+
+    monkeypatch.setattr(stacks, "writes_in_one_pass", lambda *args: True)
+    graphs, step = compile_with_dump(muon(), GPT_SHAPES, tmp_path / "op")
+    assert_golden("single_device_gpt.written.txt", graphs["write_source_after"])
     writes = [line for line in graphs["write_source_after"].splitlines() if "unstack_scale_add_" in line]
     sources = {line.split("src=")[1].split(",")[0] for line in writes}
     assert len(writes) == 4 and all(f"{s}: bf16[" in graphs["write_source_after"] for s in sources)  # the NS result itself
@@ -91,7 +101,7 @@ def test_torch_optim_muon_single_device(tmp_path, monkeypatch):
     for i, (s, c, e, x) in enumerate(zip(per_parameter.start, per_parameter.compiled, per_parameter.eager, exact)):
         assert_rewrite_close(c - s, e - s, x.detach() - s, torch.bfloat16, f"param {i} {GPT_SHAPES[i]}")
 
-    monkeypatch.setattr(stack_writes, "writes_in_one_pass", lambda *args: True)
+    monkeypatch.setattr(stacks, "writes_in_one_pass", lambda *args: True)
     graphs, step = compile_with_dump(make, GPT_SHAPES, tmp_path / "stacked")
     assert_golden("torch_muon_gpt.written.txt", graphs["stack_writes_after"])
     assert (muon_compile.counters["stack_writes.writes"], muon_compile.counters["stack_writes.members"]) == (4, 8)

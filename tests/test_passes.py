@@ -110,15 +110,15 @@ def product_calls(rows, cols, device, steps=5, algorithm=None):
 # three products of each iteration, their scalars in one pointwise kernel per iteration
 # (B = c A A + b A + a I: the polynomial form, which this CPU's table has faster,
 # ns_cost.choose_epilogue; the epilogue form puts them in the products' alpha / beta
-# instead: test_epilogue_form_has_no_pointwise_kernel), and three kernels around them
-# (momentum fused with the norm and the cast; the write's two 0-D factors, the
-# decay and -lr * scale, as the write reads the bf16 result itself (passes/write_source.py);
-# the tall one's write-back), one stack op, one write op. Gram:
+# instead: test_epilogue_form_has_no_pointwise_kernel), and two kernels around them, no
+# op call (a step compiled for this CPU gathers by torch.stack and writes member by member,
+# muon_compile/stacks.py): the gradients' gather fused with the momentum, the norm and the
+# cast; every member's write, the tall one's included. Gram:
 # its products (4T - 1 and 2 per restart), one kernel per iteration for Z = c R R + b R + a I
 # (its scalars scale with each matrix's norm, so they stay tensors), one per rescaled R (its
 # trace and the exact division fused: after the restart and after each R = Z Z R, four; see
 # ns_kernel.gram_iteration); its fp16 cast fused with the normalisation.
-LAUNCHES = {"textbook": (15, 8, 2), "gram": (18, 12, 2)}
+LAUNCHES = {"textbook": (15, 7, 0), "gram": (18, 11, 0)}
 
 
 def _one_bucket_step(algorithm, **config_changes):
@@ -148,10 +148,10 @@ def test_launches_per_step_are_the_algorithms(algorithm):
 def test_epilogue_form_has_no_pointwise_kernel():
     """``MUON_COMPILE_NS_EPILOGUE=on`` (the form a device without a measured table runs):
     the textbook scalars in the products' alpha / beta, so the bucket's code is its 15
-    products and the three kernels around them, no kernel between the products."""
+    products and the two kernels around them, no kernel between the products."""
     code = _one_bucket_step("textbook", ns_epilogue="on")
     launches = count_launches(code)
-    assert (launches.products, launches.kernels, launches.ops) == (15, 3, 2), launches.describe()
+    assert (launches.products, launches.kernels, launches.ops) == (15, 2, 0), launches.describe()
     assert code[0].count("extern_kernels.baddbmm") == 10, "two of each iteration's three products carry its scalars"
 
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import muon_compile
+from muon_compile import stacks
 from muon_compile.compat import DYNAMO_ROUNDS_ALPHA_PRODUCTS
 from muon_compile.passes import stack_writes
 
@@ -36,7 +37,7 @@ LATER = 0 if DYNAMO_ROUNDS_ALPHA_PRODUCTS else 1
     ],
 )
 def test_public_write_forms_are_stacked(name, stacked, monkeypatch):
-    monkeypatch.setattr(stack_writes, "writes_in_one_pass", lambda *args: True)
+    monkeypatch.setattr(stacks, "writes_in_one_pass", lambda *args: True)
     if name == "torch_tensor_lr":
         tensor_lr = functools.partial(torch_optim_muon, lr=torch.tensor(LR))
         entry = dataclasses.replace(CORPUS["torch_optim_muon"], name=name, make=tensor_lr)

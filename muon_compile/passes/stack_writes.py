@@ -7,8 +7,8 @@ launch a kernel for each parameter's write. Members of one bucket written alike 
 decay factor and step, the same shape, orientation and dtype) are written by one
 ``muon_compile::unstack_scale_add_`` (the stacked optimizer's own write, one launch of its
 Triton kernel) that reads the bucket's result through one view: no value is copied for it.
-Only where that write runs in one pass (:func:`writes_in_one_pass`: CUDA): elsewhere it is
-two ``foreach`` passes, where Inductor writes each member in one.
+Only where that write runs in one pass (:func:`muon_compile.stacks.writes_in_one_pass`:
+CUDA): elsewhere it is two ``foreach`` passes, where Inductor writes each member in one.
 
 Algorithm:
   1. Plan: a member write is ``copy_(p, v)`` into a graph input ``p``, ``v`` read by nothing
@@ -51,7 +51,7 @@ import torch
 import torch.fx as fx
 from torch._higher_order_ops.auto_functionalize import auto_functionalized_v2
 
-from muon_compile import scale_add_kernel
+from muon_compile import stacks
 from muon_compile.counters import counters
 
 from .graph_utils import splice_trace
@@ -113,23 +113,15 @@ class StackedWrite:
         return f"one write of {len(self.members)} x {shape} from {view}: {', '.join(m.param.name for m in self.members)}"
 
 
-def writes_in_one_pass(device: torch.device, dst_dtype: torch.dtype, src_dtype: torch.dtype) -> bool:
-    """Whether the stacked write runs as one pass over its members (its Triton kernel,
-    :func:`muon_compile.scale_add_kernel.takes`): on CUDA. Elsewhere it is two
-    ``torch._foreach_*`` passes, where Inductor's code writes each member in one (on the CPU
-    it fuses the members' writes into few kernels, too), so the pass leaves them."""
-    return scale_add_kernel.takes(device, dst_dtype, src_dtype)
-
-
 def plan_stack_writes(graph: fx.Graph) -> list[StackedWrite]:
     """The runs of member writes (algorithm step 1), in graph order of their first copy;
-    none where the stacked write would not run in one pass (:func:`writes_in_one_pass`)."""
+    none where the stacked write would not run in one pass (:func:`muon_compile.stacks.writes_in_one_pass`)."""
     groups: dict[tuple, list[MemberWrite]] = defaultdict(list)
     for copy in graph.find_nodes(op="call_function", target=_COPY):
         if (member := _member_write(copy)) is None:
             continue
         param, base = member.param.meta["val"], member.base.meta["val"]
-        if param.is_contiguous() and writes_in_one_pass(param.device, param.dtype, base.dtype):
+        if param.is_contiguous() and stacks.writes_in_one_pass(param.device, param.dtype, base.dtype):
             groups[member.group_key()].append(member)
     writes = []
     for members in groups.values():
