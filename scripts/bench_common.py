@@ -18,10 +18,13 @@ again: the FX graph cache hits), timing each first call, and count the launches 
 compile's generated code (:func:`muon_compile.launches.count_launches`: products, generated
 kernels, other op calls); then time the steps on the warm compile, and count the matmul
 kernel calls of one more step profiled with ``torch.profiler`` (host-side events named in
-:data:`MATMUL_OPERANDS`; not ``aten::matmul``, which dispatches to those) and, on CUDA, the
-GPU kernels that step ran (the profiler's CUDA events: kernels, copies and fills), their
-GPU time by kind (:func:`kernel_kind`) and the costliest of those besides the products. An
-arm that raises is recorded with its error (:func:`error_summary`) and the run goes on.
+:data:`MATMUL_OPERANDS`; not ``aten::matmul``, which dispatches to those), the time of its
+kernels by kind (:func:`kernel_kind`) and the costliest of those besides the products: on
+CUDA the GPU kernels that step ran (the profiler's CUDA events: kernels, copies and fills),
+on the CPU the outermost calls of a known kind (aten's matmuls, copies and ``foreach``
+calls, this package's ops, and Inductor's C++ kernels, which it compiles with
+``cpp.enable_kernel_profile`` to name them in the profile). An arm that raises is recorded
+with its error (:func:`error_summary`) and the run goes on.
 
 Compiling in parallel (:func:`compile_in_parallel`): the cold compiles of many arms run at
 once, each in a process of its own (``spawn``), all in one Inductor cache directory with the
@@ -61,21 +64,26 @@ Step = Callable[[], object]
 # operands in the op's inputs (addmm and baddbmm take the added tensor first)
 MATMUL_OPERANDS = {"aten::mm": (0, 1), "aten::bmm": (0, 1), "aten::addmm": (1, 2), "aten::baddbmm": (1, 2)}
 
-# The kinds of a profiled step's GPU kernels, by name, the first pattern that matches:
-# products (cuBLAS and cuBLASLt: ``nvjet_*``, ``sm90_xmma_gemm_*``, CUTLASS; Inductor's Triton
-# matmul templates; muon_compile's symmetric product), the kernels Inductor generated (its
-# Triton pointwise, reduction and persistent kernels), torch's multi-tensor (``_foreach_*``)
-# kernels, copies, casts and fills (``Memcpy``/``Memset``, ``torch.cat``/``stack``, ``.to``,
-# ``fill_``), collectives (NCCL), and ``other`` (aten's own elementwise and reduction kernels).
-GPU_KINDS = (
-    ("products", re.compile(r"gemm|nvjet|cutlass|xmma|triton_tem_|sym_bmm", re.IGNORECASE)),
-    ("generated", re.compile(r"^triton_")),
-    ("writes", re.compile(r"multi_tensor_apply|foreach|_scale_add_kernel", re.IGNORECASE)),
-    ("copies", re.compile(r"memcpy|memset|CatArrayBatchedCopy|copy_kernel|FillFunctor", re.IGNORECASE)),
-    ("collectives", re.compile(r"nccl", re.IGNORECASE)),
+# The kinds of a profiled step's kernels, by name, the first pattern that matches: products
+# (cuBLAS and cuBLASLt: ``nvjet_*``, ``sm90_xmma_gemm_*``, CUTLASS; Inductor's Triton matmul
+# templates; muon_compile's symmetric product; on the CPU aten's matmul calls), the kernels
+# Inductor generated (its Triton pointwise, reduction and persistent kernels; its C++ kernels,
+# ``graph_<n>_cpp_fused_*``), torch's multi-tensor (``_foreach_*``) kernels and the stacked
+# write, copies, casts and fills (``Memcpy``/``Memset``, ``torch.cat``/``stack``, ``.to``,
+# ``fill_``; on the CPU ``aten::copy_`` and the gather op), collectives (NCCL, gloo), and
+# ``other`` (on CUDA aten's own elementwise and reduction kernels; on the CPU not counted).
+KINDS = (
+    ("products", re.compile(r"gemm|nvjet|cutlass|xmma|triton_tem_|sym_bmm|^aten::(mm|bmm|addmm|baddbmm)$", re.IGNORECASE)),
+    ("generated", re.compile(r"^triton_|^graph_\d+_cpp_")),
+    ("writes", re.compile(r"multi_tensor_apply|foreach|_scale_add_kernel|unstack_scale_add_", re.IGNORECASE)),
+    ("copies", re.compile(
+        r"memcpy|memset|CatArrayBatchedCopy|copy_kernel|FillFunctor|^aten::(copy_|stack|cat|fill_|zero_)$|^muon_compile::stack$",
+        re.IGNORECASE,
+    )),
+    ("collectives", re.compile(r"nccl|^gloo:", re.IGNORECASE)),
 )
 OTHER_KIND = "other"
-KERNEL_KINDS = tuple(kind for kind, _ in GPU_KINDS) + (OTHER_KIND,)
+KERNEL_KINDS = tuple(kind for kind, _ in KINDS) + (OTHER_KIND,)
 TOP_KERNELS = 5  # the costliest kernels besides the products a profiled step reports
 
 
@@ -203,7 +211,7 @@ class ArmResult:
     warm_compile_s: float | None = None
     matmul_calls: int | None = None
     gpu_kernels: int | None = None
-    gpu_ms: dict[str, float] | None = None
+    kernel_ms: dict[str, float] | None = None
     top_kernels: tuple[tuple[str, float, int], ...] | None = None
     launches: Launches | None = None
     error: str | None = None
@@ -218,25 +226,25 @@ class ArmResult:
 
 
 def kernel_kind(name: str) -> str:
-    """The kind (:data:`KERNEL_KINDS`) of a GPU kernel named ``name`` (:data:`GPU_KINDS`)."""
-    return next((kind for kind, pattern in GPU_KINDS if pattern.search(name)), OTHER_KIND)
+    """The kind (:data:`KERNEL_KINDS`) of a kernel named ``name`` (:data:`KINDS`)."""
+    return next((kind for kind, pattern in KINDS if pattern.search(name)), OTHER_KIND)
 
 
 @dataclasses.dataclass(frozen=True)
 class StepProfile:
-    """One profiled step: its matmul calls (host-side :data:`MATMUL_OPERANDS` events) and, on
-    CUDA (None elsewhere), its GPU kernels, their milliseconds by :func:`kernel_kind` (every
-    kind, 0 where none ran) and the :data:`TOP_KERNELS` costliest kernels besides the
-    products as ``(name, ms, calls)``."""
+    """One profiled step: its matmul calls (host-side :data:`MATMUL_OPERANDS` events), on
+    CUDA its GPU kernels (None elsewhere), the milliseconds of its kernels by
+    :func:`kernel_kind` (every kind, 0 where none ran; None where the profile names none)
+    and the :data:`TOP_KERNELS` costliest kernels besides the products as ``(name, ms, calls)``."""
 
     matmul_calls: int
     gpu_kernels: int | None = None
-    gpu_ms: dict[str, float] | None = None
+    kernel_ms: dict[str, float] | None = None
     top_kernels: tuple[tuple[str, float, int], ...] | None = None
 
 
-def gpu_time(kernels: Iterable[tuple[str, float]]) -> tuple[dict[str, float], tuple[tuple[str, float, int], ...]]:
-    """``(name, microseconds)`` of a step's GPU kernels -> milliseconds by kind, and the
+def kernel_time(kernels: Iterable[tuple[str, float]]) -> tuple[dict[str, float], tuple[tuple[str, float, int], ...]]:
+    """``(name, microseconds)`` of a step's kernels -> milliseconds by kind, and the
     :data:`TOP_KERNELS` costliest names besides the products (``(name, ms, calls)``)."""
     by_kind = dict.fromkeys(KERNEL_KINDS, 0.0)
     by_name: dict[str, list[float]] = {}
@@ -247,6 +255,35 @@ def gpu_time(kernels: Iterable[tuple[str, float]]) -> tuple[dict[str, float], tu
             by_name.setdefault(name, []).append(us / 1e3)
     top = sorted(((name, sum(ms), len(ms)) for name, ms in by_name.items()), key=lambda t: -t[1])
     return by_kind, tuple(top[:TOP_KERNELS])
+
+
+def outermost_known(events: Iterable) -> list:
+    """The host-side profiler events of a known kind (not :data:`OTHER_KIND`) inside no other
+    such event: a CPU step's kernels, each counted once (a copy inside the gather op is the op's)."""
+
+    def known(event) -> bool:
+        return event.device_type == torch.autograd.DeviceType.CPU and kernel_kind(event.name) != OTHER_KIND
+
+    def inside_known(event) -> bool:
+        parent = event.cpu_parent
+        while parent is not None:
+            if known(parent):
+                return True
+            parent = parent.cpu_parent
+        return False
+
+    return [e for e in events if known(e) and not inside_known(e)]
+
+
+def kernels_profiled(device: torch.device) -> contextlib.AbstractContextManager:
+    """What a compile for ``device`` is made under: on the CPU Inductor's
+    ``cpp.enable_kernel_profile``, which names each C++ kernel in the profile (a
+    ``RECORD_FUNCTION`` per call, nothing while no profiler runs)."""
+    if device.type != "cpu":
+        return contextlib.nullcontext()
+    import torch._inductor.config as inductor_config
+
+    return inductor_config.patch({"cpp.enable_kernel_profile": True})
 
 
 def profile_step(step: Step, device: torch.device, clock: Clock, trace: str | None = None) -> StepProfile:
@@ -262,11 +299,12 @@ def profile_step(step: Step, device: torch.device, clock: Clock, trace: str | No
         prof.export_chrome_trace(trace)
     events = prof.events()
     matmuls = sum(1 for event in events if event.name in MATMUL_OPERANDS)
-    if device.type != "cuda":
-        return StepProfile(matmuls)
-    kernels = [(e.name, e.time_range.elapsed_us()) for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
-    by_kind, top = gpu_time(kernels)
-    return StepProfile(matmuls, len(kernels), by_kind, top)
+    if device.type == "cuda":
+        kernels = [(e.name, e.time_range.elapsed_us()) for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+        by_kind, top = kernel_time(kernels)
+        return StepProfile(matmuls, len(kernels), by_kind, top)
+    by_kind, top = kernel_time((e.name, e.time_range.elapsed_us()) for e in outermost_known(events))
+    return StepProfile(matmuls, None, by_kind, top)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -337,7 +375,7 @@ def measure(
         compiled = None
     fresh = arm.backend is not None and compiled is None
     try:
-        with torch.no_grad(), fresh_cache() if fresh else contextlib.nullcontext():
+        with torch.no_grad(), kernels_profiled(device), fresh_cache() if fresh else contextlib.nullcontext():
             torch._dynamo.reset()
             step = arm.make_step(workload, device)
             if arm.backend is not None:
@@ -347,7 +385,7 @@ def measure(
             result.times_s = time_steps(step, warmup, reps, clock)
             profiled = profile_step(step, device, clock, trace)
             result.matmul_calls, result.gpu_kernels = profiled.matmul_calls, profiled.gpu_kernels
-            result.gpu_ms, result.top_kernels = profiled.gpu_ms, profiled.top_kernels
+            result.kernel_ms, result.top_kernels = profiled.kernel_ms, profiled.top_kernels
     except Exception as exc:  # keep going: report the arm as failed
         traceback.print_exc(file=sys.stderr)
         result.error = error_summary(exc)
@@ -361,7 +399,7 @@ def _compile_one(make_arm: Callable[[], tuple[Arm, object]], device_type: str) -
     try:
         arm, workload = make_arm()
         device = torch.device(device_type)
-        with torch.no_grad():
+        with torch.no_grad(), kernels_profiled(device):
             return compile_cold(arm, arm.make_step(workload, device), clock_for(device))
     except Exception as exc:  # reported by the arm's measure
         traceback.print_exc(file=sys.stderr)

@@ -123,12 +123,14 @@ Launches per step (compiled arms): the calls of the cold compile's generated cod
 products (extern BLAS calls, Triton matmul templates), the other kernels Inductor generated
 (C++ or Triton), and calls into other ops (the stack ops, collectives, aten fallbacks).
 GPU kernels per step (every arm, on ``cuda``): the CUDA events (kernels, copies, fills) the
-profiled step ran. Below each table on ``cuda``, that step's GPU time by kind of kernel
+profiled step ran. Below each table, that step's time by kind of kernel
 (``bench_common.kernel_kind``: products, Inductor's generated kernels, writes into many
-tensors (``_foreach_*``, the stacks' write kernel), copies and casts, collectives, the
-rest), "busy" their sum and "idle" the median step less it (where the GPU waited for the
-host), then the muon arm's costliest kernels besides the products: where a step's time
-goes. ``--trace-dir DIR`` also
+tensors (``_foreach_*``, the stacks' write kernel or op), copies and casts, collectives, the
+rest), "busy" their sum and, on ``cuda``, "idle" the median step less it (where the GPU
+waited for the host), on the CPU "rest" (its outermost calls of those kinds are counted,
+Inductor's C++ kernels named by ``cpp.enable_kernel_profile``; the rest is Python,
+dispatch and other aten calls), then the muon arm's costliest kernels besides the
+products: where a step's time goes. ``--trace-dir DIR`` also
 writes the muon arm's profiled step of each workload to ``DIR/<workload>-muon.json``, a Chrome
 trace (``chrome://tracing``, Perfetto): every kernel of that step, to read after the run.
 
@@ -165,6 +167,7 @@ from muon_compile.ns_cost import choose, ns_flops, products
 
 from bench_common import (
     KERNEL_KINDS,
+    OTHER_KIND,
     Arm,
     ArmResult,
     Step,
@@ -518,20 +521,28 @@ def format_table(rows: list[list[str]], header: list[str] = HEADER) -> str:
     return "\n".join([line(header), "  ".join("-" * w for w in widths), *map(line, rows)])
 
 
-def gpu_time_lines(results: list[ArmResult]) -> list[str]:
-    """The GPU time of each profiled arm's step by kind of kernel, and the muon arm's
-    costliest kernels besides the products (nothing off CUDA)."""
-    profiled = [r for r in results if r.gpu_ms is not None]
+def kernel_time_lines(results: list[ArmResult], device_type: str) -> list[str]:
+    """The time of each profiled arm's step by kind of kernel, and the muon arm's costliest
+    kernels besides the products: on CUDA the GPU's time (idle: the median step less the busy
+    time), on the CPU the outermost calls of a known kind (rest: Python, dispatch, other aten
+    calls)."""
+    profiled = [r for r in results if r.kernel_ms is not None]
     if not profiled:
         return []
-    header = ["arm", *KERNEL_KINDS, "busy", "idle"]
+    gpu = device_type == "cuda"
+    kinds = KERNEL_KINDS if gpu else tuple(k for k in KERNEL_KINDS if k != OTHER_KIND)
+    header = ["arm", *kinds, "busy", "idle" if gpu else "rest"]
     rows = []
     for r in profiled:
-        busy = sum(r.gpu_ms.values())
-        idle = None if r.median_s is None else r.median_s * 1e3 - busy
-        rows.append([r.name, *(cell(r.gpu_ms[k], ".2f") for k in KERNEL_KINDS), cell(busy, ".2f"), cell(idle, ".2f")])
-    lines = ["GPU ms of one profiled step by kind of kernel (idle: the median step less the busy time):",
-             format_table(rows, header)]
+        busy = sum(r.kernel_ms[k] for k in kinds)
+        rest = None if r.median_s is None else r.median_s * 1e3 - busy
+        rows.append([r.name, *(cell(r.kernel_ms[k], ".2f") for k in kinds), cell(busy, ".2f"), cell(rest, ".2f")])
+    title = (
+        "GPU ms of one profiled step by kind of kernel (idle: the median step less the busy time):"
+        if gpu
+        else "CPU ms of one profiled step by kind of call (rest: the median step less those: Python, dispatch, other aten calls):"
+    )
+    lines = [title, format_table(rows, header)]
     muon = next((r for r in profiled if r.key == MUON_ARM), None)
     if muon is not None and muon.top_kernels:
         lines.append(f"{muon.name}: its costliest kernels besides the products:")
@@ -573,8 +584,8 @@ def report(workload: Workload, results: list[ArmResult], machine: dict, warmup: 
     if roofline_s:
         lines.append(f"roofline: {workload.flops / roofline_s / 1e9:.1f} GFLOP/s")
     lines += ["", format_table([table_row(r, roofline_s, muon_s) for r in results]), ""]
-    if gpu := gpu_time_lines(results):
-        lines += [*gpu, ""]
+    if kernels := kernel_time_lines(results, device.type):
+        lines += [*kernels, ""]
     lines += muon_comparisons(results)
     lines += [f"{r.name} failed: {r.error}" for r in results if r.error]
     return "\n".join(lines)

@@ -57,9 +57,10 @@ def bench_lines(report: Path) -> list[str]:
             cells += [f"{arm['median_s'] / medians[k]:6.2f}x {k}" for k in ("muon", "roofline") if k in medians]
             if arm.get("gpu_kernels") is not None:
                 cells.append(f"{arm['gpu_kernels']} kernels")
-            if arm.get("gpu_ms"):
-                busy = sum(arm["gpu_ms"].values())
-                cells.append(f"GPU busy {busy:.2f} ms ({arm['gpu_ms']['products']:.2f} in products)")
+            if arm.get("kernel_ms"):
+                busy = sum(arm["kernel_ms"].values())
+                where = "GPU" if data.get("device") == "cuda" else "CPU"
+                cells.append(f"{where} busy {busy:.2f} ms ({arm['kernel_ms']['products']:.2f} in products)")
             if arm.get("cold_compile_s") is not None:
                 cells.append(f"compiled in {arm['cold_compile_s']:.0f} s")
             lines.append(f"  {arm['name']:<42} " + "  ".join(cells))

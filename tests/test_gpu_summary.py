@@ -30,7 +30,7 @@ def write_report(folder: Path) -> None:
         "workload": "gpt-small", "matrices": 24, "ns_gflop": 95.127, "arms": [
             {**arm, "key": "eager-torch", "name": "eager torch.optim.Muon", "times_s": [0.0154], "median_s": 0.0154},
             {**arm, "key": "muon", "name": "muon muon_compile.Muon (auto)", "times_s": [0.0035], "median_s": 0.0035,
-             "gpu_kernels": 77, "cold_compile_s": 21.4, "gpu_ms": {"products": 1.125, "generated": 0.5, "other": 0.25}},
+             "gpu_kernels": 77, "cold_compile_s": 21.4, "kernel_ms": {"products": 1.125, "generated": 0.5, "other": 0.25}},
             {**arm, "key": "roofline", "name": "roofline", "times_s": [0.0014], "median_s": 0.0014},
             {**arm, "key": "dion", "name": "dion Muon", "times_s": None, "median_s": None, "error": "RuntimeError: boom"},
         ],
