@@ -19,7 +19,8 @@ What is measured, per entry and arm (timing, matmul counting and cold compiles a
 
 The eager arm runs under ``torch.compiler.set_stance("force_eager")``, so an entry whose
 loop is a nested ``@torch.compile`` function runs it eagerly too. Every arm starts from the
-same parameters and gradients (the entry's step keeps its state between steps).
+same parameters and gradients (the entry's step keeps its state between steps; a step that
+sets each ``p.grad`` to None, as HeavyBall's does, gets them back before the next).
 
 ``--entries released`` runs the Muon packages released on PyPI instead
 (tests/released_packages.py: each optimizer built as its package documents it, its
@@ -68,12 +69,22 @@ ARM_NAMES = ("eager", "inductor", "muon")
 
 
 def make_step(entry: Entry, device: torch.device, eager: bool):
-    """``entry``'s step over fresh seeded parameters of ``SHAPES`` with fixed gradients."""
+    """``entry``'s step over fresh seeded parameters of ``SHAPES`` with fixed gradients (given
+    back before a step to parameters whose gradient the last step set to None)."""
     gen = torch.Generator().manual_seed(SEED)
     params = [torch.nn.Parameter(torch.randn(s, generator=gen).to(device)) for s in SHAPES]
     for p in params:
         p.grad = torch.randn(p.shape, generator=gen).to(device)
-    step = entry.step(params)
+    grads = [p.grad for p in params]
+    optimizer_step = entry.step(params)
+
+    def step() -> None:
+        # a step that sets each p.grad to None (HeavyBall's) finds the same gradients at the next
+        for p, g in zip(params, grads):
+            if p.grad is None:
+                p.grad = g
+        optimizer_step()
+
     if not eager:
         return step
 
