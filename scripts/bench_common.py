@@ -172,6 +172,42 @@ def time_steps(step: Step, warmup: int, reps: int, clock: Clock) -> list[float]:
     return [clock.step_s(step) for _ in range(reps)]
 
 
+def time_in_turn(steps: dict[str, Step], warmup: int, reps: int, clock: Clock) -> dict[str, list[float]]:
+    """Seconds of ``reps`` rounds in which every step of ``steps`` runs once, in turn, after
+    ``warmup`` untimed rounds: drift of the machine and the allocator's state (on the CPU a
+    step that follows another finds the heap that one left) fall on every step alike."""
+    for _ in range(warmup):
+        for step in steps.values():
+            step()
+    clock.synchronize()
+    times: dict[str, list[float]] = {key: [] for key in steps}
+    for _ in range(reps):
+        for key, step in steps.items():
+            times[key].append(clock.step_s(step))
+    return times
+
+
+def steps_in_turn(arms: Iterable[Arm], workload: object, device: torch.device, warmup: int, reps: int) -> dict[str, list[float]]:
+    """Each arm's step built afresh and compiled (in one fresh Inductor cache, no Dynamo reset
+    between arms, so every compiled step stays live), then timed by :func:`time_in_turn`:
+    ``{arm key: seconds}``; an arm that fails to build or compile is left out."""
+    clock, steps = clock_for(device), {}
+    with torch.no_grad(), kernels_profiled(device), fresh_cache():
+        torch._dynamo.reset()
+        for arm in arms:
+            try:
+                step = arm.make_step(workload, device)
+                step = arm.compile(step) if arm.backend is not None else step
+                step()
+                steps[arm.key] = step
+            except Exception:  # measure() reports the arm's error
+                traceback.print_exc(file=sys.stderr)
+        try:
+            return time_in_turn(steps, warmup, reps, clock)
+        finally:
+            torch._dynamo.reset()
+
+
 # ------------------------------------------------------------------------ measuring arms
 @dataclasses.dataclass(frozen=True)
 class Arm:

@@ -111,6 +111,13 @@ its cores; a cold compile beside others shares the cores, so it can read high). 
 compiled is reused, so the "cold" seconds are not cold (the steps are checked, not the figures:
 ``scripts/gpu_check.sh --device cpu``, whose test would otherwise build every C++ kernel again).
 
+With ``--in-turn``, after a workload's arms are measured one after another as above, every arm
+is built and compiled again (one fresh cache, all compiled steps kept live), and its steps are
+timed in rounds, one step of each arm per round (``bench_common.time_in_turn``); the table's
+step times are those. Timed one after another, an arm finds the machine and the allocator as
+the arm before left them: on the CPU glibc returns a large freed block to the system and maps
+the next one again, and arms that allocate alike differ by those page faults (docs/benchmarks.md).
+
 A first call is timed by the wall clock (``time.perf_counter``), on ``cuda`` up to a
 ``torch.cuda.synchronize()`` after the call. The steps are then timed on the
 warm-compiled step. Matmul kernel calls per step are counted by profiling one more step
@@ -179,6 +186,7 @@ from bench_common import (
     non_negative_int,
     positive_int,
     python_312_typing,
+    steps_in_turn,
 )
 
 LR = 0.02
@@ -565,14 +573,15 @@ def muon_comparisons(results: list[ArmResult]) -> list[str]:
     return lines
 
 
-def report(workload: Workload, results: list[ArmResult], machine: dict, warmup: int, reps: int) -> str:
+def report(workload: Workload, results: list[ArmResult], machine: dict, warmup: int, reps: int, in_turn: bool = False) -> str:
     by_key = {r.key: r for r in results}
     roofline_s = by_key[ROOFLINE_ARM].median_s if ROOFLINE_ARM in by_key else None
     muon_s = by_key[MUON_ARM].median_s if MUON_ARM in by_key else None
     lines = [
         f"=== workload {workload.name}: {len(workload.shapes)} fp32 matrices, "
         f"{workload.flops / 1e9:.3f} NS GFLOP/step ({NS_STEPS} iterations, {str(NS_DTYPE).removeprefix('torch.')}) ===",
-        f"{machine_line(machine)}; median of {reps} steps after {warmup} warm-up",
+        f"{machine_line(machine)}; median of {reps} steps after {warmup} warm-up"
+        + ("; the arms' steps timed in turn, one each per round (--in-turn)" if in_turn else ""),
     ]
     device = torch.device(machine["device"])
     per_algorithm = {a: workload.flops_of(a, device) for a in ("textbook", "gram", "auto")}
@@ -637,6 +646,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=non_negative_int, default=2, help="untimed steps first (default 2)")
     parser.add_argument("--arms", type=_select_arms, default=None,
                         help=f"comma list of arm keys or names (default all): {','.join(a.key for a in ARMS)}")
+    parser.add_argument("--in-turn", action="store_true",
+                        help="time the steps again with every arm compiled and live, one step of each per round, "
+                        "and report those times: what the machine's drift and the allocator's state do falls on "
+                        "every arm alike (compiles and profiles are still each arm's own, measured first)")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON to PATH")
     parser.add_argument("--trace-dir", metavar="DIR",
                         help="write the muon arm's profiled step of each workload there as a Chrome trace")
@@ -707,7 +720,12 @@ def run(args: argparse.Namespace) -> None:
                 os.makedirs(args.trace_dir, exist_ok=True)
                 trace = os.path.join(args.trace_dir, f"{workload.name}-{arm.key}.json")
             results.append(measure(arm, workload, device, args.warmup, args.reps, compiled.get((workload.name, arm.key)), trace))
-        print(report(workload, results, machine, args.warmup, args.reps), flush=True)
+        if args.in_turn:
+            print(f"[{workload.name}] every arm again, its steps timed in turn ...", file=sys.stderr, flush=True)
+            in_turn = steps_in_turn(args.arms, workload, device, args.warmup, args.reps)
+            for result in results:
+                result.times_s = in_turn.get(result.key) if result.error is None else result.times_s
+        print(report(workload, results, machine, args.warmup, args.reps, args.in_turn), flush=True)
         kept = [state_bytes_on_param_device(o, workload, device) / 2**20 for o in (False, True)]
         print(
             f"optimizer state on the parameters' device between steps: {kept[0]:.1f} MiB, "

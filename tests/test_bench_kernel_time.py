@@ -1,7 +1,7 @@
 """The time by kind of kernel that scripts/bench_single_device.py reports
 (``bench_common.kernel_kind``, ``kernel_time``, ``outermost_known`` and the report's table):
 kernel names as an H100/H200 profile shows them, classified here without a GPU, and a CPU
-step's calls as its profile shows them."""
+step's calls as its profile shows them; and its steps timed in turn (``--in-turn``)."""
 
 import sys
 from pathlib import Path
@@ -116,3 +116,14 @@ def test_a_cpu_step_counts_its_outermost_calls_of_a_known_kind():
     assert names.count("aten::bmm") == 1 and names.count("muon_compile::unstack_scale_add_") == 1
     assert sum(bench_common.kernel_kind(n) == "generated" for n in names) == 1
     assert not any("foreach" in n for n in names), names
+
+
+def test_steps_timed_in_turn_run_once_each_per_round():
+    """``--in-turn``: after the warm-up rounds every step runs once per round, in the arms'
+    order, and each gets one time per round."""
+    calls = []
+    steps = {key: (lambda key=key: calls.append(key)) for key in ("a", "b", "c")}
+    times = bench_common.time_in_turn(steps, warmup=1, reps=2, clock=bench_common.Clock())
+    assert calls == ["a", "b", "c"] * 3
+    assert {key: len(t) for key, t in times.items()} == {"a": 2, "b": 2, "c": 2}
+    assert bench_single_device.parse_args(["--in-turn", "--device", "cpu"]).in_turn
