@@ -270,8 +270,7 @@ def kernel_kind(name: str) -> str:
 class StepProfile:
     """One profiled step: its matmul calls (host-side :data:`MATMUL_OPERANDS` events), on
     CUDA its GPU kernels (None elsewhere), the milliseconds of its kernels by
-    :func:`kernel_kind` (every kind, 0 where none ran; None where the profile names none)
-    and the :data:`TOP_KERNELS` costliest kernels besides the products as ``(name, ms, calls)``."""
+    :func:`kernel_kind` (every kind, 0 where none ran) and the :data:`TOP_KERNELS` costliest kernels besides the products as ``(name, ms, calls)``."""
 
     matmul_calls: int
     gpu_kernels: int | None = None
