@@ -166,10 +166,7 @@ def clock_for(device: torch.device) -> Clock:
 
 def time_steps(step: Step, warmup: int, reps: int, clock: Clock) -> list[float]:
     """Seconds of ``reps`` steps after ``warmup`` untimed ones (and a synchronize)."""
-    for _ in range(warmup):
-        step()
-    clock.synchronize()
-    return [clock.step_s(step) for _ in range(reps)]
+    return time_in_turn({"step": step}, warmup, reps, clock)["step"]
 
 
 def time_in_turn(steps: dict[str, Step], warmup: int, reps: int, clock: Clock) -> dict[str, list[float]]:
@@ -270,7 +267,8 @@ def kernel_kind(name: str) -> str:
 class StepProfile:
     """One profiled step: its matmul calls (host-side :data:`MATMUL_OPERANDS` events), on
     CUDA its GPU kernels (None elsewhere), the milliseconds of its kernels by
-    :func:`kernel_kind` (every kind, 0 where none ran) and the :data:`TOP_KERNELS` costliest kernels besides the products as ``(name, ms, calls)``."""
+    :func:`kernel_kind` (every kind, 0 where none ran) and the :data:`TOP_KERNELS`
+    costliest kernels besides the products as ``(name, ms, calls)``."""
 
     matmul_calls: int
     gpu_kernels: int | None = None

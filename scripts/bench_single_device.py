@@ -724,7 +724,8 @@ def run(args: argparse.Namespace) -> None:
             print(f"[{workload.name}] every arm again, its steps timed in turn ...", file=sys.stderr, flush=True)
             in_turn = steps_in_turn(args.arms, workload, device, args.warmup, args.reps)
             for result in results:
-                result.times_s = in_turn.get(result.key) if result.error is None else result.times_s
+                if result.error is None:
+                    result.times_s = in_turn.get(result.key)
         print(report(workload, results, machine, args.warmup, args.reps, args.in_turn), flush=True)
         kept = [state_bytes_on_param_device(o, workload, device) / 2**20 for o in (False, True)]
         print(
