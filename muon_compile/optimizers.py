@@ -534,9 +534,9 @@ class MuonAdamW(torch.optim.Optimizer):
         params = group["params"]
         for stack in layout.stacks:
             members = [params[i] for i in stack.indices]
-            if all(p.grad is not None for p in members):
+            if all(p.grad is not None for p in members) and stacks_mod.steps_as_one(members[0].device):
                 self._muon_stack_step(group, stack, members, ns_args, decay)
-            else:  # each member with a gradient steps on its own, on its view of the state
+            else:  # each member with a gradient steps on its own, on its views of the state
                 for i in stack.indices:
                     self._muon_param_step(group, i, ns_args, decay)
         for i in layout.loose:
@@ -572,7 +572,7 @@ class MuonAdamW(torch.optim.Optimizer):
         split, lr_scale = self._split_and_scale(group, members[0].shape)
         state = self._step_state(stack.state, members[0].device)
         ortho = muon_direction(
-            stacks_mod.gather([self._grad(p) for p in members]),
+            stacks_mod.stack([self._grad(p) for p in members]),
             state["momentum_buffer"],
             **self._direction_args(group, split, ns_args),
             second_moment=state.get("second_moment"),

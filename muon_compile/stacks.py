@@ -4,27 +4,27 @@ Within a Muon param group, plain (non-DTensor) 2-D parameters of equal shape, dt
 device form a *stack*. Their state (momentum, NorMuon's second moment) lives in one
 tensor per stack with a leading dimension, and ``optimizer.state[p]`` holds views into
 it, so ``state_dict()`` / ``load_state_dict`` and per-parameter access work as before.
-A step of a stack is list-level: :func:`gather` stacks the gradients, the Muon direction
+A step of a stack is list-level: :func:`stack` stacks the gradients, the Muon direction
 (momentum, one batched Newton–Schulz, NorMuon) is computed on the stacked tensors, and
 :func:`write` applies ``p = p * (1 - lr * wd) - lr * s * O`` to every member (cautious
 weight decay included).
 
 Compiled, the step then costs what the stacks cost, not what the parameters cost: Dynamo
-traces a handful of operations per stack. How the gather and the write are expressed is
-chosen per device, by what Inductor makes of them:
+traces a handful of operations per stack. Where a stack steps as one is chosen per device,
+by measurement (:func:`steps_as_one`):
 
-- On a GPU, two custom ops (``muon_compile::stack``, ``muon_compile::unstack_scale_add_``)
-  that Inductor keeps as one call each: its own lowering of ``torch.stack`` over hundreds
-  of inputs launches a copy per input, and of N parameters' writes N kernels, where the
-  write op is one launch of its Triton kernel (:mod:`muon_compile.scale_add_kernel`).
-- On the CPU, plain ``torch.stack`` and a write per member: Inductor's C++ code copies the
-  gradients into the stack inside the momentum's kernel and writes all the members in one
-  kernel fused with what computes their update, where the ops are an opaque call and two
-  ``torch._foreach_*`` passes with a cast per member (4.2 ms of a 13.2 ms many-small step
-  on 2026-12-02; docs/benchmarks.md).
-
-Run eagerly, the ops are used everywhere (one Triton launch or two ``foreach`` calls rather
-than a loop in Python).
+- On a GPU, and eagerly everywhere, a stack steps as one, by two custom ops
+  (``muon_compile::stack``, ``muon_compile::unstack_scale_add_``) that Inductor keeps as one
+  call each: its own lowering of ``torch.stack`` over hundreds of inputs launches a copy per
+  input, and of N parameters' writes N kernels, where the write op is one launch of its
+  Triton kernel (:mod:`muon_compile.scale_add_kernel`). Eagerly on the CPU, stacks make the
+  step 1.5x to 3x faster than member by member (docs/benchmarks.md).
+- In a step compiled for the CPU, every member steps on its own, on its views of the stacked
+  state, and the ``muon`` backend buckets their Newton–Schulz loops as it does unmodified
+  code's: Inductor's C++ code lowers the gather to copies into a fresh float32 buffer, and
+  a CPU batched product of a tall stack's transposed view runs at half speed, where the
+  members' bfloat16 inputs are stacked by the bucket pass, row-major (llama-1b-2l: 3.85 s
+  a step stacked, 3.53 s member by member, unmodified ``torch.optim.Muon`` 3.69 s).
 
 Replace state in place (``state[p]["momentum_buffer"].copy_(t)``): a tensor put in
 its place is not read by the stacked step (``load_state_dict`` restacks itself).
@@ -91,18 +91,16 @@ def unstack_scale_add_(
 def writes_in_one_pass(device: torch.device, dst_dtype: torch.dtype, src_dtype: torch.dtype) -> bool:
     """Whether :func:`unstack_scale_add_` runs as one pass over its members (its Triton kernel,
     :func:`muon_compile.scale_add_kernel.takes`): on CUDA. Elsewhere it is two
-    ``torch._foreach_*`` passes, where Inductor's code writes each member in one (on the CPU
-    it fuses the members' writes into few kernels, too): compiled, the op is then not used
-    (:func:`write`, :mod:`muon_compile.passes.stack_writes`)."""
+    ``torch._foreach_*`` passes, where Inductor's code writes each member in one: compiled,
+    the op is then not used (:func:`write`, :mod:`muon_compile.passes.stack_writes`)."""
     return scale_add_kernel.takes(device, dst_dtype, src_dtype)
 
 
-def gather(grads: list[Tensor]) -> Tensor:
-    """The stacked gradients: :func:`stack`, or ``torch.stack`` in a step compiled for the CPU
-    (whose copies Inductor's C++ code makes in the kernel that computes the momentum)."""
-    if torch.compiler.is_compiling() and grads[0].device.type == "cpu":
-        return torch.stack(grads)
-    return stack(grads)
+def steps_as_one(device: torch.device) -> bool:
+    """Whether a stack on ``device`` steps as one (:func:`stack` of the gradients, one
+    direction, :func:`write`) rather than member by member on its views of the state:
+    everywhere but in a step compiled for the CPU (see the module's docstring)."""
+    return not (torch.compiler.is_compiling() and device.type == "cpu")
 
 
 def write(members: list[Tensor], decay: Tensor, ortho: Tensor, lr: Tensor, lr_scale: float, *, cautious: bool) -> None:

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 import muon_compile
+from muon_compile import stacks
 
 from numerics import BF16_PARAM_RTOL, assert_rel_close
 
@@ -97,6 +98,14 @@ def graph_caches_off():
 
 def muon(**kw):
     return lambda params: muon_compile.Muon(params, **kw)
+
+
+def stacks_as_on_cuda(monkeypatch):
+    """Compile muon_compile.Muon's stacks on this CPU as on CUDA (:mod:`muon_compile.stacks`):
+    each steps as one, and its write is the stacked write op, one pass there (here its CPU
+    fallback, which computes the same)."""
+    monkeypatch.setattr(stacks, "steps_as_one", lambda device: True)
+    monkeypatch.setattr(stacks, "writes_in_one_pass", lambda *args: True)
 
 
 def dumped_graphs(dump_dir):

@@ -10,7 +10,7 @@ from muon_compile.compat import CPU_FUSION_DROPS_ROUND_TRIP
 from muon_compile import stacks
 
 from golden import assert_golden
-from helpers import compile_with_dump, count_ns_calls, make_params, muon, set_grads
+from helpers import compile_with_dump, count_ns_calls, make_params, muon, set_grads, stacks_as_on_cuda
 from ns_forms import exact_torch_muon
 from numerics import NS_RTOL, assert_rewrite_close
 
@@ -19,21 +19,24 @@ GPT_SHAPES = [(48, 16), (16, 16), (64, 16), (16, 64)] * 2
 
 
 def test_gpt_single_device(tmp_path, monkeypatch):
-    """muon_compile.Muon's stacked step. On this CPU its gradients are gathered by
-    ``torch.stack`` and its members written one by one, for Inductor to fuse
-    (:mod:`muon_compile.stacks`): no op call is left in the graph. Then the write as on CUDA
-    (the stacked write op, one pass there; here made to, its CPU fallback computing the same),
-    whose source ``write_source`` makes the bf16 result itself."""
+    """muon_compile.Muon's step of stacked state. Compiled for this CPU, each member steps on
+    its own, on its views of the stacks, and the bucket pass stacks their NS inputs
+    (:mod:`muon_compile.stacks`): no op call is left in the graph. Then as on CUDA: each
+    stack steps as one, gathered by the stack op and written by the stacked write op, whose
+    source ``write_source`` makes the bf16 result itself."""
     graphs, step = compile_with_dump(muon(), GPT_SHAPES, tmp_path / "cpu")
     assert_golden("single_device_gpt.before.txt", graphs["bucket_before"])
     assert_golden("single_device_gpt.bucketed.txt", graphs["bucket_after"])
     assert_golden("single_device_gpt.lowered.txt", graphs["lower_after"])
+    assert count_ns_calls(graphs["bucket_before"]) == len(GPT_SHAPES)
     assert count_ns_calls(graphs["bucket_after"]) == 3  # 16x48 (qkv), 16x16, 16x64 (up and down)
     assert "muon_compile.stack(" not in graphs["bucket_before"] and "unstack_scale_add_" not in graphs["lower_after"]
     step.assert_close(NS_RTOL["cpu"][torch.bfloat16])
 
-    monkeypatch.setattr(stacks, "writes_in_one_pass", lambda *args: True)
+    stacks_as_on_cuda(monkeypatch)
     graphs, step = compile_with_dump(muon(), GPT_SHAPES, tmp_path / "op")
+    assert_golden("single_device_gpt.stacked.txt", graphs["bucket_before"])
+    assert count_ns_calls(graphs["bucket_before"]) == 4  # one per stack
     assert_golden("single_device_gpt.written.txt", graphs["write_source_after"])
     writes = [line for line in graphs["write_source_after"].splitlines() if "unstack_scale_add_" in line]
     sources = {line.split("src=")[1].split(",")[0] for line in writes}
@@ -52,12 +55,13 @@ def test_gram_buckets(tmp_path):
     step.assert_close(NS_RTOL["cpu"][torch.bfloat16])
 
 
-def test_symmetric_products_when_asked(tmp_path):
+def test_symmetric_products_when_asked(tmp_path, monkeypatch):
     """``MUON_COMPILE_SYM_PRODUCTS=on`` (issue 62): each textbook iteration forms X X^T and
     ``B = b A + c (A A)`` with ``muon_compile.sym_bmm`` (the op runs ``bmm`` on the CPU; on
     CUDA its Triton kernel), then ``X = a X + B X``: the epilogue form, which a GPU runs
     (``MUON_COMPILE_NS_EPILOGUE=on`` here; this CPU's own is the polynomial form,
-    ``single_device_gpt.lowered.txt``); compiled against eager (``bmm``)."""
+    ``single_device_gpt.lowered.txt``), the stack as on CUDA; compiled against eager (``bmm``)."""
+    stacks_as_on_cuda(monkeypatch)
     graphs, step = compile_with_dump(muon(), [(16, 48), (16, 48)], tmp_path, sym_products="on", ns_epilogue="on")
     assert_golden("single_device_sym.lowered.txt", graphs["lower_after"])
     assert graphs["lower_after"].count("= muon_compile.sym_bmm(") == 2 * 5

@@ -11,7 +11,7 @@ import torch
 from muon_compile import scale_add_kernel, stacks
 from muon_compile.config import PASS_NAMES
 
-from helpers import compile_with_dump, muon, run_interpreted
+from helpers import compile_with_dump, muon, run_interpreted, stacks_as_on_cuda
 from numerics import NS_RTOL
 
 needs_triton = pytest.mark.skipif(scale_add_kernel.triton is None, reason="the kernel's tests need Triton (pip install triton)")
@@ -60,9 +60,9 @@ def test_write_source_changes_no_value(tmp_path, monkeypatch):
     """With ``write_source`` the compiled write reads the bf16 result (golden
     ``single_device_gpt.written.txt``), without it an fp32 copy of it: the parameters come out
     the same bits either way (the cast up is exact, the arithmetic the op's), and equal eager's.
-    The write as on CUDA (the op; here made to, its fallback computing the same): a step
-    compiled for this CPU writes its members one by one (:mod:`muon_compile.stacks`)."""
-    monkeypatch.setattr(stacks, "writes_in_one_pass", lambda *args: True)
+    The stacks as on CUDA (the write op; here its fallback computing the same): a step
+    compiled for this CPU steps its members one by one (:mod:`muon_compile.stacks`)."""
+    stacks_as_on_cuda(monkeypatch)
     without = tuple(p for p in PASS_NAMES if p != "write_source")
     graphs, step = compile_with_dump(muon(weight_decay=0.1), SHAPES, tmp_path / "all")
     graphs_without, step_without = compile_with_dump(muon(weight_decay=0.1), SHAPES, tmp_path / "without", passes=without)
