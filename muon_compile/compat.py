@@ -62,6 +62,16 @@ DYNAMO_SPECIALIZES_FLOATS = _VERSION < (2, 13)
 DYNAMO_ROUNDS_ALPHA_PRODUCTS = _VERSION < (2, 13)
 
 
+# torch 2.11 and 2.13 (2.12 and 2.14 not run): Dynamo mishandles the end of an inlined
+# ``x = yield from g()``: 2.13 pushes the value sent (None) instead of g's return value, so the
+# step splits where ``x`` is first used; 2.11 fails the compile (``Cannot construct
+# ConstantVariable`` of the returned list, raised to the caller). 2.15 pushes the return value.
+# Dion's Muon returns each group's orthogonalised list this way. Read by
+# :mod:`muon_compile.generator_returns`, which passes the value there.
+DYNAMO_DROPS_YIELD_FROM_RETURN = _VERSION < (2, 15)
+DYNAMO_FAILS_ON_YIELD_FROM_RETURN = _VERSION < (2, 13)  # where it drops it: 2.11's failure
+
+
 def dynamo_constant_folds() -> tuple[dict, dict]:
     """Dynamo's tables of functions it calls while tracing instead of recording them:
     ``(all of them, those whose result is guarded)``. Private, the same two dicts in

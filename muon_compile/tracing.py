@@ -1,6 +1,6 @@
 """Let Dynamo trace the step code people write around a Newton–Schulz loop in one graph.
 
-Three habits of public Muon code break Dynamo's graph in the middle of the loop, so the
+Four habits of public Muon code break Dynamo's graph in the middle of the loop, so the
 loop is never seen whole and cannot be recognised (see docs/recognised.md):
 
 * a setting read inside the step, e.g. ``torch.get_float32_matmul_precision()``
@@ -14,6 +14,9 @@ loop is never seen whole and cannot be recognised (see docs/recognised.md):
   enter it, so it skipped the whole step. Installed, it is a no-op inside traced code (the
   recompile limits it lifts are read when Dynamo decides to recompile, outside any graph)
   and itself in eager code.
+* a generator's return value taken by ``x = yield from g()`` (Dion's async tasks): torch 2.11 –
+  2.13's Dynamo makes it None, so the step splits where ``x`` is used. Installed, it is the
+  returned value, as in eager code (:mod:`muon_compile.generator_returns`).
 
 The logging calls are left to split the step on torch 2.11 / 2.12, whose compile metrics
 cannot log that setting (:data:`compat.DYNAMO_SORTS_CONFIG_SETS`).
@@ -30,6 +33,7 @@ import contextlib
 import torch
 import torch._dynamo.utils
 
+from . import generator_returns
 from .compat import DYNAMO_SORTS_CONFIG_SETS, dynamo_constant_folds
 
 # settings Dynamo may read while tracing (guarded: a change recompiles)
@@ -73,6 +77,7 @@ def install(enabled: bool = True) -> None:
             guarded.pop(fn, None)
         _added_folds.clear()
         torch._dynamo.utils.disable_cache_limit = _DISABLE_CACHE_LIMIT
+    generator_returns.install(enabled)
     if not DYNAMO_SORTS_CONFIG_SETS:
         from . import logging_calls
 

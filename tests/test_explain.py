@@ -16,14 +16,16 @@ from torch._dynamo.utils import counters as dynamo_counters
 
 import muon_compile
 from muon_compile import config, explain, tracing
-from muon_compile.compat import DYNAMO_SORTS_CONFIG_SETS
+from muon_compile.compat import (
+    DYNAMO_DROPS_YIELD_FROM_RETURN, DYNAMO_FAILS_ON_YIELD_FROM_RETURN, DYNAMO_SORTS_CONFIG_SETS,
+)
 from muon_compile.passes.canonicalize import plan_canonical
 
 import ns_forms
 from helpers import compare_steps, make_params, muon, set_grads
 from muon_corpus import CORPUS
 from numerics import NS_RTOL
-from test_corpus import SHAPES, dynamo_graphs, run_entry
+from test_corpus import SHAPES, corpus_shapes, dynamo_graphs, run_entry
 
 
 @contextlib.contextmanager
@@ -208,6 +210,74 @@ def test_a_setting_read_while_tracing_is_guarded():
     finally:
         torch.set_float32_matmul_precision(before)
 
+
+def _orthogonalized(x):
+    """A sub-generator that returns its result without yielding (Dion's single-device branch)."""
+    if x is None:
+        yield
+    return [x * 2]
+
+
+def _task(x, out):
+    u = yield from _orthogonalized(x)
+    out.append(u[0] + 1)
+
+
+def _generator_step(x):
+    """The task driven by ``next`` as Dion's runtime drives it (a ``for`` loop over it is
+    traced another way, which always kept the value)."""
+    out = []
+    task = _task(x, out)
+    try:
+        next(task)
+    except StopIteration:
+        pass
+    return out[0]
+
+
+def test_a_value_returned_through_yield_from_is_traced_in_one_graph():
+    """``u = yield from g()`` is g's return value in the traced step, as in eager code; without
+    the helpers torch 2.13's Dynamo makes it None and splits the step at its first use, and
+    2.11's fails the compile."""
+    x = torch.arange(3.0)
+    torch._dynamo.reset()
+    compiled = torch.compile(_generator_step, backend="eager", fullgraph=True)
+    assert compiled(x).tolist() == _generator_step(x).tolist() == [1.0, 3.0, 5.0]
+    torch._dynamo.reset()
+    with tracing_helpers(False):
+        compiled = torch.compile(_generator_step, backend="eager", fullgraph=True)
+        if DYNAMO_DROPS_YIELD_FROM_RETURN:
+            failure = "Cannot construct `ConstantVariable`" if DYNAMO_FAILS_ON_YIELD_FROM_RETURN else "'NoneType' object is not subscriptable"
+            with pytest.raises(Exception, match=failure):  # 2.11: AssertionError, 2.13: Unsupported
+                compiled(x)
+        else:
+            assert compiled(x).tolist() == [1.0, 3.0, 5.0]
+
+
+def test_dion_as_released_steps_in_one_recognised_graph():
+    """tests/published/dion_megabatch.py (Dion's Muon at 0a059a4: each same-shape group a
+    generator task whose orthogonalised list comes back through ``yield from``): one graph,
+    every group's loop recognised. Without the helpers (main before this test, as the released
+    code meets it) torch 2.13 splits each group's update from the rest at
+    ``_foreach_mul(U, adjusted_lr)`` and recognises no loop; torch 2.11 fails the compile."""
+    entry = CORPUS["dion_megabatch"]
+    shapes = corpus_shapes(entry)  # two matrices of each shape: each group stacked
+    torch._dynamo.reset()
+    graphs = dynamo_graphs(entry, shapes)
+    assert len(graphs) == 1
+    assert len(plan_canonical(graphs[0].graph)[0]) == entry.loops(shapes)
+    torch._dynamo.reset()
+    with tracing_helpers(False):
+        if DYNAMO_FAILS_ON_YIELD_FROM_RETURN:
+            with pytest.raises(AssertionError, match="Cannot construct `ConstantVariable`"):
+                dynamo_graphs(entry, shapes)
+            return
+        graphs = dynamo_graphs(entry, shapes)
+    if DYNAMO_DROPS_YIELD_FROM_RETURN:
+        assert len(graphs) == 11, len(graphs)
+        assert sum(len(plan_canonical(gm.graph)[0]) for gm in graphs) == 0
+    else:
+        assert len(graphs) == 1
 
 # ------------------------------------------------------- point 5: the float-lr warning
 

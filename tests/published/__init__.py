@@ -13,7 +13,8 @@ import importlib
 
 _MODULES = (
     "modded_nanogpt_normuon", "emerging_optimizers_absl", "heavyball",
-    "deepspeed_gram", "lucidrains_polar_express", "dion_generator", "deepmd_hybrid_muon",
+    "deepspeed_gram", "lucidrains_polar_express", "dion_generator", "dion_megabatch",
+    "deepmd_hybrid_muon",
 )
 
 _ENTRIES = [getattr(m, "ENTRIES", None) or (m.ENTRY,) for m in (importlib.import_module(f"published.{n}") for n in _MODULES)]
