@@ -15,7 +15,8 @@
   ``distribute`` pass buckets. Each rank holds a block (:class:`~.sharded_ns.ShardLayout`);
 * anything else (``Partial``, a strided sharding of a stack's batch dimension, a mesh whose ranks
   are not in row-major order, a group over several mesh dimensions that :func:`prepare` did
-  not make) -> ``newton_schulz`` on the DTensor itself: DTensor's sharding rule replicates
+  not make; the backend makes it for a compiled graph's own calls, :func:`prepare_graph_inputs`)
+  -> ``newton_schulz`` on the DTensor itself: DTensor's sharding rule replicates
   the input (one collective per matrix, correct, not bucketed). The reason is logged when
   the optimizer is built.
 
@@ -156,6 +157,19 @@ def prepare(x: Tensor, tp_mode: config.TPMode | str | None = None) -> None:
     for dims in candidates:
         if dims and _kept(x, dims) is None:
             _GROUPS[_key(x, dims)] = _make_group(x, dims, create=True)
+
+
+def prepare_graph_inputs(inputs: list[Tensor]) -> None:
+    """:func:`prepare` for each DTensor input of a Dynamo graph's routed Newton–Schulz calls
+    (their fake values), in graph order, before the graph is compiled: code that builds no
+    ``muon_compile`` optimizer (``torch.optim.Muon``, a hand-written Muon) never called it, so
+    a matrix sharded on several mesh dimensions (FSDP2 or HSDP over tensor parallelism) would be
+    left to DTensor's collectives per matrix. Every rank compiles the same graph, so the ranks of
+    each group make it together; a rank that compiles another graph leaves the others waiting
+    here, as at ``muon_compile.Muon``'s construction."""
+    with unset_fake_temporarily():
+        for x in inputs:
+            prepare(x)
 
 
 @torch.compiler.assume_constant_result

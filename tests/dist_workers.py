@@ -58,10 +58,28 @@ def step_grads(shapes, step):
     return [torch.randn(s, generator=g) for s in shapes]
 
 
+class HandWrittenMuon:
+    """:func:`hand_written_step` around Keller Jordan's loop (tests/ns_forms.py) as an optimizer
+    with a ``step``: the Muon a user writes, no ``torch.optim`` base."""
+
+    def __init__(self, params, lr=0.05, momentum=0.9, dtype=torch.bfloat16):
+        self.params, self.lr, self.momentum, self.dtype = list(params), lr, momentum, dtype
+        self.bufs = [torch.zeros_like(p) for p in self.params]
+
+    @torch.no_grad()
+    def step(self):
+        from ns_forms import FORMS
+
+        hand_written_step(self.params, self.bufs, FORMS["keller"], self.dtype, self.lr, self.momentum)
+
+
 def make_optimizer(kind, params, opt_kw):
     """``muon_compile.Muon`` (``kind="muon_compile"``), the unmodified ``torch.optim.Muon``
-    (``"torch"``), ``muon_compile.MuonAdamW`` with AdamW on the last parameter
+    (``"torch"``), a :class:`HandWrittenMuon` (``"hand_written"``: ``lr``, ``momentum`` and
+    ``dtype`` of ``opt_kw``), ``muon_compile.MuonAdamW`` with AdamW on the last parameter
     (``"muon_adamw"``), or Muon with the first parameter split as a fused QKV (``"split_qkv"``)."""
+    if kind == "hand_written":  # dtype: the Newton-Schulz's (float64 for the exact evaluation)
+        return HandWrittenMuon(params, opt_kw["lr"], opt_kw["momentum"], opt_kw.get("dtype", torch.bfloat16))
     if kind == "muon_adamw":
         groups = [{"params": params[:-1], "kind": "muon"}, {"params": params[-1:], "kind": "adamw"}]
         return muon_compile.MuonAdamW(groups, **opt_kw)
@@ -222,12 +240,19 @@ def _compiled_graphs(opt, mesh, config_changes=None, options=None):
     return {**graphs, "groups": groups, "code": code}
 
 
-def tp_graphs(rank, world, mesh_shape, opt_kw=None):
-    """:func:`_compiled_graphs` of Muon over :func:`tp_block_model` (``mesh_shape`` of three
-    sizes: HSDP over TP) with step 0's gradients: for the fake process group."""
+def tp_graphs(rank, world, mesh_shape, opt_kw=None, optimizer="muon_compile", names=None):
+    """:func:`_compiled_graphs` of Muon (:func:`make_optimizer`'s kind ``optimizer``) of the
+    weights ``names`` (default: all) of :func:`tp_block_model` (``mesh_shape`` of three sizes:
+    HSDP over TP) with step 0's gradients: for the fake process group."""
     model, params = tp_block_model(mesh_shape)
     set_tp_grads(params, 0)
-    return _compiled_graphs(muon_compile.Muon(params, **(opt_kw or {})), params[0].device_mesh)
+    opt = make_optimizer(optimizer, _named(params, names or TP_NAMES), opt_kw or {})
+    return _compiled_graphs(opt, params[0].device_mesh)
+
+
+def _named(params, names):
+    """Those of :func:`tp_block_model`'s weights (in ``TP_NAMES`` order) named in ``names``."""
+    return [p for name, p in zip(TP_NAMES, params) if name in names]
 
 
 def assert_same_collectives(sequences):
@@ -806,14 +831,16 @@ def set_tp_grads(params, step):
         p.grad = distribute_tensor(g, p.device_mesh, p.placements, src_data_rank=None)
 
 
-def tp_fsdp_muon(rank, world, steps, opt_kw, mesh_shape=(2, 2), config_changes=None, rank_opt_kw=None, optimizer="muon_compile"):
-    """:func:`tp_block_model`; ``steps`` compiled Muon steps with the gradients of
-    :func:`set_tp_grads` (``rank_opt_kw``: ``{rank: options}`` that rank's optimizer takes on
-    top of ``opt_kw``; ``optimizer``: :func:`make_optimizer`'s kind). Returns the full weights
-    (in ``TP_NAMES`` order), the placements, the pass counters, the post-pass graph's
-    collectives and the explanation (``MUON_COMPILE_EXPLAIN``'s reports)."""
+def tp_fsdp_muon(rank, world, steps, opt_kw, mesh_shape=(2, 2), config_changes=None, rank_opt_kw=None, optimizer="muon_compile",
+                 names=TP_NAMES):
+    """:func:`tp_block_model`; ``steps`` compiled Muon steps of the weights ``names`` with the
+    gradients of :func:`set_tp_grads` (``rank_opt_kw``: ``{rank: options}`` that rank's optimizer
+    takes on top of ``opt_kw``; ``optimizer``: :func:`make_optimizer`'s kind). Returns the full
+    weights (of ``names``, in ``TP_NAMES`` order), the placements, the pass counters, the
+    post-pass graph's collectives and the explanation (``MUON_COMPILE_EXPLAIN``'s reports)."""
     _, params = tp_block_model(mesh_shape)
-    opt = make_optimizer(optimizer, params, {**opt_kw, **(rank_opt_kw or {}).get(rank, {})})
+    stepped = _named(params, names)
+    opt = make_optimizer(optimizer, stepped, {**opt_kw, **(rank_opt_kw or {}).get(rank, {})})
     with tempfile.TemporaryDirectory() as dump, config.override(dump_dir=dump, **(config_changes or {})):
         step = torch.compile(opt.step, backend="muon")
         for s in range(steps):
@@ -821,8 +848,8 @@ def tp_fsdp_muon(rank, world, steps, opt_kw, mesh_shape=(2, 2), config_changes=N
             step()
         graphs = dumped_graphs(dump)
     return {
-        "weights": [p.full_tensor() for p in params],
-        "placements": [str(p.placements) for p in params],
+        "weights": [p.full_tensor() for p in stepped],
+        "placements": [str(p.placements) for p in stepped],
         "counters": dict(muon_compile.counters),
         "collectives": collective_sequence(graphs.get("lower_after", "")),
         "explanation": "\n".join(str(r) for r in explain.reports()),

@@ -11,7 +11,7 @@ import torch
 import muon_compile.backend
 
 from dist_harness import fake_rank, run_fake
-from dist_workers import assert_same_collectives, collective_sequence, fsdp_graphs, launches_and_waits, tp_graphs
+from dist_workers import TP_NAMES, assert_same_collectives, collective_sequence, fsdp_graphs, launches_and_waits, tp_graphs
 from golden import assert_golden
 
 from muon_compile.passes.schedule import stage_order
@@ -74,6 +74,22 @@ def test_hsdp_over_tp_world8_golden_and_one_all_to_all_pair():
     mesh_groups = set(graphs["groups"])
     assert all(args.rsplit(", ", 1)[1].strip("'") not in mesh_groups for _, _, args in sequence)  # a group made over (dp, tp)
     assert "sharded_newton_schulz" in graphs["distribute_before"] and "[2, 2]" in graphs["distribute_before"]
+
+
+@pytest.mark.parametrize("optimizer", ["torch", "hand_written"])
+def test_hsdp_over_tp_world8_unmodified_muon_one_all_to_all_pair(optimizer):
+    """As above for the unmodified ``torch.optim.Muon`` and a hand-written Muon, which make no
+    process group when built: the backend makes the (dp, tp) sub-mesh's group while compiling,
+    and every weight but the one-row head (which Dynamo cannot trace, tests/test_distributed.py)
+    is distributed over it in one bucket, none left to DTensor."""
+    names = [n for n in TP_NAMES if n != "head"]
+    graphs = fake_rank(tp_graphs, 8, 0, (2, 2, 2), dict(lr=0.05, momentum=0.9), optimizer, names)
+    sequence = collective_sequence(graphs["lower_after"])
+    assert [kind for kind, _, _ in sequence] == ["all_to_all_single"] * 2
+    mesh_groups = set(graphs["groups"])
+    assert all(args.rsplit(", ", 1)[1].strip("'") not in mesh_groups for _, _, args in sequence)  # a group made over (dp, tp)
+    assert graphs["distribute_before"].count("sharded_newton_schulz") == len(names)
+    assert "_c10d_functional" not in graphs["distribute_before"]  # no collective of DTensor's
 
 
 def _stage_lines(text):

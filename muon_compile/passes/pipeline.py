@@ -26,7 +26,7 @@ from torch._inductor.custom_graph_pass import CustomGraphPass
 
 import muon_compile
 from muon_compile import config as config_mod
-from muon_compile import explain, triton_support
+from muon_compile import explain, ns_op, routing, triton_support
 from muon_compile.cache_key import sources_hash
 from muon_compile.counters import counters, pass_seconds
 
@@ -121,6 +121,8 @@ def _canonicalize(gm: fx.GraphModule, cfg: config_mod.Config, dump_name: str | N
     dumper = _Dumper(cfg.dump_dir, dump_name)
     _run_pass("canonicalize", gm.graph, dumper, lambda: apply_canonical(gm.graph, matches), "example_value")
     gm.recompile()
+    routed = gm.graph.find_nodes(op="call_function", target=ns_op.newton_schulz_routed)
+    routing.prepare_graph_inputs([n.args[0].meta["example_value"] for n in routed])
 
 
 def run_passes(graph: fx.Graph, cfg: config_mod.Config, dump_name: str | None = None) -> None:
