@@ -534,7 +534,7 @@ class MuonAdamW(torch.optim.Optimizer):
         params = group["params"]
         for stack in layout.stacks:
             members = [params[i] for i in stack.indices]
-            if all(p.grad is not None for p in members) and stacks_mod.steps_as_one(members[0].device):
+            if all(p.grad is not None for p in members) and stacks_mod.steps_as_one(members[0].device, len(members)):
                 self._muon_stack_step(group, stack, members, ns_args, decay)
             else:  # each member with a gradient steps on its own, on its views of the state
                 for i in stack.indices:

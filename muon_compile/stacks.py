@@ -19,12 +19,15 @@ by measurement (:func:`steps_as_one`):
   input, and of N parameters' writes N kernels, where the write op is one launch of its
   Triton kernel (:mod:`muon_compile.scale_add_kernel`). Eagerly on the CPU, stacks make the
   step 1.5x to 3x faster than member by member (docs/benchmarks.md).
-- In a step compiled for the CPU, every member steps on its own, on its views of the stacked
-  state, and the ``muon`` backend buckets their Newton–Schulz loops as it does unmodified
-  code's: Inductor's C++ code lowers the gather to copies into a fresh float32 buffer, and
-  a CPU batched product of a tall stack's transposed view runs at half speed, where the
-  members' bfloat16 inputs are stacked by the bucket pass, row-major (llama-1b-2l: 3.85 s
-  a step stacked, 3.53 s member by member, unmodified ``torch.optim.Muon`` 3.69 s).
+- In a step compiled for the CPU, every member of a stack of at most
+  :data:`CPU_MEMBERS_APART` steps on its own, on its views of the stacked state, and the
+  ``muon`` backend buckets their Newton–Schulz loops as it does unmodified code's: Inductor's
+  C++ code lowers the gather to copies into a fresh float32 buffer, and a CPU batched product
+  of a tall stack's transposed view runs at half speed, where the members' bfloat16 inputs are
+  stacked by the bucket pass, row-major (llama-1b-2l: 3.85 s a step stacked, 3.53 s member by
+  member, unmodified ``torch.optim.Muon`` 3.69 s). A larger stack steps as one: member by
+  member its cold compile grows by about 0.2 s a member (100 members of 4x4: 24.4 s, 200:
+  45.2 s, 200 stacked: 18.6 s; 2,000 matrices of four shapes took 540 s).
 
 Replace state in place (``state[p]["momentum_buffer"].copy_(t)``): a tensor put in
 its place is not read by the stacked step (``load_state_dict`` restacks itself).
@@ -96,11 +99,17 @@ def writes_in_one_pass(device: torch.device, dst_dtype: torch.dtype, src_dtype: 
     return scale_add_kernel.takes(device, dst_dtype, src_dtype)
 
 
-def steps_as_one(device: torch.device) -> bool:
-    """Whether a stack on ``device`` steps as one (:func:`stack` of the gradients, one
-    direction, :func:`write`) rather than member by member on its views of the state:
-    everywhere but in a step compiled for the CPU (see the module's docstring)."""
-    return not (torch.compiler.is_compiling() and device.type == "cpu")
+# the most members of a stack that step one by one in a step compiled for the CPU (module docstring)
+CPU_MEMBERS_APART = 16
+
+
+def steps_as_one(device: torch.device, members: int) -> bool:
+    """Whether a stack of ``members`` on ``device`` steps as one (:func:`stack` of the
+    gradients, one direction, :func:`write`) rather than member by member on its views of
+    the state: everywhere but in a step compiled for the CPU, and there for a stack of more
+    than :data:`CPU_MEMBERS_APART` (see the module's docstring)."""
+    apart = torch.compiler.is_compiling() and device.type == "cpu" and members <= CPU_MEMBERS_APART
+    return not apart
 
 
 def write(members: list[Tensor], decay: Tensor, ortho: Tensor, lr: Tensor, lr_scale: float, *, cautious: bool) -> None:

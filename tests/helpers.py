@@ -104,7 +104,7 @@ def stacks_as_on_cuda(monkeypatch):
     """Compile muon_compile.Muon's stacks on this CPU as on CUDA (:mod:`muon_compile.stacks`):
     each steps as one, and its write is the stacked write op, one pass there (here its CPU
     fallback, which computes the same)."""
-    monkeypatch.setattr(stacks, "steps_as_one", lambda device: True)
+    monkeypatch.setattr(stacks, "steps_as_one", lambda device, members: True)
     monkeypatch.setattr(stacks, "writes_in_one_pass", lambda *args: True)
 
 

@@ -107,7 +107,7 @@ def test_a_member_without_gradient_is_left_alone_and_the_others_step():
         torch.testing.assert_close(got.detach(), want.detach(), rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.slow(seconds=55)
+@pytest.mark.slow(seconds=135)
 def test_two_thousand_matrices_compile_one_graph():
     """2,000 small matrices (four shapes) compile to one graph, and the compiled steps
     match eager (fp32 NS; see numerics.py)."""
@@ -115,3 +115,15 @@ def test_two_thousand_matrices_compile_one_graph():
     torch._dynamo.utils.counters.clear()
     compare_steps(muon(lr=0.02, ns_dtype=torch.float32), shapes, rtol=NS_RTOL["cpu"][torch.float32])
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+
+
+def test_a_large_stack_steps_as_one_even_compiled_for_the_cpu(monkeypatch):
+    """Compiled for the CPU, a stack of at most CPU_MEMBERS_APART members steps member by
+    member, a larger one as one (member by member its compile grows by about 0.2 s a member:
+    muon_compile/stacks.py); on CUDA, and eagerly, every stack steps as one."""
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert stacks.steps_as_one(cpu, 2)  # eagerly
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    assert not stacks.steps_as_one(cpu, stacks.CPU_MEMBERS_APART)
+    assert stacks.steps_as_one(cpu, stacks.CPU_MEMBERS_APART + 1)
+    assert stacks.steps_as_one(cuda, 2)

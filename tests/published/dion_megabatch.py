@@ -74,6 +74,7 @@ from torch.distributed.tensor import DTensor
 from torch.optim import Optimizer
 
 from muon_corpus import LR, MOMENTUM, WD, Entry
+from published.dion_generator import _Runner, _Task
 
 
 # ------------------------------------------------------------------------- opt_utils
@@ -90,52 +91,8 @@ def _local(tensor):
     return [t.to_local() if isinstance(t, DTensor) else t for t in tensor]
 
 
-class _Task:
-    """Wraps a generator and advances it to its next ``yield``; built already advanced once."""
-
-    def __init__(self, gen):
-        self._gen = gen
-        self.run()
-
-    def run(self):
-        try:
-            next(self._gen)
-            return True
-        except StopIteration:
-            pass
-        return False
-
-
-class _Runtime:
-    """Holds at most ``max_concurrent_tasks`` live tasks, advancing every one once per round."""
-
-    def __init__(self, task_gen, max_concurrent_tasks):
-        if max_concurrent_tasks <= 0:
-            raise ValueError(f"{max_concurrent_tasks=} must be positive")
-        self._task_gen = task_gen
-        self._limit = max_concurrent_tasks
-
-    def _next_task(self):
-        try:
-            return next(self._task_gen)
-        except StopIteration:
-            return None
-
-    def run(self):
-        more = True
-        previous = []
-        while more or previous:
-            running = []
-            if more and len(previous) < self._limit:
-                task = self._next_task()
-                if task is not None:
-                    running.append(task)
-                else:
-                    more = False
-            for task in previous:
-                if task.run():
-                    running.append(task)
-            previous = running
+# opt_utils.py's AsyncTask and AsyncRuntime (_Task, _Runner): unchanged since d53bd2d, as
+# tests/published/dion_generator.py has them
 
 
 # ---------------------------------------------------------------------- polar_express.py
@@ -310,7 +267,7 @@ class _OrthoBase(Optimizer):
         adamw_tasks = self._create_adamw_tasks(adamw_groups)
 
         all_tasks = chain(ortho_tasks, lion_tasks, adamw_tasks)
-        runtime = _Runtime(all_tasks, max_concurrent_tasks=3)
+        runtime = _Runner(all_tasks, 3)
         runtime.run()
         return loss
 
