@@ -14,10 +14,9 @@ Installed (by :func:`muon_compile.tracing.install`, on the versions of
 :data:`compat.DYNAMO_DROPS_YIELD_FROM_RETURN`), Dynamo's ``SEND`` handler for inlined
 generators advances an inlined sub-generator itself and, where it returns, pushes the value of
 the ``StopIteration`` Dynamo raised for it and clears that exception, as CPython and torch
-2.15 do. Every
-other ``SEND`` (another iterator, a value sent in, Python 3.15's form) is Dynamo's own. It
-reads Dynamo's private exception state (``exn_vt_stack._current_exception``), the same in
-2.11 and 2.13.
+2.15 do. Every other ``SEND`` (another iterator, a value sent in, Python 3.15's form) is
+Dynamo's own. It reads Dynamo's private exception state (``exn_vt_stack._current_exception``),
+the same in 2.11 and 2.13.
 """
 
 from __future__ import annotations

@@ -14,9 +14,9 @@ loop is never seen whole and cannot be recognised (see docs/recognised.md):
   enter it, so it skipped the whole step. Installed, it is a no-op inside traced code (the
   recompile limits it lifts are read when Dynamo decides to recompile, outside any graph)
   and itself in eager code.
-* a generator's return value taken by ``x = yield from g()`` (Dion's async tasks): torch 2.11 –
-  2.13's Dynamo makes it None, so the step splits where ``x`` is used. Installed, it is the
-  returned value, as in eager code (:mod:`muon_compile.generator_returns`).
+* a generator's return value taken by ``x = yield from g()`` (Dion's async tasks): torch 2.13's
+  Dynamo makes it None, so the step splits where ``x`` is used, and 2.11's fails the compile.
+  Installed, it is the returned value, as in eager code (:mod:`muon_compile.generator_returns`).
 
 The logging calls are left to split the step on torch 2.11 / 2.12, whose compile metrics
 cannot log that setting (:data:`compat.DYNAMO_SORTS_CONFIG_SETS`).
