@@ -74,7 +74,7 @@ from torch.distributed.tensor import DTensor
 from torch.optim import Optimizer
 
 from muon_corpus import LR, MOMENTUM, WD, Entry
-from published.dion_generator import _Runner, _Task
+from published.dion_generator import _Runner, _Task, _post, _pre
 
 
 # ------------------------------------------------------------------------- opt_utils
@@ -91,8 +91,8 @@ def _local(tensor):
     return [t.to_local() if isinstance(t, DTensor) else t for t in tensor]
 
 
-# opt_utils.py's AsyncTask and AsyncRuntime (_Task, _Runner): unchanged since d53bd2d, as
-# tests/published/dion_generator.py has them
+# opt_utils.py's AsyncTask and AsyncRuntime (_Task, _Runner), and muon.py's two compiled helpers
+# (_pre, _post): unchanged since d53bd2d, as tests/published/dion_generator.py has them
 
 
 # ---------------------------------------------------------------------- polar_express.py
@@ -446,7 +446,7 @@ def _muon_megabatch(X, G, M, lr, momentum, weight_decay, epsilon, nesterov, flat
     N = len(X)
     assert N == len(G) == len(M)
 
-    U = _pre(G=_local(G), M=_local(M), momentum=momentum, nesterov=nesterov)
+    U = _pre(_local(G), _local(M), momentum, nesterov)  # muon_update_pre_orthogonalize
 
     comm_dim = (shard_dim - X[0].ndim) if shard_dim is not None else None
     if comm_dim is not None:
@@ -477,40 +477,7 @@ def _muon_megabatch(X, G, M, lr, momentum, weight_decay, epsilon, nesterov, flat
     else:
         raise ValueError(f"unrecognised adjust_lr: {adjust_lr}")
 
-    _post(X=_local(X), U=U, base_lr=lr, adjusted_lr=adjusted_lr, weight_decay=weight_decay,
-          cautious_wd=cautious_wd)
-
-
-@torch.compile(fullgraph=True)
-def _pre(G, M, momentum, nesterov):
-    dtype = M[0].dtype
-    G = [g.to(dtype=dtype) for g in G]
-    torch._foreach_mul_(M, momentum)
-    torch._foreach_add_(M, G)
-    if nesterov:
-        U = torch._foreach_mul(M, momentum)
-        torch._foreach_add_(U, G)
-    else:
-        U = M
-    U = [u.to(dtype=torch.bfloat16) for u in U]  # cast ahead of the (absent) communication
-    return U
-
-
-@torch.compile(fullgraph=True)
-def _post(X, U, base_lr, adjusted_lr, weight_decay, cautious_wd=False):
-    if cautious_wd:
-        coeff = base_lr * weight_decay
-        masks = torch._foreach_mul(X, U)
-        masks = torch._foreach_sign(masks)
-        masks = torch._foreach_add(masks, 1)
-        masks = torch._foreach_minimum(masks, 1)
-        terms = torch._foreach_mul(X, masks)
-        terms = torch._foreach_mul(terms, coeff)
-        torch._foreach_sub_(X, terms)
-    else:
-        torch._foreach_mul_(X, 1 - base_lr * weight_decay)
-    U = torch._foreach_mul(U, adjusted_lr)
-    torch._foreach_sub_(X, U)
+    _post(_local(X), U, lr, adjusted_lr, weight_decay, cautious_wd)  # muon_update_post_orthogonalize
 
 
 def dion_megabatch(params, dtype):
