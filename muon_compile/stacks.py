@@ -20,14 +20,21 @@ by measurement (:func:`steps_as_one`):
   Triton kernel (:mod:`muon_compile.scale_add_kernel`). Eagerly on the CPU, stacks make the
   step 1.5x to 3x faster than member by member (docs/benchmarks.md).
 - In a step compiled for the CPU, every member of a stack of at most
-  :data:`CPU_MEMBERS_APART` steps on its own, on its views of the stacked state, and the
+  :data:`MEMBERS_APART` steps on its own, on its views of the stacked state, and the
   ``muon`` backend buckets their Newton–Schulz loops as it does unmodified code's: Inductor's
   C++ code lowers the gather to copies into a fresh float32 buffer, and a CPU batched product
   of a tall stack's transposed view runs at half speed, where the members' bfloat16 inputs are
   stacked by the bucket pass, row-major (llama-1b-2l: 3.85 s a step stacked, 3.53 s member by
-  member, unmodified ``torch.optim.Muon`` 3.69 s). A larger stack steps as one: member by
-  member its cold compile grows by about 0.2 s a member (100 members of 4x4: 24.4 s, 200:
-  45.2 s, 200 stacked: 18.6 s; 2,000 matrices of four shapes took 540 s).
+  member, unmodified ``torch.optim.Muon`` 3.69 s). A larger stack steps as one.
+- Compiled where the write op is not one pass (:func:`writes_in_one_pass`: off CUDA), a stack
+  of at most :data:`MEMBERS_APART` is written member by member, each write fused by Inductor
+  with what computes it; a larger one by the op (two ``foreach`` passes). Member by member,
+  Inductor's cold compile grows by about 0.2 s a member, its C++ code generation by far the
+  most of it (2026-12-07, this 2-core CPU, float32 NS, weight decay 0.1: 2,000 matrices of four
+  shapes in stacks of 500, 150-170 s written member by member, 33 s by the op, whose step is
+  11.9 ms; 200 members of 16x16: 17.6 s and 1.49 ms a step member by member, 6.4 s and
+  2.17 ms by the op, the op's two passes dispatched per member; 32 of 256x256: 6.3 s and
+  18.50 ms, 4.8 s and 17.16 ms).
 
 Replace state in place (``state[p]["momentum_buffer"].copy_(t)``): a tensor put in
 its place is not read by the stacked step (``load_state_dict`` restacks itself).
@@ -95,20 +102,22 @@ def writes_in_one_pass(device: torch.device, dst_dtype: torch.dtype, src_dtype: 
     """Whether :func:`unstack_scale_add_` runs as one pass over its members (its Triton kernel,
     :func:`muon_compile.scale_add_kernel.takes`): on CUDA. Elsewhere it is two
     ``torch._foreach_*`` passes, where Inductor's code writes each member in one: compiled,
-    the op is then not used (:func:`write`, :mod:`muon_compile.passes.stack_writes`)."""
+    the op then writes only a stack of more than :data:`MEMBERS_APART` (:func:`write`;
+    :mod:`muon_compile.passes.stack_writes` leaves unmodified code's writes as they are)."""
     return scale_add_kernel.takes(device, dst_dtype, src_dtype)
 
 
-# the most members of a stack that step one by one in a step compiled for the CPU (module docstring)
-CPU_MEMBERS_APART = 16
+# the most members of a stack that step one by one in a step compiled for the CPU, and that a
+# compiled step writes one by one where the write op is not one pass (module docstring)
+MEMBERS_APART = 16
 
 
 def steps_as_one(device: torch.device, members: int) -> bool:
     """Whether a stack of ``members`` on ``device`` steps as one (:func:`stack` of the
     gradients, one direction, :func:`write`) rather than member by member on its views of
     the state: everywhere but in a step compiled for the CPU, and there for a stack of more
-    than :data:`CPU_MEMBERS_APART` (see the module's docstring)."""
-    apart = torch.compiler.is_compiling() and device.type == "cpu" and members <= CPU_MEMBERS_APART
+    than :data:`MEMBERS_APART` (see the module's docstring)."""
+    apart = torch.compiler.is_compiling() and device.type == "cpu" and members <= MEMBERS_APART
     return not apart
 
 
@@ -116,9 +125,11 @@ def write(members: list[Tensor], decay: Tensor, ortho: Tensor, lr: Tensor, lr_sc
     """``p = p * decay - lr * lr_scale * O`` into each member ``p`` and its matrix ``O`` of
     ``ortho`` (cautious: :func:`muon_compile.updates.apply_update`'s decay): one
     :func:`unstack_scale_add_`, or in a compiled step where that is not one pass
-    (:func:`writes_in_one_pass`), a write per member that Inductor fuses with what computes it."""
+    (:func:`writes_in_one_pass`) and the stack has at most :data:`MEMBERS_APART` members, a
+    write per member that Inductor fuses with what computes it (the module's docstring)."""
     first = members[0]
-    if torch.compiler.is_compiling() and not writes_in_one_pass(first.device, first.dtype, ortho.dtype):
+    apart = len(members) <= MEMBERS_APART and not writes_in_one_pass(first.device, first.dtype, ortho.dtype)
+    if torch.compiler.is_compiling() and apart:
         for p, o in zip(members, ortho.unbind(0)):
             apply_update(p, o, decay=decay, lr=lr, lr_scale=lr_scale, cautious=cautious)
     else:

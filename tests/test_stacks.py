@@ -12,7 +12,7 @@ from torch import nn
 import muon_compile
 from muon_compile import stacks
 
-from helpers import compare_steps, make_params, muon, set_grads
+from helpers import compare_steps, compile_with_dump, count_ns_calls, make_params, muon, set_grads
 from numerics import NS_RTOL
 
 REPEATED = [(6, 10), (10, 6), (6, 10), (8, 8), (10, 6), (6, 10)]
@@ -107,7 +107,7 @@ def test_a_member_without_gradient_is_left_alone_and_the_others_step():
         torch.testing.assert_close(got.detach(), want.detach(), rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.slow(seconds=135)
+@pytest.mark.slow(seconds=40)
 def test_two_thousand_matrices_compile_one_graph():
     """2,000 small matrices (four shapes) compile to one graph, and the compiled steps
     match eager (fp32 NS; see numerics.py)."""
@@ -118,12 +118,29 @@ def test_two_thousand_matrices_compile_one_graph():
 
 
 def test_a_large_stack_steps_as_one_even_compiled_for_the_cpu(monkeypatch):
-    """Compiled for the CPU, a stack of at most CPU_MEMBERS_APART members steps member by
+    """Compiled for the CPU, a stack of at most MEMBERS_APART members steps member by
     member, a larger one as one (member by member its compile grows by about 0.2 s a member:
     muon_compile/stacks.py); on CUDA, and eagerly, every stack steps as one."""
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert stacks.steps_as_one(cpu, 2)  # eagerly
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
-    assert not stacks.steps_as_one(cpu, stacks.CPU_MEMBERS_APART)
-    assert stacks.steps_as_one(cpu, stacks.CPU_MEMBERS_APART + 1)
+    assert not stacks.steps_as_one(cpu, stacks.MEMBERS_APART)
+    assert stacks.steps_as_one(cpu, stacks.MEMBERS_APART + 1)
     assert stacks.steps_as_one(cuda, 2)
+
+
+def test_a_large_stack_compiled_for_the_cpu_is_written_by_the_op(tmp_path):
+    """Compiled for the CPU, where the write op is two foreach passes: a stack of
+    MEMBERS_APART members steps and is written member by member (its NS loops bucketed by
+    the backend, no op in the graph), one of MEMBERS_APART + 1 steps as one and is written by
+    the op, one call for all its members; both as eager computes them."""
+    apart, one = stacks.MEMBERS_APART, stacks.MEMBERS_APART + 1
+    shapes = [(4, 4)] * apart + [(4, 8)] * one
+    graphs, step = compile_with_dump(muon(lr=0.02, weight_decay=0.1, ns_dtype=torch.float32), shapes, tmp_path)
+    assert count_ns_calls(graphs["bucket_before"]) == apart + 1  # a loop a member, one for the stack
+    assert count_ns_calls(graphs["bucket_after"]) == 2  # the members' loops bucketed
+    lowered = graphs["lower_after"]
+    assert lowered.count("muon_compile.stack(") == 1
+    writes = [line for line in lowered.splitlines() if "unstack_scale_add_" in line]
+    assert len(writes) == 1 and f"_dsts_length={one}," in writes[0], writes
+    step.assert_close(NS_RTOL["cpu"][torch.float32])
