@@ -338,15 +338,19 @@ def test_fsdp2_on_tensor_parallel_blocks_matches_reference(run):
         assert ("tp duplicated" in result["explanation"]) == (opt_kw.get("tp_mode") == "duplicated")
 
 
-@pytest.mark.parametrize("mesh_shape", [(2, 2), (2, 1, 2)], ids=["fsdp x tp", "hsdp x tp"])
-@pytest.mark.parametrize("optimizer", ["torch", "hand_written"])
+# each optimizer on one of the meshes: the step is recognised whatever the mesh (the trace is the
+# same), and the mesh's process group is made whatever the optimizer (from the graph's inputs);
+# both optimizers on the 8-rank HSDP x TP mesh: test_golden_distributed
+@pytest.mark.parametrize(
+    "optimizer, mesh_shape", [("torch", (2, 2)), ("hand_written", (2, 1, 2))], ids=["torch-fsdp x tp", "hand_written-hsdp x tp"]
+)
 def test_unmodified_muon_on_tensor_parallel_blocks_is_distributed_by_owner(optimizer, mesh_shape):
-    """World 4: the unmodified ``torch.optim.Muon`` and a hand-written Muon (no
-    ``muon_compile`` optimizer, so no process group made at construction) on FSDP2 x TP and
-    HSDP x TP, compiled with ``backend="muon"``: every matrix in one bucket, one all-to-all pair
-    a step, none left to DTensor's collectives per matrix, as accurate as eager. (The one-row
-    head is left out: with fewer rows than ranks, Dynamo fails on the in-place update before
-    any backend runs, as on FSDP2 alone.)"""
+    """World 4: the unmodified ``torch.optim.Muon`` on FSDP2 x TP and a hand-written Muon on
+    HSDP x TP (no ``muon_compile`` optimizer, so no process group made at construction),
+    compiled with ``backend="muon"``: every matrix in one bucket, one all-to-all pair a step,
+    none left to DTensor's collectives per matrix, as accurate as eager. (The one-row head is
+    left out: with fewer rows than ranks, Dynamo fails on the in-place update before any
+    backend runs, as on FSDP2 alone.)"""
     from ns_forms import exact_torch_muon
 
     names = [n for n in TP_NAMES if n != "head"]
