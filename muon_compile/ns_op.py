@@ -41,7 +41,7 @@ def _newton_schulz_impl(x: Tensor, *flat: object) -> Tensor:
     args = NSArgs.from_op(flat)
     check_input(x)
     cfg = config.current()
-    return orthogonalize(x, args, cfg.ns_algorithm, epilogue=cfg.ns_epilogue)
+    return orthogonalize(x, args, cfg.ns_algorithm, epilogue=cfg.ns_epilogue, eager=True)
 
 
 @torch.library.register_fake(_QUALNAME)

@@ -216,3 +216,22 @@ def test_compiled_bf16_op_rounds_where_eager_rounds(device):
     want = newton_schulz_op(x, args)
     for i in range(x.size(0)):
         assert_rel_close(got[i], want[i], NS_RTOL[device][torch.bfloat16], f"matrix {i}")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_eager_polynomial_in_place_rounds_as_the_traced_expression(device, dtype):
+    """The op's eager kernel forms the polynomial ``c A A + b A + a I`` in place
+    (ns_kernel.polynomial without ``eye``), the traced form as written: the same roundings
+    by construction (each product with its scalar rounded to fp32, summed, ``a`` added to the
+    diagonal where the identity adds it and an exact 0 elsewhere), so every element is equal;
+    its operands are left as they were."""
+    from muon_compile.ns_kernel import identity, polynomial
+
+    g = torch.Generator().manual_seed(9)
+    A, AA = (torch.randn(3, 24, 24, generator=g).to(device, dtype) for _ in range(2))
+    operands = (A.clone(), AA.clone())
+    a, b, c = POLAR.coefficients[0]
+    traced = polynomial(A, AA, (a, b, c), torch.float32, dtype, identity(24, A.device, torch.float32))
+    in_place = polynomial(A, AA, (a, b, c), torch.float32, dtype, None)
+    assert in_place.dtype == dtype and torch.equal(in_place, traced)
+    assert torch.equal(A, operands[0]) and torch.equal(AA, operands[1])
