@@ -235,3 +235,19 @@ def test_eager_polynomial_in_place_rounds_as_the_traced_expression(device, dtype
     in_place = polynomial(A, AA, (a, b, c), torch.float32, dtype, None)
     assert in_place.dtype == dtype and torch.equal(in_place, traced)
     assert torch.equal(A, operands[0]) and torch.equal(AA, operands[1])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("shape", [(3, 12, 40), (2, 40, 12)], ids=["wide", "tall"])
+def test_eager_kernel_in_buffers_computes_what_the_traced_loop_computes(shape, dtype):
+    """On the CPU the op's eager kernel runs the polynomial form's iterations in buffers
+    allocated once (ns_kernel.polynomial_in_buffers): the same products and roundings as the
+    loop the lower pass traces, so the same result to the bit, and its input left as it was."""
+    from muon_compile.ns_kernel import orthogonalize
+
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(10))
+    before = x.clone()
+    args = NSArgs.repeating(POLAR.coefficients, 5, norm_scale=POLAR.norm_scale, compute_dtype=dtype)
+    traced = orthogonalize(x, args, epilogue="off")
+    eager = orthogonalize(x, args, epilogue="off", eager=True)
+    assert torch.equal(eager, traced) and torch.equal(x, before)
