@@ -75,7 +75,7 @@ def orthogonalize(
         batch = batch.mT
     compute_dtype = args.compute_dtype
     acc = torch.promote_types(compute_dtype, torch.float32)
-    X, norm, denom = normalized(batch, args)
+    X, norm, denom = normalized(batch, args, eager=eager)
     if algorithm_for(X, args, policy) == GRAM:
         X = gram_iteration(X, args, acc, norm / args.norm_scale / denom, products)
     else:
@@ -126,20 +126,23 @@ def polynomial_in_buffers(X: Tensor, coefficients: Sequence[tuple[float, float, 
     return X
 
 
-def normalized(batch: Tensor, args: NSArgs) -> tuple[Tensor, Tensor, Tensor]:
+def normalized(batch: Tensor, args: NSArgs, *, eager: bool = False) -> tuple[Tensor, Tensor, Tensor]:
     """Step 2 of :func:`orthogonalize` on a batch of wide matrices: ``X0`` in at least fp32,
     with the norms (``||X||_F * norm_scale``, ``[batch, 1, 1]``) and the denominators
     (``norm + eps``, or ``max(norm, eps)`` when ``clamp_eps``) it was divided by; without
-    ``args.normalize``, ``X`` as given, its norms, and denominators of 1."""
+    ``args.normalize``, ``X`` as given, its norms, and denominators of 1. ``eager`` (the op's
+    eager kernel): the norms as :func:`frobenius_norm` takes them eagerly, and where the cast
+    made ``X`` a copy (a low-precision compute dtype), the division in place."""
     acc = torch.promote_types(args.compute_dtype, torch.float32)
     X = to_low_precision(batch, args.compute_dtype).to(acc)
-    norm = frobenius_norm(X)
+    norm = frobenius_norm(X, eager=eager)
     if not args.normalize:
         return X, norm, torch.ones_like(norm)
     if args.norm_scale != 1.0:
         norm = norm * args.norm_scale
     denom = norm.clamp_min(args.eps) if args.clamp_eps else norm + args.eps
-    return X / denom, norm, denom
+    copied = args.compute_dtype != acc  # X is to_low_precision's result cast up: this call's own
+    return (X.div_(denom) if eager and copied else X / denom), norm, denom
 
 
 # A norm below 2^-60 (of a matrix whose entries' squares leave fp32's normal range, around
@@ -150,13 +153,18 @@ _LARGE_NORM = 2.0**60
 _RESCALE = 2.0**100
 
 
-def frobenius_norm(X: Tensor) -> Tensor:
+def frobenius_norm(X: Tensor, *, eager: bool = False) -> Tensor:
     """The Frobenius norms of a batch ``X`` (``[batch, 1, 1]``), in fp32 also where the
     squares of its entries leave fp32's range (taken of ``X`` scaled by ``2^100`` or
     ``2^-100`` where the plain norm is below ``2^-60`` or above ``2^60``: exact scalings;
     the three reductions read ``X`` in one pass when compiled). The normalisation divides
-    by them; the Gram iteration takes its input in units of them."""
+    by them; the Gram iteration takes its input in units of them. ``eager`` on the CPU (the
+    op's eager kernel), where no device waits for the host: the scaled norms only where a
+    plain one is out of that range (the same values: elsewhere the selection takes the plain
+    norm), not two scaled copies of ``X`` and their reductions every call."""
     norm = torch.linalg.vector_norm(X, dim=(-2, -1), keepdim=True)
+    if eager and X.device.type == "cpu" and bool(((norm >= 1 / _LARGE_NORM) & (norm <= _LARGE_NORM)).all()):
+        return norm
     small = torch.linalg.vector_norm(X * _RESCALE, dim=(-2, -1), keepdim=True) / _RESCALE
     large = torch.linalg.vector_norm(X / _RESCALE, dim=(-2, -1), keepdim=True) * _RESCALE
     return torch.where(norm < 1 / _LARGE_NORM, small, torch.where(norm > _LARGE_NORM, large, norm))

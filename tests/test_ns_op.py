@@ -239,15 +239,21 @@ def test_eager_polynomial_in_place_rounds_as_the_traced_expression(device, dtype
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
 @pytest.mark.parametrize("shape", [(3, 12, 40), (2, 40, 12)], ids=["wide", "tall"])
-def test_eager_kernel_in_buffers_computes_what_the_traced_loop_computes(shape, dtype):
-    """On the CPU the op's eager kernel runs the polynomial form's iterations in buffers
-    allocated once (ns_kernel.polynomial_in_buffers): the same products and roundings as the
-    loop the lower pass traces, so the same result to the bit, and its input left as it was."""
+@pytest.mark.parametrize("scale", [1.0, 1e-30], ids=["plain norm", "rescaled norm"])
+def test_eager_kernel_computes_what_the_traced_loop_computes(shape, dtype, scale):
+    """On the CPU the op's eager kernel takes the norms without their rescaled copies where
+    none is needed, divides in place where it owns the copy, and runs the polynomial form's
+    iterations in buffers allocated once (ns_kernel.normalized, frobenius_norm,
+    polynomial_in_buffers): the same operations and roundings as what the lower pass traces,
+    so the same result to the bit (also of an input whose squares underflow fp32, whose norm
+    is taken rescaled), and its input left as it was."""
     from muon_compile.ns_kernel import orthogonalize
 
-    x = torch.randn(*shape, generator=torch.Generator().manual_seed(10))
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(10)) * scale
     before = x.clone()
     args = NSArgs.repeating(POLAR.coefficients, 5, norm_scale=POLAR.norm_scale, compute_dtype=dtype)
     traced = orthogonalize(x, args, epilogue="off")
     eager = orthogonalize(x, args, epilogue="off", eager=True)
     assert torch.equal(eager, traced) and torch.equal(x, before)
+    # the rescaled case takes the rescaled norms: its entries' squares underflow fp32
+    assert bool((torch.linalg.vector_norm(x, dim=(-2, -1)) < 2.0**-60).all()) == (scale < 1)
