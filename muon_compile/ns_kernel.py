@@ -108,7 +108,9 @@ def _finish(X: Tensor, x: Tensor, tall: bool) -> Tensor:
     return X.to(x.dtype).contiguous()
 
 
-def polynomial_in_buffers(X: Tensor, coefficients: Sequence[tuple[float, float, float]], acc: torch.dtype, dtype: torch.dtype) -> Tensor:
+def polynomial_in_buffers(
+    X: Tensor, coefficients: Sequence[tuple[float, float, float]], acc: torch.dtype, dtype: torch.dtype
+) -> Tensor:
     """The polynomial form's iterations on ``X`` (in ``dtype``) as the op's eager kernel runs
     them: the operations of :func:`orthogonalize`'s loop (``bmm``, :func:`polynomial` in place),
     each writing into buffers allocated once a call instead of a fresh tensor an operation:

@@ -342,7 +342,9 @@ def test_fsdp2_on_tensor_parallel_blocks_matches_reference(run):
 # same), and the mesh's process group is made whatever the optimizer (from the graph's inputs);
 # both optimizers on the 8-rank HSDP x TP mesh: test_golden_distributed
 @pytest.mark.parametrize(
-    "optimizer, mesh_shape", [("torch", (2, 2)), ("hand_written", (2, 1, 2))], ids=["torch-fsdp x tp", "hand_written-hsdp x tp"]
+    "optimizer, mesh_shape",
+    [("torch", (2, 2)), ("hand_written", (2, 1, 2))],
+    ids=["torch-fsdp x tp", "hand_written-hsdp x tp"],
 )
 def test_unmodified_muon_on_tensor_parallel_blocks_is_distributed_by_owner(optimizer, mesh_shape):
     """World 4: the unmodified ``torch.optim.Muon`` on FSDP2 x TP and a hand-written Muon on
