@@ -15,7 +15,7 @@ import torch
 import torch._functorch.config
 from torch._inductor.compile_fx import compile_fx
 
-from . import compat, config, cuda_graphs, explain, rank_agreement, tensorify
+from . import compat, config, cpu_heap, cuda_graphs, explain, rank_agreement, tensorify
 from .cache_key import rank_key
 from .counters import pass_seconds
 from .passes import MuonGraphPass, new_dump_name, run_torch_passes
@@ -67,11 +67,14 @@ def muon_backend(
     groups agree on it (:mod:`muon_compile.rank_agreement`; a cache hit included), and
     the compiled step names this package when its collectives fail. Inductor keeps its
     order (the ``schedule`` pass's prefetch): its peak-memory reordering is off for it
-    unless ``options`` sets ``reorder_for_peak_memory``.
+    unless ``options`` sets ``reorder_for_peak_memory``. A graph that runs on the CPU makes
+    the process's heap keep a step's freed memory for the next (:mod:`muon_compile.cpu_heap`).
     """
     cfg = config.current()
     dump_name = new_dump_name()
     with explain.collecting(cfg.explain, gm):
+        if cpu_heap.runs_on_cpu(example_inputs) and (kept := cpu_heap.keep(cfg.cpu_heap_mb)):
+            explain.note_plan(f"CPU heap: up to {kept} MiB of freed memory kept for the next step (MUON_COMPILE_CPU_HEAP_MB)")
         run_torch_passes(gm, cfg, dump_name, example_inputs)
         start = time.perf_counter()
         facts = fingerprint(gm, example_inputs, cfg, _traced_frame_locals())

@@ -39,6 +39,10 @@ MUON_COMPILE_TRACE_HELPERS 1            0 leaves Dynamo's handling of setting re
                                         logging calls as it is (:mod:`tracing`)
 MUON_COMPILE_EXPLAIN       0            1 prints what the backend did with each graph
                                         (:mod:`muon_compile.explain`)
+MUON_COMPILE_CPU_HEAP_MB   256          freed memory, MiB, this process's glibc heap keeps
+                                        for the next step once a CPU graph is compiled
+                                        (:mod:`muon_compile.cpu_heap`); 0 leaves glibc's
+                                        settings as they are
 MUON_COMPILE_AGREE_TIMEOUT 600          seconds a rank waits for the other ranks of a
                                         process group to reach the same compilation
                                         (:mod:`muon_compile.rank_agreement`); 0 turns
@@ -131,6 +135,7 @@ class Config:
     dump_dir: str | None = None
     trace_helpers: bool = True
     explain: bool = False
+    cpu_heap_mb: int = 256
     agree_timeout: float = 600.0
 
     def __post_init__(self) -> None:
@@ -148,6 +153,8 @@ class Config:
         for value, variable in ((self.sym_products, "MUON_COMPILE_SYM_PRODUCTS"), (self.ns_epilogue, "MUON_COMPILE_NS_EPILOGUE")):
             if value not in ("auto", "on", "off"):
                 raise ValueError(f"{variable} must be one of ['auto', 'on', 'off'], got {value!r}")
+        if self.cpu_heap_mb < 0:
+            raise ValueError(f"MUON_COMPILE_CPU_HEAP_MB must be >= 0, got {self.cpu_heap_mb!r}")
         if not self.agree_timeout >= 0:
             raise ValueError(f"MUON_COMPILE_AGREE_TIMEOUT must be >= 0 seconds, got {self.agree_timeout!r}")
         unknown = [p for p in self.passes if p not in PASS_NAMES]
@@ -259,6 +266,7 @@ def from_env(env: Mapping[str, str] | None = None) -> Config:
         dump_dir=env.get("MUON_COMPILE_DUMP_DIR") or None,
         trace_helpers=_flag(env, "MUON_COMPILE_TRACE_HELPERS", Config.trace_helpers),
         explain=_flag(env, "MUON_COMPILE_EXPLAIN", Config.explain),
+        cpu_heap_mb=_number(env, "MUON_COMPILE_CPU_HEAP_MB", int, Config.cpu_heap_mb),
         agree_timeout=_number(env, "MUON_COMPILE_AGREE_TIMEOUT", float, Config.agree_timeout),
     )
 

@@ -56,6 +56,8 @@ from pathlib import Path
 import torch
 from torch._inductor.utils import fresh_cache, run_and_get_code
 
+import muon_compile.config
+from muon_compile import cpu_heap
 from muon_compile.launches import Launches, count_launches
 
 Step = Callable[[], object]
@@ -99,7 +101,13 @@ def cpu_model() -> str:
 
 
 def machine_info(device: torch.device) -> dict:
-    """The host, torch and the device the steps run on; on CUDA also the GPU and the CUDA version."""
+    """The host, torch and the device the steps run on; on CUDA also the GPU and the CUDA version.
+
+    On the CPU it first makes the process's heap keep freed memory as the ``muon`` backend's
+    first CPU compile would (:mod:`muon_compile.cpu_heap`; the process's, so every arm of the
+    run steps with it, eager and Inductor arms included, and none is timed before and another
+    after): ``cpu_heap_mib`` is what it keeps, 0 with ``MUON_COMPILE_CPU_HEAP_MB=0`` (glibc's
+    settings for every arm)."""
     info = {
         "device": device.type,
         "cpu": cpu_model(),
@@ -107,6 +115,8 @@ def machine_info(device: torch.device) -> dict:
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
     }
+    if device.type == "cpu":
+        info["cpu_heap_mib"] = cpu_heap.keep(muon_compile.config.current().cpu_heap_mb)
     if device.type == "cuda":
         info |= {"gpu": torch.cuda.get_device_name(device), "cuda": torch.version.cuda}
     return info
@@ -120,7 +130,9 @@ def machine_line(machine: dict) -> str:
     )
     if machine["device"] == "cuda":
         return f"machine: device cuda, {machine['gpu']}, CUDA {machine['cuda']}; host {host}"
-    return f"machine: {host}"
+    heap = machine.get("cpu_heap_mib")
+    heap = f"; CPU heap keeps {heap} MiB freed" if heap else "; CPU heap: glibc's settings"
+    return f"machine: {host}{heap}"
 
 
 # ------------------------------------------------------------------------------- timing
