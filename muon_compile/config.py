@@ -40,7 +40,8 @@ MUON_COMPILE_TRACE_HELPERS 1            0 leaves Dynamo's handling of setting re
 MUON_COMPILE_EXPLAIN       0            1 prints what the backend did with each graph
                                         (:mod:`muon_compile.explain`)
 MUON_COMPILE_CPU_HEAP_MB   256          freed memory, MiB, this process's glibc heap keeps
-                                        for the next step once a CPU graph is compiled
+                                        for the next step once a CPU graph is compiled or
+                                        the op runs eagerly on the CPU
                                         (:mod:`muon_compile.cpu_heap`); 0 leaves glibc's
                                         settings as they are
 MUON_COMPILE_AGREE_TIMEOUT 600          seconds a rank waits for the other ranks of a

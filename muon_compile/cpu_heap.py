@@ -9,7 +9,12 @@ steps): gpt-small 87.48 / 86.57 ms a step and 13,760 / 13,925 minor faults a ste
 defaults, 71.01 / 68.20 ms and none with the settings below; many-small 17.32 ms (2,432
 faults) against 13.50 ms (none). The roofline's preallocated products fault never.
 
-When the backend compiles a graph that runs on the CPU, :func:`keep` sets, once per process,
+Eagerly too (``muon_compile.Muon`` on the CPU, 2026-12-07, the same machine,
+``scripts/bench_cpu_heap.py --arms eager-ours --procs 2``): gpt-small 128.66 ms a step with
+glibc's defaults (31,411 faults) against 101.39 kept, many-small 25.95 against 24.38.
+
+When the backend compiles a graph that runs on the CPU, and at the Newton–Schulz op's first
+eager call on the CPU, :func:`keep` sets, once per process,
 ``M_MMAP_THRESHOLD`` to 32 MiB (glibc's largest: blocks up to it come from the heap, where a
 freed block stays for the next allocation) and ``M_TRIM_THRESHOLD`` to
 ``MUON_COMPILE_CPU_HEAP_MB`` (default 256; the free memory the top of the heap keeps; 64 MiB

@@ -23,7 +23,7 @@ from torch import Tensor
 from torch.distributed.tensor import DTensor
 
 from . import coefficients as coeffs
-from . import config
+from . import config, cpu_heap
 from .ns_args import NSArgs
 from .ns_kernel import orthogonalize
 from .op_support import check_input, register_no_derivative
@@ -41,6 +41,8 @@ def _newton_schulz_impl(x: Tensor, *flat: object) -> Tensor:
     args = NSArgs.from_op(flat)
     check_input(x)
     cfg = config.current()
+    if x.device.type == "cpu":  # an eager CPU step's buffers too: the op's are most of them
+        cpu_heap.keep(cfg.cpu_heap_mb)
     return orthogonalize(x, args, cfg.ns_algorithm, epilogue=cfg.ns_epilogue, eager=True)
 
 

@@ -93,3 +93,13 @@ def test_the_heap_benchmark_runs_both_settings_in_processes_of_their_own():
     assert "CPU heap keeps 256 MiB freed (kept" in out
     rows = [line.split() for line in out.splitlines() if line.startswith("tiny ")]
     assert [row[2] for row in rows] == ["kept", "glibc's"], out
+
+
+def test_the_ops_first_eager_cpu_call_keeps_the_heap(monkeypatch):
+    calls: list[int] = []
+    monkeypatch.setattr(cpu_heap, "keep", lambda mib: calls.append(mib) or mib)
+    X = torch.randn(8, 16, generator=torch.Generator().manual_seed(0))
+    muon_compile.newton_schulz(X)
+    with config.override(cpu_heap_mb=64):
+        muon_compile.newton_schulz(X)
+    assert calls == [256, 64]
