@@ -4,14 +4,11 @@ A compiled step allocates its buffers afresh each call (Inductor's memory planni
 a call). glibc returns a large freed block to the system (``munmap``, or trimming the top of
 its heap past ``M_TRIM_THRESHOLD``), so the next step's first write into each page of it is a
 page fault, the kernel's zeroing included. Measured (2026-12-07, this project's 2-core Intel
-Xeon VM, torch 2.13.0, glibc 2.36, ``muon_compile.Muon`` under ``backend="muon"``, median of 15
-steps): gpt-small 87.48 / 86.57 ms a step and 13,760 / 13,925 minor faults a step with glibc's
-defaults, 71.01 / 68.20 ms and none with the settings below; many-small 17.32 ms (2,432
-faults) against 13.50 ms (none). The roofline's preallocated products fault never.
-
-Eagerly too (``muon_compile.Muon`` on the CPU, 2026-12-07, the same machine,
-``scripts/bench_cpu_heap.py --arms eager-ours --procs 2``): gpt-small 128.66 ms a step with
-glibc's defaults (31,411 faults) against 101.39 kept, many-small 25.95 against 24.38.
+Xeon VM, torch 2.13.0, glibc 2.36, ``scripts/bench_cpu_heap.py``, docs/benchmarks.md):
+``muon_compile.Muon`` under ``backend="muon"`` on gpt-small 86.75 ms a step with glibc's
+settings (13,760 minor faults a step) against 70.31 ms with the settings below (none), on
+many-small 15.78 ms (2,240) against 13.37; eagerly, gpt-small 128.66 ms (31,411) against
+101.39, many-small 25.95 against 24.38.
 
 When the backend compiles a graph that runs on the CPU, and at the Newton–Schulz op's first
 eager call on the CPU, :func:`keep` sets, once per process,

@@ -32,7 +32,6 @@ SETTINGS = (("kept", None), ("glibc's", "0"))  # (name, MUON_COMPILE_CPU_HEAP_MB
 
 def child(workload: str, arm_key: str, warmup: int, reps: int) -> dict:
     """One arm's step on ``workload`` in this process: median seconds and faults a step."""
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", torch.get_num_threads())))
     device = torch.device("cpu")
     machine = machine_info(device)  # keeps the heap unless MUON_COMPILE_CPU_HEAP_MB=0, as the backend would
     arm = next(a for a in ARMS if a.key == arm_key)
