@@ -10,7 +10,7 @@ import muon_compile
 from muon_compile import config, cpu_heap, explain
 from script_runs import python
 
-pytestmark = pytest.mark.skipif(cpu_heap._glibc() is None, reason="the settings are glibc's")
+needs_glibc = pytest.mark.skipif(cpu_heap._glibc() is None, reason="the settings are glibc's")
 
 # Six 20 MiB buffers alive at once, written and freed, as a step's intermediates are. glibc's
 # own dynamic thresholds make the faults of such rounds erratic (from none to every page, run to
@@ -40,6 +40,7 @@ _ROUNDS = textwrap.dedent(
 )
 
 
+@needs_glibc
 @pytest.mark.slow
 def test_a_kept_heap_reuses_freed_buffers_without_page_faults():
     before, after, kept = python("-c", _ROUNDS, timeout=120).stdout.split()
@@ -53,21 +54,26 @@ def test_a_heap_left_as_it_is_is_not_touched(monkeypatch):
     assert cpu_heap.keep(0) == cpu_heap.kept_mib()
 
 
-def _compile_on(example: torch.Tensor, monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The ``keep`` calls compiling one graph on ``example``'s device makes (recorded, the
-    process's heap untouched)."""
+@pytest.fixture
+def keeps(monkeypatch) -> list[int]:
+    """The ``cpu_heap.keep`` calls made in the test, recorded (the process's heap untouched)."""
     calls: list[int] = []
     monkeypatch.setattr(cpu_heap, "keep", lambda mib: calls.append(mib) or mib)
-    torch._dynamo.reset()
-    torch.compile(lambda x: x * 2 + 1, backend="muon")(example)
     return calls
 
 
-def test_a_graph_compiled_for_the_cpu_keeps_the_heap_and_says_so(monkeypatch):
-    assert _compile_on(torch.ones(4, 4), monkeypatch) == [256]
+def _compile_on(example: torch.Tensor) -> None:
+    torch._dynamo.reset()
+    torch.compile(lambda x: x * 2 + 1, backend="muon")(example)
+
+
+def test_a_graph_compiled_for_the_cpu_keeps_the_heap_and_says_so(keeps):
+    _compile_on(torch.ones(4, 4))
+    assert keeps == [256]
     assert "CPU heap: up to 256 MiB of freed memory kept" in str(explain.reports()[-1])
     with config.override(cpu_heap_mb=0):
-        assert _compile_on(torch.ones(4, 4), monkeypatch) == [0]
+        _compile_on(torch.ones(4, 4))
+    assert keeps == [256, 0]
     assert "CPU heap" not in str(explain.reports()[-1])
 
 
@@ -84,6 +90,7 @@ def test_the_setting_is_checked():
     assert muon_compile.config.Config().cpu_heap_mb == 256
 
 
+@needs_glibc
 @pytest.mark.slow
 def test_the_heap_benchmark_runs_both_settings_in_processes_of_their_own():
     from script_runs import SCRIPTS
@@ -95,11 +102,9 @@ def test_the_heap_benchmark_runs_both_settings_in_processes_of_their_own():
     assert [row[2] for row in rows] == ["kept", "glibc's"], out
 
 
-def test_the_ops_first_eager_cpu_call_keeps_the_heap(monkeypatch):
-    calls: list[int] = []
-    monkeypatch.setattr(cpu_heap, "keep", lambda mib: calls.append(mib) or mib)
+def test_the_ops_first_eager_cpu_call_keeps_the_heap(keeps):
     X = torch.randn(8, 16, generator=torch.Generator().manual_seed(0))
     muon_compile.newton_schulz(X)
     with config.override(cpu_heap_mb=64):
         muon_compile.newton_schulz(X)
-    assert calls == [256, 64]
+    assert keeps == [256, 64]
