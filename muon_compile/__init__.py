@@ -5,15 +5,16 @@ per-parameter Muon step into a bucketed, fully Inductor-compiled one.
     muon_compile.compile_step(opt)   # opt.step() is now the compiled step, for every caller
 """
 
-from . import config, tracing
-from .coefficients import PRESETS
-from .compile_step import compile_step, uncompile_step
-from .counters import counters
-from .ns_op import newton_schulz
-from .optimizers import Muon, MuonAdamW
-from .param_groups import muon_param_groups
-from .qk_clip import QKClip, QKClipLayer
-from .rank_agreement import RankDivergenceError
+from . import config
+from .compile import tracing
+from .compile.compile_step import compile_step, uncompile_step
+from .diagnostics.counters import counters
+from .distributed.rank_agreement import RankDivergenceError
+from .ns.coefficients import PRESETS
+from .ns.op import newton_schulz
+from .optim.optimizers import Muon, MuonAdamW
+from .optim.param_groups import muon_param_groups
+from .optim.qk_clip import QKClip, QKClipLayer
 
 __all__ = [
     "PRESETS",

@@ -21,13 +21,13 @@ MUON_COMPILE_PREFETCH      1            distributed buckets whose collective is 
                                         ahead of the current bucket's compute
 MUON_COMPILE_NS_ALGORITHM  auto         how Newton–Schulz calls left to ``auto`` are
                                         evaluated: auto (cheaper per shape, see
-                                        :mod:`muon_compile.ns_cost`) | textbook | gram
+                                        :mod:`muon_compile.ns.cost`) | textbook | gram
 MUON_COMPILE_SYM_PRODUCTS  auto         symmetric products (X Xᵀ, squares) by the Triton
-                                        kernel of :mod:`muon_compile.sym_kernel`: auto
+                                        kernel of :mod:`muon_compile.kernels.sym`: auto
                                         (where measured faster) | on | off
 MUON_COMPILE_NS_EPILOGUE   auto         the textbook iteration's scalars in the products'
                                         epilogues (``baddbmm``) or in one pointwise
-                                        kernel (:func:`muon_compile.ns_cost.choose_epilogue`):
+                                        kernel (:func:`muon_compile.ns.cost.choose_epilogue`):
                                         auto (the form measured faster) | on | off
 MUON_COMPILE_PAD_WASTE     0            largest fraction of a padded bucket's NS FLOPs
                                         that may be zero padding (0 disables merging)
@@ -38,15 +38,15 @@ MUON_COMPILE_DUMP_DIR      (unset)      directory for each pass's before/after g
 MUON_COMPILE_TRACE_HELPERS 1            0 leaves Dynamo's handling of setting reads and
                                         logging calls as it is (:mod:`tracing`)
 MUON_COMPILE_EXPLAIN       0            1 prints what the backend did with each graph
-                                        (:mod:`muon_compile.explain`)
+                                        (:mod:`muon_compile.diagnostics.explain`)
 MUON_COMPILE_CPU_HEAP_MB   256          freed memory, MiB, this process's glibc heap keeps
                                         for the next step once a CPU graph is compiled or
                                         the op runs eagerly on the CPU
-                                        (:mod:`muon_compile.cpu_heap`); 0 leaves glibc's
+                                        (:mod:`muon_compile.compile.cpu_heap`); 0 leaves glibc's
                                         settings as they are
 MUON_COMPILE_AGREE_TIMEOUT 600          seconds a rank waits for the other ranks of a
                                         process group to reach the same compilation
-                                        (:mod:`muon_compile.rank_agreement`); 0 turns
+                                        (:mod:`muon_compile.distributed.rank_agreement`); 0 turns
                                         the rank-agreement check off
 =========================  ===========  ==============================================
 """
@@ -59,10 +59,16 @@ import enum
 import os
 from collections.abc import Iterator, Mapping
 
-from .ns_args import AUTO, check_algorithm
+from .ns.args import AUTO, check_algorithm
 
-# The passes a user may switch on or off, in pipeline order.
-PASS_NAMES = ("canonicalize", "distribute", "bucket", "schedule", "lower", "stack_writes", "write_source")
+
+def pass_names() -> tuple[str, ...]:
+    """The passes a user may switch on or off, in pipeline order: the names of
+    :data:`muon_compile.passes.table.PASSES`, imported on first use (reading the configuration
+    imports no pass)."""
+    from .passes.table import names
+
+    return names()
 
 # The fields that change what the passes produce, with the variable that sets each: the
 # cache key (:meth:`Config.cache_key`) and what the ranks must agree on
@@ -106,7 +112,7 @@ class Strategy(enum.Enum):
 
 class TPMode(enum.Enum):
     """How a matrix sharded on a tensor-parallel mesh dimension is orthogonalised (Megatron's
-    ``TensorParallelMuon`` modes; :mod:`muon_compile.routing`). Matrices sharded on no such
+    ``TensorParallelMuon`` modes; :mod:`muon_compile.distributed.routing`). Matrices sharded on no such
     dimension are distributed by owner whatever the mode."""
 
     DISTRIBUTED = "distributed"  # the whole matrix, by owner over every sharded mesh dimension
@@ -132,7 +138,7 @@ class Config:
     ns_algorithm: str = AUTO
     sym_products: str = AUTO
     ns_epilogue: str = AUTO
-    passes: tuple[str, ...] = PASS_NAMES
+    passes: tuple[str, ...] | None = None  # None: every pass
     dump_dir: str | None = None
     trace_helpers: bool = True
     explain: bool = False
@@ -158,27 +164,31 @@ class Config:
             raise ValueError(f"MUON_COMPILE_CPU_HEAP_MB must be >= 0, got {self.cpu_heap_mb!r}")
         if not self.agree_timeout >= 0:
             raise ValueError(f"MUON_COMPILE_AGREE_TIMEOUT must be >= 0 seconds, got {self.agree_timeout!r}")
-        unknown = [p for p in self.passes if p not in PASS_NAMES]
-        if unknown:
-            raise ValueError(f"unknown pass name(s) {unknown}; known passes: {PASS_NAMES}")
+        if self.passes is not None and (unknown := [p for p in self.passes if p not in pass_names()]):
+            raise ValueError(f"unknown pass name(s) {unknown}; known passes: {pass_names()}")
         if self.dump_dir is not None:
             _make_dump_dir(self.dump_dir)
 
     def enabled(self, pass_name: str) -> bool:
         """Whether the pass called ``pass_name`` runs."""
-        if pass_name not in PASS_NAMES:
-            raise ValueError(f"unknown pass name {pass_name!r}; known passes: {PASS_NAMES}")
-        return pass_name in self.passes
+        if pass_name not in pass_names():
+            raise ValueError(f"unknown pass name {pass_name!r}; known passes: {pass_names()}")
+        return self.passes is None or pass_name in self.passes
 
     def cache_key(self) -> tuple:
         """The fields that change what the passes produce (:data:`PLAN_FIELDS`; the dump
         directory, the tracing helpers, the explanation and the agreement timeout do not)."""
-        return tuple(getattr(self, field) for field, _ in PLAN_FIELDS)
+        return tuple(self._plan_value(field) for field, _ in PLAN_FIELDS)
 
     def plan_settings(self) -> list[tuple[str, str]]:
         """``(variable, value)`` of each field of :data:`PLAN_FIELDS`, the value spelled as
         in the environment (``("MUON_COMPILE_BUCKET_MB", "64")``)."""
-        return [(name, _spelling(getattr(self, field))) for field, name in PLAN_FIELDS]
+        return [(name, _spelling(self._plan_value(field))) for field, name in PLAN_FIELDS]
+
+    def _plan_value(self, field: str) -> object:
+        if field == "passes" and self.passes is None:
+            return pass_names()
+        return getattr(self, field)
 
 
 def _make_dump_dir(path: str) -> None:
@@ -214,14 +224,15 @@ def parse_passes(spec: str) -> tuple[str, ...]:
         raise ValueError(
             f"MUON_COMPILE_PASSES={spec!r} mixes kept and removed ('-') names; use one form"
         )
-    unknown = sorted((removed | set(kept)) - set(PASS_NAMES))
+    known = pass_names()
+    unknown = sorted((removed | set(kept)) - set(known))
     if unknown:
         raise ValueError(
-            f"MUON_COMPILE_PASSES={spec!r} names unknown pass(es) {unknown}; known: {PASS_NAMES}"
+            f"MUON_COMPILE_PASSES={spec!r} names unknown pass(es) {unknown}; known: {known}"
         )
     if kept:
-        return tuple(p for p in PASS_NAMES if p in kept)
-    return tuple(p for p in PASS_NAMES if p not in removed)
+        return tuple(p for p in known if p in kept)
+    return tuple(p for p in known if p not in removed)
 
 
 def _names(spec: str) -> tuple[str, ...]:
@@ -263,7 +274,7 @@ def from_env(env: Mapping[str, str] | None = None) -> Config:
         ns_algorithm=env.get("MUON_COMPILE_NS_ALGORITHM", "").strip() or Config.ns_algorithm,
         sym_products=env.get("MUON_COMPILE_SYM_PRODUCTS", "").strip() or Config.sym_products,
         ns_epilogue=env.get("MUON_COMPILE_NS_EPILOGUE", "").strip() or Config.ns_epilogue,
-        passes=parse_passes(env.get("MUON_COMPILE_PASSES", "")),
+        passes=parse_passes(spec) if (spec := env.get("MUON_COMPILE_PASSES", "")) else None,
         dump_dir=env.get("MUON_COMPILE_DUMP_DIR") or None,
         trace_helpers=_flag(env, "MUON_COMPILE_TRACE_HELPERS", Config.trace_helpers),
         explain=_flag(env, "MUON_COMPILE_EXPLAIN", Config.explain),

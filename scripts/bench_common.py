@@ -15,7 +15,7 @@ steps after ``warmup`` untimed ones and a synchronize, so no timed step overlaps
 Measuring an arm (:func:`measure`): build its step; for a compiled arm, inside one fresh
 Inductor cache directory, compile it cold (after ``torch._dynamo.reset()``) and warm (reset
 again: the FX graph cache hits), timing each first call, and count the launches of the cold
-compile's generated code (:func:`muon_compile.launches.count_launches`: products, generated
+compile's generated code (:func:`muon_compile.diagnostics.launches.count_launches`: products, generated
 kernels, other op calls); then time the steps on the warm compile, and count the matmul
 kernel calls of one more step profiled with ``torch.profiler`` (host-side events named in
 :data:`MATMUL_OPERANDS`; not ``aten::matmul``, which dispatches to those), the time of its
@@ -57,8 +57,8 @@ import torch
 from torch._inductor.utils import fresh_cache, run_and_get_code
 
 import muon_compile.config
-from muon_compile import cpu_heap
-from muon_compile.launches import Launches, count_launches
+from muon_compile.compile import cpu_heap
+from muon_compile.diagnostics.launches import Launches, count_launches
 
 Step = Callable[[], object]
 
@@ -104,7 +104,7 @@ def machine_info(device: torch.device) -> dict:
     """The host, torch and the device the steps run on; on CUDA also the GPU and the CUDA version.
 
     On the CPU it first makes the process's heap keep freed memory as the ``muon`` backend's
-    first CPU compile would (:mod:`muon_compile.cpu_heap`; the process's, so every arm of the
+    first CPU compile would (:mod:`muon_compile.compile.cpu_heap`; the process's, so every arm of the
     run steps with it, eager and Inductor arms included, and none is timed before and another
     after): ``cpu_heap_mib`` is what it keeps, 0 with ``MUON_COMPILE_CPU_HEAP_MB=0`` (glibc's
     settings for every arm)."""
@@ -509,7 +509,7 @@ def kernel_bench_parser(doc: str) -> argparse.ArgumentParser:
 
 
 def python_table(points_by_dtype: dict[str, list[tuple[int, float]]]) -> str:
-    """``{torch.<dtype>: ((m, value), ...), ...}`` as Python for a ``muon_compile/matmul_rates.py``
+    """``{torch.<dtype>: ((m, value), ...), ...}`` as Python for a ``muon_compile/ns/matmul_rates.py``
     table, from ``(m, value)`` points by dtype name (``"torch.bfloat16"``); dtypes without points left out."""
     parts = [f"{name}: ({', '.join(f'({m}, {v:.3f})' for m, v in points)},)" for name, points in points_by_dtype.items() if points]
     return "{" + ", ".join(parts) + "}"

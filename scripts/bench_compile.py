@@ -7,7 +7,7 @@ gradients, the optimizer, ``torch.compile(opt.step, backend=...)``, and reports:
 
 * ``first call``: wall seconds of the first compiled step (compile and run);
 * the phases inside the cold first call, from ``torch._dynamo.utils.compilation_time_metrics`` (the
-  ``dynamo_timed`` regions of torch) and ``muon_compile.counters.pass_seconds``:
+  ``dynamo_timed`` regions of torch) and ``muon_compile.diagnostics.counters.pass_seconds``:
 
     dynamo        tracing the step's bytecode, guards (``_compile.compile_inner`` less the backend)
     canonicalize  muon_compile's torch-level pass (``backend="muon"`` only)
@@ -98,7 +98,7 @@ def _phases(metrics: dict[str, list[float]], ours: dict[str, float], first_call:
 def child(arm: str, n: int, reps: int) -> dict:
     """One process's measurement of ``arm`` with ``n`` matrices."""
     import muon_compile  # noqa: F401  (registers the backend's tracing helpers, as a user's import would)
-    from muon_compile.counters import pass_seconds
+    from muon_compile.diagnostics.counters import pass_seconds
 
     opt_name, backend = ARMS[arm]
     gen = torch.Generator().manual_seed(0)

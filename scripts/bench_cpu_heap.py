@@ -1,4 +1,4 @@
-"""The CPU heap the ``muon`` backend keeps (:mod:`muon_compile.cpu_heap`) against glibc's own
+"""The CPU heap the ``muon`` backend keeps (:mod:`muon_compile.compile.cpu_heap`) against glibc's own
 settings: one step of ``scripts/bench_single_device.py``'s workloads and arms, timed
 with each.
 

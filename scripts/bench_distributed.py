@@ -64,7 +64,7 @@ from torch._inductor.utils import fresh_cache
 
 import muon_compile
 from muon_compile import config
-from muon_compile.ns_cost import ns_flops
+from muon_compile.ns.cost import ns_flops
 
 from bench_common import (
     MATMUL_OPERANDS, Clock, Step, cell, error_summary, machine_info, non_negative_int, positive_int, time_steps,
@@ -244,7 +244,8 @@ def dtensor_routing(key: str):
         return
     from unittest import mock
 
-    from muon_compile import ns_op, routing
+    from muon_compile.ns import op as ns_op
+    from muon_compile.distributed import routing
 
     fallback = routing.Layout(routing.Kind.DTENSOR, reason="the tp-dtensor arm")
     with mock.patch.object(ns_op, "layout_of", lambda x, tp_mode=None: fallback if isinstance(x, DTensor) else routing.Layout(routing.Kind.LOCAL)):

@@ -1,6 +1,6 @@
 """The textbook Newton–Schulz iteration in its two forms on one device (issue 75): the
 polynomial's scalars in the products' epilogues (``baddbmm``) against one pointwise kernel
-between plain products (muon_compile/ns_kernel.py, ``orthogonalize``), median times.
+between plain products (muon_compile/ns/evaluate.py, ``orthogonalize``), median times.
 
     python scripts/bench_epilogue.py [--device cpu] [--sizes 128,...] [--dtypes bf16,fp32] [--batch N] [--reps 20] [--json FILE]
 
@@ -11,7 +11,7 @@ Inductor (as the ``lower`` pass traces it), the two timed in alternation. Column
 times, their ratio, and the largest difference between the two results in units of the
 result's largest entry. Last, the table ``ns_cost.choose_epilogue`` reads
 (``MatmulRates.epilogue``), per dtype ``(m, polynomial time / epilogue time)``, ready to paste
-into ``muon_compile/matmul_rates.py``.
+into ``muon_compile/ns/matmul_rates.py``.
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ from bench_common import (  # noqa: E402
     clock_for, kernel_bench_parser, machine_info, machine_line, markdown_row, markdown_rule, positive_int, python_table,
 )
 
-from muon_compile import coefficients  # noqa: E402
-from muon_compile.ns_cost import EPILOGUE, POLYNOMIAL  # noqa: E402
-from muon_compile.ns_kernel import orthogonalize  # noqa: E402
+from muon_compile.ns import coefficients  # noqa: E402
+from muon_compile.ns.cost import EPILOGUE, POLYNOMIAL  # noqa: E402
+from muon_compile.ns.evaluate import orthogonalize  # noqa: E402
 
 ASPECT = 4  # columns per row of each matrix
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def epilogue_table(rows: list[dict]) -> str:
-    """Per dtype, ``(m, polynomial time / epilogue time)``, as Python for ``muon_compile/matmul_rates.py``."""
+    """Per dtype, ``(m, polynomial time / epilogue time)``, as Python for ``muon_compile/ns/matmul_rates.py``."""
     by_m = sorted(rows, key=lambda r: r["m"])
     names = {"bf16": "torch.bfloat16", "fp32": "torch.float32"}
     return python_table({name: [(r["m"], r["ratio"]) for r in by_m if r["dtype"] == dtype] for dtype, name in names.items()})

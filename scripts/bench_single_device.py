@@ -50,7 +50,7 @@ Arms (``--arms`` takes the keys, or the long names, comma-separated):
     muon-textbook   ... (textbook)               the same with ns_algorithm="textbook"
     muon-gram       ... (gram)                   the same with ns_algorithm="gram"
     muon-sym        ... (auto), symmetric        the muon arm with MUON_COMPILE_SYM_PRODUCTS=on:
-                    products                     X Xᵀ and squares by muon_compile.sym_kernel
+                    products                     X Xᵀ and squares by muon_compile.kernels.sym
     muon-torch      muon torch.optim.Muon        torch.compile(opt.step, backend="muon"):
                                                  unmodified, its loops canonicalised
     muon-offload    muon ..., offload_state      the muon arm with the state in host memory
@@ -88,13 +88,13 @@ the stack and the update, and ``torch._foreach_copy_`` writes the rows back.
 Newton–Schulz iteration the three products (``X X^T``, ``A A``, ``B X``: ``m x n x m``,
 ``m x m x m``, ``m x m x n``) as ``torch.bmm(..., out=...)`` of preallocated bf16 operands
 into preallocated outputs. That is ``4 m^2 n + 2 m^3`` FLOPs per matrix and iteration
-(:func:`muon_compile.ns_cost.ns_flops`), the same matmul work as the optimizers' step,
+(:func:`muon_compile.ns.cost.ns_flops`), the same matmul work as the optimizers' step,
 without their elementwise work, normalisation or casts. ``roofline-gram`` and
-``roofline-auto`` do the same with the products of :func:`muon_compile.ns_cost.products`.
+``roofline-auto`` do the same with the products of :func:`muon_compile.ns.cost.products`.
 
 Each table's header also gives the NS FLOPs of one step by algorithm
-(:func:`muon_compile.ns_cost.ns_flops`): all textbook, all Gram, and ``auto``, what the cost
-model picks per shape on the device (:func:`muon_compile.ns_cost.choose`).
+(:func:`muon_compile.ns.cost.ns_flops`): all textbook, all Gram, and ``auto``, what the cost
+model picks per shape on the device (:func:`muon_compile.ns.cost.choose`).
 
 Compile time (compiled arms only), all inside one ``torch._inductor.utils.fresh_cache()``
 (an empty Inductor cache directory) per arm:
@@ -126,7 +126,7 @@ profile ends) and counting the events named ``aten::mm``, ``aten::bmm``, ``aten:
 and ``aten::baddbmm`` (not ``aten::matmul``, which dispatches to those).
 
 Launches per step (compiled arms): the calls of the cold compile's generated code
-(:func:`muon_compile.launches.count_launches`), printed ``products+kernels+ops``: matrix
+(:func:`muon_compile.diagnostics.launches.count_launches`), printed ``products+kernels+ops``: matrix
 products (extern BLAS calls, Triton matmul templates), the other kernels Inductor generated
 (C++ or Triton), and calls into other ops (the stack ops, collectives, aten fallbacks).
 GPU kernels per step (every arm, on ``cuda``): the CUDA events (kernels, copies, fills) the
@@ -169,8 +169,8 @@ from torch._inductor.runtime.cache_dir_utils import cache_dir
 from torch._inductor.utils import fresh_cache
 
 import muon_compile
-from muon_compile.launches import Launches
-from muon_compile.ns_cost import choose, ns_flops, products
+from muon_compile.diagnostics.launches import Launches
+from muon_compile.ns.cost import choose, ns_flops, products
 
 from bench_common import (
     KERNEL_KINDS,
@@ -418,7 +418,7 @@ def canonical_counts(shapes: Iterable[Shape]) -> Counter[Shape]:
 
 
 def products_roofline(workload: Workload, device: torch.device, algorithm: str) -> Step:
-    """Bare batched matmuls of ``algorithm``'s products (:func:`muon_compile.ns_cost.products`:
+    """Bare batched matmuls of ``algorithm``'s products (:func:`muon_compile.ns.cost.products`:
     shapes, counts and the dtype it iterates in) for every canonical shape of ``workload``,
     each shape's matrices in one batch, into preallocated outputs (see the module doc);
     ``auto``: each shape's products under the algorithm the cost model picks for it on ``device``."""

@@ -1,5 +1,5 @@
 """Symmetric products against ``bmm`` on one device (issue 62): for each size ``m``, the op
-``muon_compile::sym_bmm`` (muon_compile/sym_kernel.py: only the tiles on and above the
+``muon_compile::sym_bmm`` (muon_compile/kernels/sym.py: only the tiles on and above the
 diagonal) and ``torch.bmm`` on the same operands, one after the other, median times.
 
     python scripts/bench_sym.py [--device cuda] [--sizes 256,...] [--dtypes bf16,fp16] [--batch N] [--reps 20] [--json FILE]
@@ -13,7 +13,7 @@ about half of them, so its rate there is an effective one, comparable with ``bmm
 the largest difference between the two results in units of the result's largest entry.
 Last, the table ``ns_cost.choose_products`` reads (``MatmulRates.symmetric``), per dtype
 ``(m, bmm time / sym time)`` of one ``gram`` and one ``square`` product together, ready to
-paste into ``muon_compile/matmul_rates.py``. Off CUDA the op is ``bmm`` itself (the output
+paste into ``muon_compile/ns/matmul_rates.py``. Off CUDA the op is ``bmm`` itself (the output
 says so): ``--device cpu`` checks the script, not the kernel.
 """
 
@@ -32,7 +32,7 @@ from bench_common import (  # noqa: E402
     time_steps,
 )
 
-from muon_compile import sym_kernel  # noqa: E402
+from muon_compile.kernels import sym as sym_kernel  # noqa: E402
 
 ASPECT = 4  # the inner dimension of the gram product, in multiples of m
 
@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def speedup_table(rows: list[dict]) -> str:
     """Per dtype, ``(m, bmm time / sym time)`` of a gram and a square product together, as
-    Python for ``muon_compile/matmul_rates.py`` (sizes where both were measured)."""
+    Python for ``muon_compile/ns/matmul_rates.py`` (sizes where both were measured)."""
     points = {}
     for dtype, name in (("bf16", "torch.bfloat16"), ("fp16", "torch.float16")):
         by_m: dict[int, dict[str, dict]] = {}

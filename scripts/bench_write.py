@@ -1,5 +1,5 @@
 """The stacks' write on one device (issue 59): ``muon_compile::unstack_scale_add_`` (one
-Triton launch where Triton runs, muon_compile/scale_add_kernel.py) against the write it
+Triton launch where Triton runs, muon_compile/kernels/scale_add.py) against the write it
 replaced, on the stacks of llama-1b and of Llama 3 8B layers, one after the other, medians.
 
     python scripts/bench_write.py [--device cuda] [--stacks 64x2048x2048,...] [--reps 20] [--json FILE]
@@ -32,7 +32,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_common import clock_for, kernel_bench_parser, machine_info, machine_line, markdown_row, markdown_rule, time_steps  # noqa: E402
 
-from muon_compile import scale_add_kernel, stacks  # noqa: E402
+from muon_compile.kernels import scale_add as scale_add_kernel
+from muon_compile.optim import stacks  # noqa: E402
 
 # llama-1b: q/o (and the KV heads' rows), gate/up (tall), down; 8B: gate/up (tall), down
 STACKS = "64x2048x2048,32x8192x2048,16x2048x8192,8x14336x4096,4x4096x14336"

@@ -14,16 +14,16 @@ distribution of ``err(compiled, exact) / err(eager, exact)`` and the largest
 ``err(compiled, exact) / max(5e-2, REWRITE_MARGIN * err(eager, exact))`` (the test bound, with REWRITE_MARGIN from tests/numerics.py; must stay < 1).
 The tolerances in tests/numerics.py quote these figures.
 
-``--algorithms`` measures the Newton–Schulz evaluations of muon_compile.ns_kernel
+``--algorithms`` measures the Newton–Schulz evaluations of muon_compile.ns.evaluate
 instead: for each preset (keller, polar_express, quintic, aol), compute dtype (bf16,
 fp32), Newton–Schulz steps (5, 10), shape (wide, square, wider) and input class
 (random; condition numbers 1e2, 1e4, 1e6 with log-spaced singular values; rank 4; near
 zero, entries ~1e-30), ``--samples`` inputs each, the error of ``muon_compile.newton_schulz(x, algorithm=a)`` against the fp64
 textbook iteration of the same coefficients. It prints, per row, the largest
 ``err(gram) / err(textbook)`` over the samples (the bound of issue 14: must stay <= 1
-wherever ``auto`` may pick Gram; muon_compile.ns_cost.GRAM_DTYPES quotes the result).
+wherever ``auto`` may pick Gram; muon_compile.ns.cost.GRAM_DTYPES quotes the result).
 
-``--products`` measures the symmetric products (muon_compile.sym_kernel) instead: for the
+``--products`` measures the symmetric products (muon_compile.kernels.sym) instead: for the
 same presets, steps, shapes and inputs in bf16, the largest ``err(sym) / err(bmm)`` over the
 samples for each algorithm (textbook, and Gram in fp16), each against the fp64 textbook
 iteration. On a CPU it needs Triton's interpreter (``TRITON_INTERPRET=1``), through which
@@ -141,9 +141,9 @@ def _ratio(ours: float, theirs: float) -> float:
 
 def products_ratios(preset: str, steps: int, shape: tuple[int, int], kind: str, samples: int) -> dict[str, float]:
     """Per algorithm, the largest ``err(sym) / err(bmm)`` of bf16 evaluations over ``samples`` inputs."""
-    from muon_compile.coefficients import ns_args
-    from muon_compile.ns_cost import BMM, SYMMETRIC
-    from muon_compile.ns_kernel import orthogonalize
+    from muon_compile.ns.coefficients import ns_args
+    from muon_compile.ns.cost import BMM, SYMMETRIC
+    from muon_compile.ns.evaluate import orthogonalize
 
     worst = {"textbook": 0.0, "gram": 0.0}
     for seed in range(samples):
@@ -166,7 +166,7 @@ def main() -> None:
     parser.add_argument("--products", action="store_true", help="measure symmetric products against bmm")
     args = parser.parse_args()
     if args.products:
-        from muon_compile import sym_kernel
+        from muon_compile.kernels import sym as sym_kernel
 
         if not sym_kernel.triton_usable(torch.device("cpu")):
             parser.error("--products on the CPU runs the kernel through Triton's interpreter: set TRITON_INTERPRET=1")

@@ -131,7 +131,7 @@ def run_fake(fn, world: int, ranks, *args, timeout: float = 600) -> list:
 # Not the test modules: tests/helpers.py asks torch.cuda.is_available() on import, which
 # must not run in a process that forks (a forked rank could not initialise CUDA).
 _PRELOAD = [
-    "torch", "torch.distributed", "torch._dynamo", "muon_compile", "muon_compile.backend",
+    "torch", "torch.distributed", "torch._dynamo", "muon_compile", "muon_compile.compile.backend",
     "torch._inductor.compile_fx", "torch._inductor.graph", "torch._inductor.lowering", "torch._inductor.scheduler",
     "torch._inductor.codegen.cpp", "torch._inductor.fx_passes.joint_graph", "torch._inductor.fx_passes.post_grad",
     "torch.distributed.fsdp", "torch.distributed.tensor.parallel",

@@ -15,7 +15,8 @@ import torch.distributed as dist
 from torch import nn
 
 import muon_compile
-from muon_compile import config, explain
+from muon_compile import config
+from muon_compile.diagnostics import explain
 
 from helpers import dumped_graphs, graph_caches_off
 
@@ -175,7 +176,7 @@ def fsdp_muon(rank, world, shapes, steps, strategy, opt_kw, mesh_shape=None, opt
     :func:`make_optimizer`; ``config_changes``: settings beside ``strategy``) with fixed
     global gradients, and return the full weights, this rank's post-pass graph's
     collectives, the collectives launched per step, the pass counters and the plans
-    (buckets, distribution) of the graphs compiled (``muon_compile.explain``)."""
+    (buckets, distribution) of the graphs compiled (``muon_compile.diagnostics.explain``)."""
     from torch._dynamo.utils import counters as dynamo_counters
 
     params = sharded_stack(shapes, device_mesh(world, mesh_shape))
@@ -227,7 +228,7 @@ def _compiled_graphs(opt, mesh, config_changes=None, options=None):
     and ``"code"``."""
     from torch._inductor.utils import run_and_get_code
 
-    from muon_compile.backend import muon_backend
+    from muon_compile.compile.backend import muon_backend
 
     def graphs_only(gm, example_inputs):
         muon_backend(gm, example_inputs, options=options)
@@ -696,7 +697,7 @@ def automatic_dynamic_run(rank, world, shapes, steps, opt_kw):
 
     from torch.fx.experimental.symbolic_shapes import free_symbols
 
-    from muon_compile.backend import muon_backend
+    from muon_compile.compile.backend import muon_backend
 
     mesh = device_mesh(world)
     other = [(rows + 1, cols + 1) for rows, cols in shapes]
@@ -788,7 +789,7 @@ def blockwise_reference(steps, tp, **opt_kw):
     of equal shapes cut alike). The update's scale stays the whole matrix's."""
     from unittest import mock
 
-    import muon_compile.updates as updates
+    import muon_compile.optim.updates as updates
 
     rows_cut, cols_cut = set(TPBlock.COLWISE.values()), set(TPBlock.ROWWISE.values())
     assert not rows_cut & cols_cut, "a shape must say which way it is cut"

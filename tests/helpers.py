@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 import muon_compile
-from muon_compile import stacks
+from muon_compile.optim import stacks
 
 from numerics import BF16_PARAM_RTOL, assert_rel_close
 
@@ -101,7 +101,7 @@ def muon(**kw):
 
 
 def stacks_as_on_cuda(monkeypatch):
-    """Compile muon_compile.Muon's stacks on this CPU as on CUDA (:mod:`muon_compile.stacks`):
+    """Compile muon_compile.Muon's stacks on this CPU as on CUDA (:mod:`muon_compile.optim.stacks`):
     each steps as one, and its write is the stacked write op, one pass there (here its CPU
     fallback, which computes the same)."""
     monkeypatch.setattr(stacks, "steps_as_one", lambda device, members: True)

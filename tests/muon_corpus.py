@@ -23,7 +23,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from muon_compile.coefficients import PRESETS
+from muon_compile.ns.coefficients import PRESETS
 from ns_forms import KELLER, POLAR, exact_torch_muon
 from numerics import exact_step
 
@@ -43,7 +43,7 @@ class Entry:
     make: Callable[[list[torch.Tensor], torch.dtype], Step]
     dtype: torch.dtype  # the implementation's Newton–Schulz compute dtype
     stacks: bool = False  # one loop per stack of same-shape matrices (else one per matrix)
-    logs_in_loop: bool = False  # a logging call in the step or loop (one graph only with muon_compile.tracing)
+    logs_in_loop: bool = False  # a logging call in the step or loop (one graph only with muon_compile.compile.tracing)
     today: str | None = None  # not yet recognised: what the backend meets (a rejection or a graph break)
     loops_of: Callable[[list], int] | None = None  # the step's own loop count, where stacks does not say it
 

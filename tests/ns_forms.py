@@ -4,7 +4,7 @@ their orthogonalised versions, like an optimizer step's inner loop."""
 
 import torch
 
-from muon_compile.coefficients import PRESETS
+from muon_compile.ns.coefficients import PRESETS
 
 KELLER = (3.4445, -4.7750, 2.0315)
 POLAR = PRESETS["polar_express"].coefficients  # per-iteration, safety-damped

@@ -53,7 +53,7 @@ rounds twice (``mul_`` for weight decay, then ``add_``) where the compiled step 
 both and rounds once. So each parameter may differ by one ulp: ``rtol = 2**-7`` (bf16
 keeps 8 significant bits), plus an ``atol`` of the update's own NS tolerance.
 
-Symmetric products (``muon_compile.sym_kernel``, through Triton's interpreter here) round
+Symmetric products (``muon_compile.kernels.sym``, through Triton's interpreter here) round
 where ``bmm`` rounds and sum in another order, so a Newton–Schulz evaluation with them must
 be as accurate as with ``bmm``: ``err(sym, exact) <= 1.25 * err(bmm, exact)``
 (``SAME_ROUNDING_MARGIN``). Measured on the cases of tests/sym_kernel_cases.py (bf16, 3

@@ -1,4 +1,4 @@
-"""The stacked write's kernel (muon_compile/scale_add_kernel.py), run by
+"""The stacked write's kernel (muon_compile/kernels/scale_add.py), run by
 ``tests/test_scale_add_kernel.py`` in a process of its own under Triton's interpreter
 (``TRITON_INTERPRET=1`` must be set before Triton is imported).
 
@@ -61,7 +61,7 @@ def check(got, before, scale, src, alpha, cautious=False, src_scale=1.0):
 
 
 def kernel_cases():
-    from muon_compile import scale_add_kernel
+    from muon_compile.kernels import scale_add as scale_add_kernel
 
     count = 0
     for i, case in enumerate(CASES):
@@ -112,7 +112,8 @@ def step_case():
     from helpers import compare_steps, muon
     from numerics import NS_RTOL
 
-    from muon_compile import scale_add_kernel, stacks
+    from muon_compile.kernels import scale_add as scale_add_kernel
+    from muon_compile.optim import stacks
 
     stacks.steps_as_one = lambda device, members: True  # the stacks step as on CUDA, which the interpreter stands in for
     launched = []
@@ -128,7 +129,7 @@ def step_case():
     launched.clear()
     compare_steps(lambda ps: torch.optim.Muon(ps, lr=torch.tensor(0.02)), [(24, 40)] * 2 + [(40, 24)] * 2,
                   rtol=NS_RTOL["cpu"][torch.bfloat16], steps=1)
-    from muon_compile.compat import DYNAMO_ROUNDS_ALPHA_PRODUCTS  # torch 2.11: left per parameter
+    from muon_compile.compile.compat import DYNAMO_ROUNDS_ALPHA_PRODUCTS  # torch 2.11: left per parameter
 
     assert launched == ([] if DYNAMO_ROUNDS_ALPHA_PRODUCTS else [(torch.bfloat16, True)] * 2), launched
     print("ok: compiled steps")

@@ -54,10 +54,11 @@ def newton_schulz_cases():
     (its generated code calls bmm on the CPU) and equals eager (``NS_RTOL``)."""
     from numerics import NS_RTOL, SAME_ROUNDING_MARGIN, rel_err
 
-    from muon_compile import Muon, config, sym_kernel
-    from muon_compile.coefficients import ns_args
-    from muon_compile.ns_cost import BMM, SYMMETRIC
-    from muon_compile.ns_kernel import orthogonalize
+    from muon_compile import Muon, config
+    from muon_compile.kernels import sym as sym_kernel
+    from muon_compile.ns.coefficients import ns_args
+    from muon_compile.ns.cost import BMM, SYMMETRIC
+    from muon_compile.ns.evaluate import orthogonalize
 
     launched = []
     launch = sym_kernel.launch
@@ -69,7 +70,7 @@ def newton_schulz_cases():
     g = torch.Generator().manual_seed(0)
     checked = 0
     # Polar Express at 128 x 384: where Gram squaring R = Z (Z R) by the kernel (symmetric to
-    # its rounding only) doubled the error (see ns_kernel.gram_iteration)
+    # its rounding only) doubled the error (see ns.evaluate.gram_iteration)
     cases = [("keller", (3, 64, 256)), ("keller", (2, 96, 96)), ("keller", (1, 130, 40)), ("polar_express", (1, 128, 384))]
     for preset, shape in cases:
         x = torch.randn(shape, generator=g)
@@ -97,7 +98,7 @@ def newton_schulz_cases():
 
 
 def main(which):
-    from muon_compile import sym_kernel
+    from muon_compile.kernels import sym as sym_kernel
 
     if which == "ns":
         return newton_schulz_cases()

@@ -226,7 +226,7 @@ def test_plain_function_post_grad_pass_runs_and_bypasses_the_cache(device):
     assert len(seen) == 1
     assert dynamo_counters["inductor"]["fxgraph_cache_bypass"] >= 1  # as Inductor does for a plain function
     with pytest.raises(ValueError, match="post_grad_custom_post_pass must be a callable"):
-        from muon_compile.backend import muon_backend
+        from muon_compile.compile.backend import muon_backend
 
         muon_backend(torch.fx.symbolic_trace(lambda x: x + 1), [torch.randn(2)], options={"post_grad_custom_post_pass": 3})
 
@@ -307,9 +307,9 @@ def test_dynamic_true_is_rejected_naming_the_fix():
 
 def test_a_step_with_float64_hyperparameters_is_traced_once(monkeypatch):
     """Dynamo restarts the analysis of a frame whose 0-D float64 inputs have an unused
-    ``.item()`` symbol (muon_compile.tensorify); the backend marks those first, so the
+    ``.item()`` symbol (muon_compile.compile.tensorify); the backend marks those first, so the
     step of an optimizer with float64 hyper-parameters is traced and compiled once."""
-    import muon_compile.backend as backend
+    import muon_compile.compile.backend as backend
 
     compiles = []
     real = backend.compile_fx
@@ -324,7 +324,7 @@ def test_a_step_with_float64_hyperparameters_is_traced_once(monkeypatch):
 
 def test_an_item_the_graph_takes_is_left_to_torch():
     """Only symbols no node uses are marked: a graph that reads ``s.item()`` keeps its own."""
-    from muon_compile import tensorify
+    from muon_compile.compile import tensorify
 
     graphs = []
 
@@ -343,11 +343,11 @@ def test_an_item_the_graph_takes_is_left_to_torch():
 def test_unmodified_torch_muon_with_a_float_lr_under_a_scheduler(weight_decay):
     """torch.optim.Muon as published (a Python-float lr, ``add_(u, alpha=-lr)``) under a
     cosine schedule, 12 steps, each update equal to eager's: from torch 2.13 two graphs (the
-    first value, then the lr as an input: muon_compile.tensorify.alpha_as_product), where
+    first value, then the lr as an input: muon_compile.compile.tensorify.alpha_as_product), where
     they were 8 and then eager; torch 2.11 recompiles at every change (compat), and the
     backend warns at the first. With weight decay, torch 2.13's AOTAutograd cache once kept
     the lr of the recompile: the updates here would then drift from eager's."""
-    from muon_compile.compat import DYNAMO_SPECIALIZES_FLOATS
+    from muon_compile.compile.compat import DYNAMO_SPECIALIZES_FLOATS
 
     shapes = [(8, 12), (12, 8)]
     eager_params, params = make_params(shapes), make_params(shapes)
@@ -369,8 +369,8 @@ def test_a_float_alpha_made_a_product_scales_in_the_sums_dtype(monkeypatch):
     the second compile ``lr`` is an input and ``alpha`` a product (tensorify.alpha_as_product),
     taken in the sum's fp32 as ``alpha`` is: the compiled parameters equal eager's to 2 ulps.
     The product in ``u``'s bf16 (as once) rounded every update to bf16 again: up to 1e-4 off."""
-    from muon_compile import tensorify
-    from muon_compile.compat import DYNAMO_SPECIALIZES_FLOATS
+    from muon_compile.compile import tensorify
+    from muon_compile.compile.compat import DYNAMO_SPECIALIZES_FLOATS
 
     rewritten = []
     original = tensorify.alpha_as_product
@@ -398,7 +398,7 @@ def test_inductors_first_fallback_to_an_op_formats_its_arguments_only_when_read(
     iteration). 2.13 and later make it lazily themselves."""
     from torch._inductor.exc import OperatorIssue
 
-    from muon_compile import backend, compat  # noqa: F401 - the backend patches on import
+    from muon_compile.compile import backend, compat  # noqa: F401 - the backend patches on import
 
     if not compat.EAGER_FALLBACK_LOG:
         pytest.skip(f"torch {torch.__version__} formats the fallback's log line lazily itself")

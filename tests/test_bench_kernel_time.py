@@ -97,7 +97,7 @@ def test_a_cpu_step_counts_its_outermost_calls_of_a_known_kind():
     op once, not again for the ``foreach`` calls inside it."""
     import torch
 
-    from muon_compile import stacks
+    from muon_compile.optim import stacks
 
     a = torch.randn(2, 8, 8)
     dsts = [torch.randn(8, 8) for _ in range(2)]

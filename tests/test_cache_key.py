@@ -9,7 +9,7 @@ from pathlib import Path
 import muon_compile
 import muon_compile.passes
 from muon_compile import config
-from muon_compile.cache_key import NOT_COMPILED, package_sources, sources_hash
+from muon_compile.compile.cache_key import NOT_COMPILED, package_sources, sources_hash
 from torch._inductor.custom_graph_pass import get_hash_for_files
 from muon_compile.passes import pipeline
 

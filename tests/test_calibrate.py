@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from dist_harness import run_world
-from muon_compile.matmul_rates import FAMILIES
+from muon_compile.ns.matmul_rates import FAMILIES
 from muon_compile.planner import calibrate, profiles, recommend
 from muon_compile.planner.network_profiles import COLLECTIVES, PROFILES, Link, alpha_beta
 from muon_compile.planner.step_cost import DEVICES, FIXED_COSTS

@@ -1,5 +1,5 @@
 """``muon_compile.compile_step(opt)`` (issue 76): ``opt.step`` becomes the compiled step and stays
-what ``torch.optim`` expects of it (muon_compile/compile_step.py). Every compiled step here is
+what ``torch.optim`` expects of it (muon_compile/compile/compile_step.py). Every compiled step here is
 compared with the same optimizer stepped eagerly, within the bf16 Newton–Schulz bound."""
 
 import copy

@@ -10,7 +10,7 @@ import torch
 from torch._dynamo.utils import counters as dynamo_counters
 
 import muon_compile
-from muon_compile.compat import DYNAMO_SORTS_CONFIG_SETS
+from muon_compile.compile.compat import DYNAMO_SORTS_CONFIG_SETS
 from muon_compile.passes.canonicalize import plan_canonical
 from muon_compile.passes.near_miss import unseen_loops
 

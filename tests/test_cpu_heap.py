@@ -1,4 +1,4 @@
-"""The CPU heap settings (:mod:`muon_compile.cpu_heap`): what they change (page faults of a
+"""The CPU heap settings (:mod:`muon_compile.compile.cpu_heap`): what they change (page faults of a
 step's fresh buffers, in a process of its own) and when the backend makes them."""
 
 import textwrap
@@ -7,7 +7,9 @@ import pytest
 import torch
 
 import muon_compile
-from muon_compile import config, cpu_heap, explain
+from muon_compile import config
+from muon_compile.compile import cpu_heap
+from muon_compile.diagnostics import explain
 from script_runs import python
 
 needs_glibc = pytest.mark.skipif(cpu_heap._glibc() is None, reason="the settings are glibc's")
@@ -20,7 +22,7 @@ needs_glibc = pytest.mark.skipif(cpu_heap._glibc() is None, reason="the settings
 _ROUNDS = textwrap.dedent(
     """
     import resource, torch
-    from muon_compile import cpu_heap
+    from muon_compile.compile import cpu_heap
 
     def faults_a_round(rounds=8):
         start = resource.getrusage(resource.RUSAGE_SELF).ru_minflt

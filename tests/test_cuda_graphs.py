@@ -1,4 +1,4 @@
-"""A compiled step replayed as a CUDA graph (:mod:`muon_compile.cuda_graphs`).
+"""A compiled step replayed as a CUDA graph (:mod:`muon_compile.compile.cuda_graphs`).
 
 Here, without a GPU: which 0-D CPU inputs a Dynamo graph writes (those cannot be lifted to
 the GPU), the decision on the graphs of real optimizer steps with their CUDA inputs faked,
@@ -23,7 +23,8 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import muon_compile
-from muon_compile import cuda_graphs, explain
+from muon_compile.compile import cuda_graphs
+from muon_compile.diagnostics import explain
 from helpers import make_params, set_grads, step_and_compare, sync_to_eager
 from numerics import NS_RTOL, assert_rel_close
 
@@ -186,7 +187,7 @@ def test_a_lifted_step_reads_each_calls_hyper_parameters(monkeypatch):
         for e, c, b in zip(eager_params, params, before):
             assert_rel_close(c.detach() - b, e.detach() - b, NS_RTOL["cpu"][torch.float32], f"step {s}")
     # two backend calls: the inputs lifted onto the CPU are new 0-D float64 CPU tensors, whose .item()
-    # symbols AOTAutograd makes afresh and Dynamo restarts for (muon_compile.tensorify); on CUDA they have none
+    # symbols AOTAutograd makes afresh and Dynamo restarts for (muon_compile.compile.tensorify); on CUDA they have none
     assert len(lifts) == 2 and all(lift.positions for lift in lifts)
 
 

@@ -9,7 +9,7 @@ import tempfile
 import pytest
 import torch
 
-from muon_compile.compat import DYNAMO_SORTS_CONFIG_SETS
+from muon_compile.compile.compat import DYNAMO_SORTS_CONFIG_SETS
 
 from dist_harness import run_world
 from dist_workers import (

@@ -1,7 +1,7 @@
 """Telling the user what happened: setting reads and logging calls traced into one graph
 (and the switch that turns that off), the warning for a Python-float lr that recompiles
 the step, and the explanation of each compiled graph (MUON_COMPILE_EXPLAIN=1 and
-muon_compile.explain.explain)."""
+muon_compile.diagnostics.explain.explain)."""
 
 import contextlib
 import inspect
@@ -15,9 +15,13 @@ from absl import logging as absl_logging
 from torch._dynamo.utils import counters as dynamo_counters
 
 import muon_compile
-from muon_compile import config, explain, tracing
-from muon_compile.compat import (
-    DYNAMO_DROPS_YIELD_FROM_RETURN, DYNAMO_FAILS_ON_YIELD_FROM_RETURN, DYNAMO_SORTS_CONFIG_SETS,
+from muon_compile import config
+from muon_compile.diagnostics import explain
+from muon_compile.compile import tracing
+from muon_compile.compile.compat import (
+    DYNAMO_DROPS_YIELD_FROM_RETURN,
+    DYNAMO_FAILS_ON_YIELD_FROM_RETURN,
+    DYNAMO_SORTS_CONFIG_SETS,
 )
 from muon_compile.passes.canonicalize import plan_canonical
 

@@ -6,8 +6,8 @@ checked by the device-parametrised tests of the same shapes and passes."""
 import torch
 
 import muon_compile
-from muon_compile.compat import CPU_FUSION_DROPS_ROUND_TRIP
-from muon_compile import stacks
+from muon_compile.compile.compat import CPU_FUSION_DROPS_ROUND_TRIP
+from muon_compile.optim import stacks
 
 from golden import assert_golden
 from helpers import compile_with_dump, count_ns_calls, make_params, muon, set_grads, stacks_as_on_cuda
@@ -21,7 +21,7 @@ GPT_SHAPES = [(48, 16), (16, 16), (64, 16), (16, 64)] * 2
 def test_gpt_single_device(tmp_path, monkeypatch):
     """muon_compile.Muon's step of stacked state. Compiled for this CPU, each member steps on
     its own, on its views of the stacks, and the bucket pass stacks their NS inputs
-    (:mod:`muon_compile.stacks`): no op call is left in the graph. Then as on CUDA: each
+    (:mod:`muon_compile.optim.stacks`): no op call is left in the graph. Then as on CUDA: each
     stack steps as one, gathered by the stack op and written by the stacked write op, whose
     source ``write_source`` makes the bf16 result itself."""
     graphs, step = compile_with_dump(muon(), GPT_SHAPES, tmp_path / "cpu")
@@ -109,7 +109,7 @@ def test_torch_optim_muon_single_device(tmp_path, monkeypatch):
     graphs, step = compile_with_dump(make, GPT_SHAPES, tmp_path / "stacked")
     assert_golden("torch_muon_gpt.written.txt", graphs["stack_writes_after"])
     assert (muon_compile.counters["stack_writes.writes"], muon_compile.counters["stack_writes.members"]) == (4, 8)
-    plan = muon_compile.explain.reports()[-1].plans[-1]  # the explanation names each write and its view
+    plan = muon_compile.diagnostics.explain.reports()[-1].plans[-1]  # the explanation names each write and its view
     assert plan.startswith("stacked writes:\n") and "one write of 2 x 64x16 from " in plan and "[0:3:2].mT: " in plan
     # Two evaluations of p * s + a * O in fp32 (the write's, Inductor's), each rounded within
     # half an ulp of its terms' size: apart by at most 2 eps (|p| + |a O|), however much the

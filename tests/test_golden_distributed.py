@@ -8,7 +8,7 @@ import re
 import pytest
 import torch
 
-import muon_compile.backend
+import muon_compile.compile.backend
 
 from dist_harness import fake_rank, run_fake
 from dist_workers import TP_NAMES, assert_same_collectives, collective_sequence, fsdp_graphs, launches_and_waits, tp_graphs
@@ -171,7 +171,7 @@ def test_only_graphs_with_collectives_turn_off_inductors_peak_memory_reordering(
     its generated code keeps the schedule, above), unless ``options`` turns it on; a
     single-device step keeps Inductor's default."""
     patched = []
-    compile_fx = muon_compile.backend.compile_fx
+    compile_fx = muon_compile.compile.backend.compile_fx
 
     def recording(gm, example_inputs, config_patches):
         patched.append(config_patches.get("reorder_for_peak_memory", "default"))
@@ -183,7 +183,7 @@ def test_only_graphs_with_collectives_turn_off_inductors_peak_memory_reordering(
         assert patched
         return set(patched)
 
-    monkeypatch.setattr(muon_compile.backend, "compile_fx", recording)
+    monkeypatch.setattr(muon_compile.compile.backend, "compile_fx", recording)
     assert compiled(lambda: fake_rank(fsdp_graphs, 2, 0, W8_SHAPES[:2])) == {False}
     options = {"reorder_for_peak_memory": True}
     assert compiled(lambda: fake_rank(fsdp_graphs, 2, 0, W8_SHAPES[:2], None, None, "muon_compile", options)) == {True}

@@ -8,7 +8,7 @@ import re
 import pytest
 import torch
 
-from muon_compile import scale_add_kernel, sym_kernel
+from muon_compile.kernels import scale_add as scale_add_kernel, sym as sym_kernel
 
 triton = pytest.importorskip("triton", reason="needs Triton (pip install triton)")
 from triton.backends.compiler import GPUTarget  # noqa: E402

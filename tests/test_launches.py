@@ -1,8 +1,8 @@
-"""muon_compile.launches on wrapper code as Inductor writes it: a CUDA module (Triton
+"""muon_compile.diagnostics.launches on wrapper code as Inductor writes it: a CUDA module (Triton
 launches and templates, cuBLAS products, a collective), read without a GPU; the CPU form is
 read off real generated code in test_passes.py."""
 
-from muon_compile.launches import count_launches
+from muon_compile.diagnostics.launches import count_launches
 
 CUDA_WRAPPER = '''
 class Runner:

@@ -1,5 +1,5 @@
 """The Newton–Schulz algorithm per bucket (issue 14): what each evaluation computes and
-costs (muon_compile.ns_cost), the choice of ``auto`` and its policy variable, the plan the
+costs (muon_compile.ns.cost), the choice of ``auto`` and its policy variable, the plan the
 passes make of it, and compiled == eager with each algorithm."""
 
 import dataclasses
@@ -9,10 +9,12 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 import muon_compile
-from muon_compile import config, explain, matmul_rates, ns_cost
-from muon_compile.coefficients import ns_args
-from muon_compile.counters import counters
-from muon_compile.ns_kernel import orthogonalize
+from muon_compile import config
+from muon_compile.diagnostics import explain
+from muon_compile.ns import matmul_rates, cost as ns_cost
+from muon_compile.ns.coefficients import ns_args
+from muon_compile.diagnostics.counters import counters
+from muon_compile.ns.evaluate import orthogonalize
 
 from helpers import MIXED_SHAPES, compare_steps, make_params, set_grads
 from numerics import NS_RTOL, assert_rel_close, assert_rewrite_close, rel_err
@@ -257,7 +259,7 @@ def test_symmetric_products_only_where_measured_faster_or_asked(monkeypatch):
     never; a bad value is refused by name."""
     import dataclasses as dc
 
-    from muon_compile import matmul_rates
+    from muon_compile.ns import matmul_rates
 
     choose = ns_cost.choose_products
     for device in ("cpu", "cuda"):
@@ -319,7 +321,7 @@ def test_the_plan_takes_the_form_each_devices_table_has_faster(monkeypatch):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_both_textbook_forms_are_the_iteration(dtype, device):
-    """The epilogue and the polynomial form of the textbook iteration (ns_kernel.orthogonalize)
+    """The epilogue and the polynomial form of the textbook iteration (ns.evaluate.orthogonalize)
     are the same iteration, rounded differently: wide and tall, each is as accurate against
     the fp64 iteration as the other is (the rewrite rule of tests/numerics.py), and in fp32
     within fp32's NS bound of it; ``auto`` is the device's form."""

@@ -6,10 +6,10 @@ import dataclasses
 import pytest
 import torch
 
-from muon_compile import coefficients as coeffs
-from muon_compile.ns_args import NSArgs
-from muon_compile.ns_op import NEWTON_SCHULZ
-from muon_compile.sharded_ns import SHARDED_NEWTON_SCHULZ
+from muon_compile.ns import coefficients as coeffs
+from muon_compile.ns.args import NSArgs
+from muon_compile.ns.op import NEWTON_SCHULZ
+from muon_compile.distributed.sharded_op import SHARDED_NEWTON_SCHULZ
 
 KELLER = (3.4445, -4.775, 2.0315)
 

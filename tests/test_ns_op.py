@@ -7,9 +7,9 @@ import pytest
 import torch
 
 import muon_compile
-from muon_compile import coefficients as coeffs
-from muon_compile.ns_args import NSArgs
-from muon_compile.ns_op import NEWTON_SCHULZ, newton_schulz_op
+from muon_compile.ns import coefficients as coeffs
+from muon_compile.ns.args import NSArgs
+from muon_compile.ns.op import NEWTON_SCHULZ, newton_schulz_op
 
 from numerics import NS_RTOL, assert_rel_close
 
@@ -199,7 +199,7 @@ def test_backpropagating_through_the_op_is_an_error():
 
 
 def test_rounding_cast_is_a_plain_cast(device):
-    from muon_compile.rounding_cast import to_low_precision
+    from muon_compile.ns.rounding_cast import to_low_precision
 
     x = torch.randn(5, 7, generator=torch.Generator().manual_seed(7)).to(device)
     assert torch.equal(to_low_precision(x, torch.bfloat16), x.to(torch.bfloat16))
@@ -208,7 +208,7 @@ def test_rounding_cast_is_a_plain_cast(device):
 
 def test_compiled_bf16_op_rounds_where_eager_rounds(device):
     """backend="muon" lowers the op into the graph; its bf16 result stays within the bf16
-    bound of eager on each of 20 matrices. Without muon_compile/rounding_cast.py, torch 2.11's
+    bound of eager on each of 20 matrices. Without muon_compile/ns/rounding_cast.py, torch 2.11's
     CPU code skipped the input's bf16 rounding: errors up to 0.082 on these inputs."""
     x = torch.randn(20, 5, 7, generator=torch.Generator().manual_seed(8)).to(device)
     args = NSArgs.repeating(POLAR.coefficients, 5, norm_scale=POLAR.norm_scale, compute_dtype=torch.bfloat16)
@@ -221,11 +221,11 @@ def test_compiled_bf16_op_rounds_where_eager_rounds(device):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
 def test_eager_polynomial_in_place_rounds_as_the_traced_expression(device, dtype):
     """The op's eager kernel forms the polynomial ``c A A + b A + a I`` in place
-    (ns_kernel.polynomial without ``eye``), the traced form as written: the same roundings
+    (ns.evaluate.polynomial without ``eye``), the traced form as written: the same roundings
     by construction (each product with its scalar rounded to fp32, summed, ``a`` added to the
     diagonal where the identity adds it and an exact 0 elsewhere), so every element is equal;
     its operands are left as they were."""
-    from muon_compile.ns_kernel import identity, polynomial
+    from muon_compile.ns.evaluate import identity, polynomial
 
     g = torch.Generator().manual_seed(9)
     A, AA = (torch.randn(3, 24, 24, generator=g).to(device, dtype) for _ in range(2))
@@ -243,11 +243,11 @@ def test_eager_polynomial_in_place_rounds_as_the_traced_expression(device, dtype
 def test_eager_kernel_computes_what_the_traced_loop_computes(shape, dtype, scale):
     """On the CPU the op's eager kernel takes the norms without their rescaled copies where
     none is needed, divides in place where it owns the copy, and runs the polynomial form's
-    iterations in buffers allocated once (ns_kernel.normalized, frobenius_norm,
+    iterations in buffers allocated once (ns.evaluate.normalized, frobenius_norm,
     polynomial_in_buffers): the same operations and roundings as what the lower pass traces,
     so the same result to the bit (also of an input whose squares underflow fp32, whose norm
     is taken rescaled), and its input left as it was."""
-    from muon_compile.ns_kernel import orthogonalize
+    from muon_compile.ns.evaluate import orthogonalize
 
     x = torch.randn(*shape, generator=torch.Generator().manual_seed(10)) * scale
     before = x.clone()

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 import muon_compile
-from muon_compile import coefficients as coeffs
+from muon_compile.ns import coefficients as coeffs
 
 from numerics import FP32_RTOL, NS_RTOL, assert_rel_close
 from test_ns_op import textbook_ns
@@ -40,7 +40,7 @@ def textbook_muon_step(p, grad, buf, *, lr, momentum, wd, nesterov, scale, steps
     "shapes", [[(6, 10), (10, 6), (7, 7)], [(6, 10), (10, 6), (6, 10), (7, 7), (10, 6)]], ids=["one-by-one", "stacked"]
 )
 def test_muon_matches_textbook_fp64(device, nesterov, shapes):
-    """Distinct shapes step one by one; repeated shapes step as stacks (muon_compile.stacks)."""
+    """Distinct shapes step one by one; repeated shapes step as stacks (muon_compile.optim.stacks)."""
     params = _params(shapes, torch.float64, device=device)
     ref = [p.detach().clone() for p in params]
     bufs = [torch.zeros_like(p) for p in ref]

@@ -11,10 +11,11 @@ import torch.fx as fx
 from torch._inductor.utils import run_and_get_code
 
 import muon_compile
-from muon_compile import config, ns_cost
-from muon_compile.launches import count_launches
-from muon_compile.ns_args import NSArgs
-from muon_compile.ns_op import newton_schulz_op
+from muon_compile import config
+from muon_compile.ns import cost as ns_cost
+from muon_compile.diagnostics.launches import count_launches
+from muon_compile.ns.args import NSArgs
+from muon_compile.ns.op import newton_schulz_op
 from muon_compile.passes.find import NSSite
 from muon_compile.passes.graph_utils import GraphContractError, alias_pattern, check_contract
 from muon_compile.passes.plan_buckets import plan_buckets
@@ -88,7 +89,7 @@ def test_batched_sites_count_their_matrices_and_skipped_sites_are_reported():
 @pytest.mark.slow
 def test_ns_calls_after_bucketing_equal_planned_buckets(device, tmp_path):
     graphs, step = compile_with_dump(muon(), MIXED_SHAPES, tmp_path, device=device, passes="bucket")
-    # before, on CUDA: one call per stack of equal shapes (muon_compile.stacks) and per loose
+    # before, on CUDA: one call per stack of equal shapes (muon_compile.optim.stacks) and per loose
     # matrix: 24x8 (x2), 8x8 (x2), 32x8 (x2), 8x32 (x2), 5x7, the 3-D 2x8x16; on the CPU,
     # whose compiled step steps the stacks' members alone, one per matrix; after: 8x24, 8x8,
     # 8x32 (the wide stack and the tall one transposed), 5x7, 2x8x16
@@ -113,12 +114,12 @@ def product_calls(rows, cols, device, steps=5, algorithm=None):
 # ns_cost.choose_epilogue; the epilogue form puts them in the products' alpha / beta
 # instead: test_epilogue_form_has_no_pointwise_kernel), and two kernels around them, no
 # op call (a step compiled for this CPU gathers by torch.stack and writes member by member,
-# muon_compile/stacks.py): the gradients' gather fused with the momentum, the norm and the
+# muon_compile/optim/stacks.py): the gradients' gather fused with the momentum, the norm and the
 # cast; every member's write, the tall one's included. Gram:
 # its products (4T - 1 and 2 per restart), one kernel per iteration for Z = c R R + b R + a I
 # (its scalars scale with each matrix's norm, so they stay tensors), one per rescaled R (its
 # trace and the exact division fused: after the restart and after each R = Z Z R, four; see
-# ns_kernel.gram_iteration); its fp16 cast fused with the normalisation.
+# ns.evaluate.gram_iteration); its fp16 cast fused with the normalisation.
 LAUNCHES = {"textbook": (15, 7, 0), "gram": (18, 11, 0)}
 
 
@@ -338,3 +339,23 @@ def test_each_layout_travels_as_one_block_and_is_reassembled_as_one(world, strat
         assert torch.equal(_scatter_rows(groups, world), grid.reshape(-1))
     if strategy is Strategy.ALL_GATHER:
         assert len(layouts) == 4 and len(canonical) == 3
+
+
+def test_the_table_of_passes_is_what_the_configuration_and_the_docs_name():
+    """One list of passes (muon_compile/passes/table.py): MUON_COMPILE_PASSES takes its names
+    in its order, and docs/design.md's table of passes has one row per pass in that order
+    (besides ``find``, which always runs)."""
+    from pathlib import Path
+
+    from muon_compile.passes.table import PASSES, Level
+
+    names = tuple(p.name for p in PASSES)
+    assert config.pass_names() == names == config.parse_passes("")
+    assert config.parse_passes("-bucket") == tuple(n for n in names if n != "bucket")
+    assert [p.level for p in PASSES].count(Level.TORCH) == 1 and PASSES[0].level is Level.TORCH
+    design = (Path(__file__).parents[1] / "docs" / "design.md").read_text()
+    table = design.split("| pass | module | what it does |")[1].split("\n\n")[0]
+    rows = [line.split("|")[1].strip() for line in table.splitlines()[2:]]
+    assert tuple(r for r in rows if r != "find") == names, rows
+    with pytest.raises(ValueError, match="known passes"):
+        config.current().enabled("plan_buckets")

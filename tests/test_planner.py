@@ -17,7 +17,7 @@ from dist_workers import fsdp_muon, reference_run
 from muon_compile.planner import plots
 from muon_compile.planner import recommend as planner
 from muon_compile.config import Strategy, TPMode
-from muon_compile.sharded_ns import ShardLayout
+from muon_compile.distributed.sharded_op import ShardLayout
 from muon_compile.planner.model_shapes import MODELS, model
 from muon_compile.planner.network_profiles import profile
 from muon_compile.planner.step_cost import DEVICES, TIE
@@ -268,7 +268,7 @@ _COMPILE_PATH = textwrap.dedent("""
     torch.compile(opt.step, backend="muon")()
     assert all(not torch.equal(p, b) for p, b in zip(params, before)), "the step changed nothing"
     loaded = sorted(name for name in sys.modules if name.startswith("muon_compile"))
-    assert "muon_compile.backend" in loaded, loaded
+    assert "muon_compile.compile.backend" in loaded, loaded
     planner = [name for name in loaded if name.startswith("muon_compile.planner")]
     assert not planner, f"the compile path imported {planner}"
 """)

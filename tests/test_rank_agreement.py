@@ -1,4 +1,4 @@
-"""Rank agreement (muon_compile.rank_agreement: its exchange and its fingerprint): the first
+"""Rank agreement (muon_compile.distributed.rank_agreement: its exchange and its fingerprint): the first
 difference between ranks as a sentence, parameter names, the fingerprint of a step graph,
 and on real gloo ranks: each way one rank's step can differ raises the same error on every
 rank, by the exchange, not its timeout; ranks that diverge after compiling end with an error naming the
@@ -8,9 +8,10 @@ import pytest
 import torch
 
 import muon_compile
-from muon_compile import config, rank_agreement
-from muon_compile.rank_agreement import exchange, first_difference
-from muon_compile.rank_agreement.fingerprint import parameter_label
+from muon_compile import config
+from muon_compile.distributed import rank_agreement
+from muon_compile.distributed.rank_agreement import exchange, first_difference
+from muon_compile.distributed.rank_agreement.fingerprint import parameter_label
 
 from dist_harness import fake_rank, run_world
 from dist_workers import AGREE_SHAPES, device_mesh, diverge_after_compile, divergent_step, sharded_stack
@@ -61,7 +62,7 @@ def test_parameter_labels():
 def _fingerprint_at(rank, world, strategy):
     """The fingerprint the backend builds for the FSDP2 Muon step under the fake group
     (compiled, then run eagerly: the fake group cannot run an all-to-all with an empty input)."""
-    from muon_compile.backend import muon_backend
+    from muon_compile.compile.backend import muon_backend
 
     seen = []
     original = rank_agreement.agree

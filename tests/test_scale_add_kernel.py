@@ -1,5 +1,5 @@
 """The stacked step's write (``muon_compile::unstack_scale_add_``, issue 59): its Triton
-kernel (muon_compile/scale_add_kernel.py) against the exact update on this CPU through
+kernel (muon_compile/kernels/scale_add.py) against the exact update on this CPU through
 Triton's interpreter (``tests/scale_add_cases.py`` states the bound), a compiled step whose
 write runs it, and the op's ``torch._foreach_*`` fallback where Triton does not run."""
 
@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from muon_compile import scale_add_kernel, stacks
-from muon_compile.config import PASS_NAMES
+from muon_compile.kernels import scale_add as scale_add_kernel
+from muon_compile.optim import stacks
+from muon_compile.config import pass_names
 
 from helpers import compile_with_dump, muon, run_interpreted, stacks_as_on_cuda
 from numerics import NS_RTOL
@@ -61,9 +62,9 @@ def test_write_source_changes_no_value(tmp_path, monkeypatch):
     ``single_device_gpt.written.txt``), without it an fp32 copy of it: the parameters come out
     the same bits either way (the cast up is exact, the arithmetic the op's), and equal eager's.
     The stacks as on CUDA (the write op; here its fallback computing the same): a step
-    compiled for this CPU steps its members one by one (:mod:`muon_compile.stacks`)."""
+    compiled for this CPU steps its members one by one (:mod:`muon_compile.optim.stacks`)."""
     stacks_as_on_cuda(monkeypatch)
-    without = tuple(p for p in PASS_NAMES if p != "write_source")
+    without = tuple(p for p in pass_names() if p != "write_source")
     graphs, step = compile_with_dump(muon(weight_decay=0.1), SHAPES, tmp_path / "all")
     graphs_without, step_without = compile_with_dump(muon(weight_decay=0.1), SHAPES, tmp_path / "without", passes=without)
     assert "write_source_after" in graphs and "write_source_after" not in graphs_without

@@ -1,4 +1,4 @@
-"""Where each rank's block of a sharded matrix sits (:class:`muon_compile.sharded_ns.ShardLayout`):
+"""Where each rank's block of a sharded matrix sits (:class:`muon_compile.distributed.sharded_op.ShardLayout`):
 the same as DTensor's own sharding, for every layout of ``Shard`` / ``_StridedShard`` placements
 over one or two mesh dimensions (tensor parallelism, FSDP2 on top of it, HSDP on top of it);
 whole matrices reassembled from the blocks and cut back into them exactly."""
@@ -10,8 +10,16 @@ import torch
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.placement_types import _StridedShard
 
-from muon_compile import routing
-from muon_compile.sharded_ns import ShardLayout, _split, assemble, disassemble, group_rank, own_block, pad_block
+from muon_compile.distributed import routing
+from muon_compile.distributed.sharded_op import (
+    ShardLayout,
+    _split,
+    assemble,
+    disassemble,
+    group_rank,
+    own_block,
+    pad_block,
+)
 
 
 def indices(stretches):

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import muon_compile
-from muon_compile import stacks
-from muon_compile.compat import DYNAMO_ROUNDS_ALPHA_PRODUCTS
+from muon_compile.optim import stacks
+from muon_compile.compile.compat import DYNAMO_ROUNDS_ALPHA_PRODUCTS
 from muon_compile.passes import stack_writes
 
 from helpers import graph_caches_off, make_params

@@ -1,4 +1,4 @@
-"""The bucket layout of Muon state (muon_compile.stacks): which parameters stack, the
+"""The bucket layout of Muon state (muon_compile.optim.stacks): which parameters stack, the
 stacked step against the per-parameter one (against the fp64 textbook: test_optimizers),
 state views through state_dict / load_state_dict, missing gradients, and one compiled
 graph for 2,000 matrices."""
@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 import muon_compile
-from muon_compile import stacks
+from muon_compile.optim import stacks
 
 from helpers import compare_steps, compile_with_dump, count_ns_calls, make_params, muon, set_grads
 from numerics import NS_RTOL
@@ -120,7 +120,7 @@ def test_two_thousand_matrices_compile_one_graph():
 def test_a_large_stack_steps_as_one_even_compiled_for_the_cpu(monkeypatch):
     """Compiled for the CPU, a stack of at most MEMBERS_APART members steps member by
     member, a larger one as one (member by member its compile grows by about 0.2 s a member:
-    muon_compile/stacks.py); on CUDA, and eagerly, every stack steps as one."""
+    muon_compile/optim/stacks.py); on CUDA, and eagerly, every stack steps as one."""
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert stacks.steps_as_one(cpu, 2)  # eagerly
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)

@@ -8,14 +8,31 @@ import math
 import pytest
 import torch
 
-from muon_compile import coefficients
+from muon_compile.ns import coefficients
 from muon_compile.config import Strategy
-from muon_compile.matmul_rates import _CUDA_BF16_FAMILIES, ASPECT, FAMILIES, LONG_INNER, LONG_OUTER, PROFILES, MatmulRates, family_product
+from muon_compile.ns.matmul_rates import (
+    _CUDA_BF16_FAMILIES,
+    ASPECT,
+    FAMILIES,
+    LONG_INNER,
+    LONG_OUTER,
+    PROFILES,
+    MatmulRates,
+    family_product,
+)
 from muon_compile.planner.network_profiles import Link, NetworkProfile
-from muon_compile.ns_cost import predicted_seconds
+from muon_compile.ns.cost import predicted_seconds
 from muon_compile.passes.plan_distributed import EVERY_RANK, DistBucket, DistMember, DistPlan
-from muon_compile.sharded_ns import ShardLayout
-from muon_compile.planner.step_cost import FIXED_COSTS, TIE, UPDATE_ACCESSES, DeviceProfile, buffer_bytes, predict, tied
+from muon_compile.distributed.sharded_op import ShardLayout
+from muon_compile.planner.step_cost import (
+    FIXED_COSTS,
+    TIE,
+    UPDATE_ACCESSES,
+    DeviceProfile,
+    buffer_bytes,
+    predict,
+    tied,
+)
 
 ARGS = coefficients.ns_args("keller", 5, compute_dtype=torch.bfloat16, algorithm="textbook")
 NET = NetworkProfile("test", "made up", intra=Link(1e-5, 1e9), inter=Link(1e-5, 1e9), ranks_per_node=8)

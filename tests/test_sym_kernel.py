@@ -1,4 +1,4 @@
-"""The symmetric product kernel (muon_compile/sym_kernel.py, issue 62): its results against
+"""The symmetric product kernel (muon_compile/kernels/sym.py, issue 62): its results against
 the exact product, on this CPU through Triton's interpreter (``tests/sym_kernel_cases.py``,
 in a process of its own with TRITON_INTERPRET=1), with and without the ``baddbmm`` epilogue;
 Newton–Schulz through it; and the op around it: shapes, fake implementation, the
@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from muon_compile import sym_kernel
+from muon_compile.kernels import sym as sym_kernel
 
 from helpers import BLAS_KERNELS, run_interpreted
 from sym_kernel_cases import SMALL, check, operands

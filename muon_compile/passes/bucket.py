@@ -29,8 +29,8 @@ import torch
 import torch.fx as fx
 import torch.nn.functional as F
 
-from muon_compile.counters import counters
-from muon_compile.ns_op import newton_schulz_op
+from muon_compile.diagnostics.counters import counters
+from muon_compile.ns.op import newton_schulz_op
 
 from .graph_utils import splice_trace, stable_topological_sort
 from .plan_buckets import Bucket, BucketPlan

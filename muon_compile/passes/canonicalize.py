@@ -1,7 +1,7 @@
 """canonicalize: rewrite Newton–Schulz loops of a torch-level (Dynamo) graph into the op.
 
 Runs on the graph Dynamo hands the backend, before AOTAutograd, so a DTensor is still a
-tensor and the op can be routed by its layout (:mod:`muon_compile.routing`) instead of
+tensor and the op can be routed by its layout (:mod:`muon_compile.distributed.routing`) instead of
 being desugared into one collective per Gram matrix.
 
 Algorithm:
@@ -27,7 +27,7 @@ Algorithm:
      other copy of the result (another storage, or a scaled one) is read.
   5. Plan, then apply: each recognised chain becomes one op call, right after the
      division, on the node holding ``M`` (a DTensor goes through
-     :func:`muon_compile.ns_op.newton_schulz_routed`, which picks the op for its layout)
+     :func:`muon_compile.ns.op.newton_schulz_routed`, which picks the op for its layout)
      with the read-off coefficients, step count, eps, norm scale and dtype; the escapes
      read the op's result (transposed / scaled as they were); the loop's nodes are erased,
      and with them the norm and its in-place arithmetic when nothing else reads them.
@@ -55,12 +55,11 @@ import torch
 import torch.fx as fx
 from torch.distributed.tensor import DTensor
 
-from muon_compile import explain
-from muon_compile.counters import counters
-from muon_compile.ns_args import AUTO, GRAM, NSArgs
-from muon_compile.ns_op import NEWTON_SCHULZ, newton_schulz_routed
-
-from muon_compile.fx_writes import storage_of
+from muon_compile.diagnostics import explain
+from muon_compile.diagnostics.counters import counters
+from muon_compile.ns.args import AUTO, GRAM, NSArgs
+from muon_compile.ns.op import NEWTON_SCHULZ, newton_schulz_routed
+from muon_compile.passes.fx_writes import storage_of
 
 from .graph_utils import local_value
 from .ns_algebra import ONE, Odd, next_iterate, poly_trim

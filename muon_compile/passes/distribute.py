@@ -43,10 +43,10 @@ import torch.fx as fx
 from torch import Tensor
 
 from muon_compile.config import Strategy
-from muon_compile.counters import counters
-from muon_compile.ns_args import NSArgs
-from muon_compile.ns_op import newton_schulz_op
-from muon_compile.sharded_ns import assemble, disassemble, own_block, pad, pad_block
+from muon_compile.diagnostics.counters import counters
+from muon_compile.distributed.sharded_op import assemble, disassemble, own_block, pad, pad_block
+from muon_compile.ns.args import NSArgs
+from muon_compile.ns.op import newton_schulz_op
 
 from .graph_utils import splice_trace, stable_topological_sort
 from .plan_distributed import DistBucket, DistMember, DistPlan

@@ -5,7 +5,7 @@ Algorithm:
      graph order. A sharded node is in every rank's graph (it is side-effecting), so the
      sharded sites are the same, in the same order, on every rank.
   2. For each, read the input's fake value (batch, rows, cols, dtype, device) and the
-     op's :class:`~muon_compile.ns_args.NSArgs` into an :class:`NSSite`; a sharded site
+     op's :class:`~muon_compile.ns.args.NSArgs` into an :class:`NSSite`; a sharded site
      also records its layout over its process group (the global shape, where each rank's
      block sits) and this rank's place in the group.
   3. Record each site's level: the most NS ops on any path into its input. Sites of one
@@ -24,8 +24,8 @@ import dataclasses
 import torch
 import torch.fx as fx
 
-from muon_compile.ns_args import NSArgs
-from muon_compile.sharded_ns import Block, ShardLayout, group_rank
+from muon_compile.distributed.sharded_op import Block, ShardLayout, group_rank
+from muon_compile.ns.args import NSArgs
 
 from .graph_utils import NS_TARGETS, TORCH_NS_TARGETS, escapes_to_output, ns_call, ns_nodes
 

@@ -14,11 +14,13 @@ from torch._inductor.pattern_matcher import stable_topological_sort
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from muon_compile import ns_op, routing, sharded_ns
-from muon_compile.fx_writes import local_value
-from muon_compile.ns_args import NSArgs
-from muon_compile.ns_op import NEWTON_SCHULZ
-from muon_compile.sharded_ns import SHARDED_NEWTON_SCHULZ, ShardLayout
+from muon_compile.distributed import routing
+from muon_compile.distributed import sharded_op as sharded_ns
+from muon_compile.distributed.sharded_op import SHARDED_NEWTON_SCHULZ, ShardLayout
+from muon_compile.ns import op as ns_op
+from muon_compile.ns.args import NSArgs
+from muon_compile.ns.op import NEWTON_SCHULZ
+from muon_compile.passes.fx_writes import local_value
 
 NS_TARGETS = (NEWTON_SCHULZ, SHARDED_NEWTON_SCHULZ)
 # In a Dynamo graph, canonicalize routes a DTensor's Newton–Schulz through this call,

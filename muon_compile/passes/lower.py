@@ -2,7 +2,7 @@
 
 Algorithm:
   1. For each ``muon_compile::newton_schulz`` node, trace the op's own pure kernel
-     (:func:`muon_compile.ns_kernel.orthogonalize`) on its input with Inductor's
+     (:func:`muon_compile.ns.evaluate.orthogonalize`) on its input with Inductor's
      decompositions, with the algorithm ``plan_algorithms`` chose for the node, so the
      graph computes exactly what eager computes. A
      ``sharded_newton_schulz`` node that ``distribute`` left alone gets its own reference
@@ -27,10 +27,10 @@ from collections.abc import Callable
 import torch
 import torch.fx as fx
 
-from muon_compile.counters import counters
-from muon_compile.ns_args import TEXTBOOK
-from muon_compile.ns_kernel import orthogonalize
-from muon_compile.sharded_ns import gather_orthogonalize_slice, group_rank
+from muon_compile.diagnostics.counters import counters
+from muon_compile.distributed.sharded_op import gather_orthogonalize_slice, group_rank
+from muon_compile.ns.args import TEXTBOOK
+from muon_compile.ns.evaluate import orthogonalize
 
 from .graph_utils import NSCall, ns_call, ns_nodes, splice_trace
 from .plan_algorithms import AlgorithmPlan

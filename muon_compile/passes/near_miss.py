@@ -21,7 +21,7 @@ import torch
 import torch.fx as fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from muon_compile.fx_writes import flat_nodes, storage_of, written_args
+from muon_compile.passes.fx_writes import flat_nodes, storage_of, written_args
 
 from .ns_walk import Chain, example_value, node_kind
 

@@ -26,13 +26,25 @@ import torch
 import torch.fx as fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from muon_compile.compat import VIEW_ATTRIBUTE_OPS
-from muon_compile.fx_writes import storage_of as _storage
-from muon_compile.fx_writes import written_args
+from muon_compile.compile.compat import VIEW_ATTRIBUTE_OPS
+from muon_compile.passes.fx_writes import storage_of as _storage
+from muon_compile.passes.fx_writes import written_args
 
 from .graph_utils import local_value
 from .ns_algebra import (
-    CHAIN_VALUES, GRAM, ONE, Gram, Identity, Odd, Transfer, Value, combine, gram_step, next_iterate, poly_add, product,
+    CHAIN_VALUES,
+    GRAM,
+    ONE,
+    Gram,
+    Identity,
+    Odd,
+    Transfer,
+    Value,
+    combine,
+    gram_step,
+    next_iterate,
+    poly_add,
+    product,
     scaled,
 )
 
@@ -165,7 +177,7 @@ def _unread_input(node: fx.Node, name: str | None) -> fx.Node | None:
 
 
 def _written_storages(graph: fx.Graph) -> set[StorageWeakRef]:
-    """The storages the graph writes in place (:func:`muon_compile.fx_writes.written_args`)."""
+    """The storages the graph writes in place (:func:`muon_compile.passes.fx_writes.written_args`)."""
     return {_storage(t) for node in graph.nodes for t in written_args(node)} - {None}
 
 

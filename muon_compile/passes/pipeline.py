@@ -1,22 +1,19 @@
-"""The pipeline, top to bottom: canonicalize on the Dynamo graph (before AOTAutograd),
-then on the post-grad graph find -> plan -> distribute -> bucket -> schedule -> plan
-algorithms -> lower -> stack_writes -> write_source,
+"""The pipeline: the table of passes (:data:`.table.PASSES`) run on a graph, the torch-level ones
+on the Dynamo graph (before AOTAutograd), the post-grad ones after ``find`` on the post-grad graph,
 then the user's own post-grad passes, if any (:class:`MuonGraphPass`).
 
-Each pass is named; with ``MUON_COMPILE_DUMP_DIR`` set, the graph before and after each
-pass is written there in the normalised text of :mod:`graph_text`; after each pass the
-graph contract is checked (lint, fake ``meta['val']`` everywhere, no new aliasing
-of outputs).
+With ``MUON_COMPILE_DUMP_DIR`` set, the graph before and after each pass that runs is written
+there in the normalised text of :mod:`.graph_text`; after each the graph contract is checked
+(lint, fake values everywhere, no new aliasing of outputs). Each pass's time, planning
+included, adds to ``pass_seconds[name]``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import logging
 import os
-import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,24 +23,15 @@ from torch._inductor.custom_graph_pass import CustomGraphPass
 
 import muon_compile
 from muon_compile import config as config_mod
-from muon_compile import explain, ns_op, routing, triton_support
-from muon_compile.cache_key import sources_hash
-from muon_compile.counters import counters, pass_seconds
+from muon_compile.compile.cache_key import sources_hash
+from muon_compile.diagnostics import explain
+from muon_compile.diagnostics.counters import counters, pass_seconds, timed
+from muon_compile.kernels import triton_support
 
-from .bucket import apply_buckets
-from .canonicalize import apply_canonical, plan_canonical, reject_log
-from .distribute import apply_distribution
 from .find import find_ns_sites
 from .graph_text import graph_text
 from .graph_utils import alias_pattern, check_contract, ns_call
-from .lower import lower_ns_ops
-from .near_miss import unseen_loops
-from .plan_algorithms import plan_algorithms
-from .plan_buckets import plan_buckets
-from .plan_distributed import plan_distributed
-from .schedule import apply_schedule
-from .stack_writes import apply_stack_writes, plan_stack_writes
-from .write_source import apply_write_sources, plan_write_sources
+from .table import PASSES, Context, Level
 
 log = logging.getLogger(__name__)
 _graph_ids = itertools.count()
@@ -55,118 +43,65 @@ def new_dump_name() -> str:
 
 
 class _Dumper:
-    """Writes ``<dump_dir>/<name>/<nn>_<pass>_{before,after}.txt`` when a dump dir is set."""
+    """Writes ``<dump_dir>/<name>/<nn>_<pass>_{before,after}.txt`` when a dump dir is set;
+    the directory is made at the first write."""
 
     def __init__(self, dump_dir: str | None, name: str | None = None) -> None:
-        self.dir = None
-        if dump_dir:
-            self.dir = Path(dump_dir) / (name or new_dump_name())
-            self.dir.mkdir(parents=True, exist_ok=True)
-        self.seq = itertools.count(len(list(self.dir.glob("*.txt"))) if self.dir else 0)
+        self.dir = Path(dump_dir) / (name or new_dump_name()) if dump_dir else None
+        self.seq = None
 
     def write(self, pass_name: str, stage: str, graph: fx.Graph) -> None:
-        if self.dir is not None:
-            (self.dir / f"{next(self.seq):02d}_{pass_name}_{stage}.txt").write_text(graph_text(graph))
+        if self.dir is None:
+            return
+        if self.seq is None:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            self.seq = itertools.count(len(list(self.dir.glob("*.txt"))))
+        (self.dir / f"{next(self.seq):02d}_{pass_name}_{stage}.txt").write_text(graph_text(graph))
 
 
-def _run_pass(
-    name: str, graph: fx.Graph, dumper: _Dumper, fn: Callable[[], None], meta_key: str = "val"
-) -> None:
-    dumper.write(name, "before", graph)
-    aliasing = alias_pattern(graph)
-    start = time.perf_counter()
-    fn()
-    check_contract(graph, name, aliasing, meta_key)
-    pass_seconds[name] += time.perf_counter() - start
-    log.debug("pass %s took %.3f s", name, time.perf_counter() - start)
-    dumper.write(name, "after", graph)
-
-
-@contextlib.contextmanager
-def _timed(key: str) -> Iterator[None]:
-    start = time.perf_counter()
-    try:
-        yield
-    finally:
-        pass_seconds[key] += time.perf_counter() - start
+def _run(level: Level, ctx: Context, dumper: _Dumper) -> None:
+    """Plan, report and (where the plan runs anything) apply each enabled pass of ``level``."""
+    for p in PASSES:
+        if p.level is not level or not ctx.cfg.enabled(p.name):
+            continue
+        before = pass_seconds[p.name]
+        with timed(p.name):
+            plan = p.plan(ctx)
+            p.report(ctx, plan)
+            if not p.runs(plan):
+                continue
+            dumper.write(p.name, "before", ctx.graph)
+            aliasing = alias_pattern(ctx.graph)
+            p.apply(ctx, plan)
+            check_contract(ctx.graph, p.name, aliasing, p.meta_key)
+            dumper.write(p.name, "after", ctx.graph)
+        log.debug("pass %s took %.3f s", p.name, pass_seconds[p.name] - before)
 
 
 def run_torch_passes(
     gm: fx.GraphModule, cfg: config_mod.Config, dump_name: str | None = None, example_inputs: Sequence[Any] = ()
 ) -> None:
-    """Run the torch-level pass (canonicalize) on a Dynamo graph module, in place;
-    ``example_inputs`` are the real inputs it is compiled for (one per placeholder).
-    Its time, planning included, adds to ``pass_seconds["torch_passes"]``."""
-    if cfg.enabled("canonicalize"):
-        with _timed("torch_passes"):
-            _canonicalize(gm, cfg, dump_name, example_inputs)
-
-
-def _canonicalize(gm: fx.GraphModule, cfg: config_mod.Config, dump_name: str | None, example_inputs: Sequence[Any]) -> None:
+    """Run the torch-level passes on a Dynamo graph module, in place; ``example_inputs`` are
+    the real inputs it is compiled for (one per placeholder). Their time adds to
+    ``pass_seconds["torch_passes"]`` too."""
     placeholders = gm.graph.find_nodes(op="placeholder")
     values = dict(zip(placeholders, example_inputs)) if len(placeholders) == len(example_inputs) else {}
-    matches, rejected = plan_canonical(gm.graph, values)
-    reject_log(rejected)
-    for m in matches:
-        fixed = "".join(f"; {n.name} = {v.tolist()} compiled in" for n, v in m.chain.fixed)
-        explain.note_loop(m.chain.start, True, f"newton_schulz({m.args.describe()}){fixed}")
-    for r in rejected:
-        explain.note_loop(r.chain.start, False, r.reason)
-    for node, reason in unseen_loops(gm.graph, [m.chain for m in matches] + [r.chain for r in rejected]):
-        counters["canonicalize.unseen"] += 1
-        log.info("Newton–Schulz-like loop at %s left as it was: %s", explain.source_line(node), reason)
-        explain.note_loop(node, False, reason)
-    if not matches:
-        return
-    dumper = _Dumper(cfg.dump_dir, dump_name)
-    _run_pass("canonicalize", gm.graph, dumper, lambda: apply_canonical(gm.graph, matches), "example_value")
-    gm.recompile()
-    routed = gm.graph.find_nodes(op="call_function", target=ns_op.newton_schulz_routed)
-    routing.prepare_graph_inputs([n.args[0].meta["example_value"] for n in routed])
+    with timed("torch_passes"):
+        _run(Level.TORCH, Context(gm.graph, cfg, gm=gm, values=values), _Dumper(cfg.dump_dir, dump_name))
 
 
 def run_passes(graph: fx.Graph, cfg: config_mod.Config, dump_name: str | None = None) -> None:
-    """Run the enabled post-grad passes of ``cfg`` on ``graph``, in place; their time,
-    planning included, adds to ``pass_seconds["post_grad_passes"]``."""
-    with _timed("post_grad_passes"):
-        _post_grad(graph, cfg, dump_name)
-
-
-def _post_grad(graph: fx.Graph, cfg: config_mod.Config, dump_name: str | None) -> None:
-    nodes, sites = find_ns_sites(graph)
-    if not nodes:
-        return
-    counters["find.ns_ops"] += len(nodes)
-    explain.note_plan("\n".join(f"site {i}: {explain.source_line(n)}" for i, n in enumerate(nodes)))
-    if symbolic := [n for n, site in zip(nodes, sites) if site.symbolic]:
-        explain.warn_symbolic_shapes([str(tuple(ns_call(n).input.meta["val"].shape)) for n in symbolic])
-    dumper = _Dumper(cfg.dump_dir, dump_name)
-    distributed = False
-    if cfg.enabled("distribute"):
-        dist_plan = plan_distributed(sites, bucket_mb=cfg.bucket_mb, strategy=cfg.strategy)
-        if dist_plan.buckets or dist_plan.skipped:
-            log.debug("distribution plan:\n%s", dist_plan.describe())
-            explain.note_plan(dist_plan.describe())
-            _run_pass("distribute", graph, dumper, lambda: apply_distribution(graph, nodes, dist_plan))
-            distributed = bool(dist_plan.buckets)
-    if cfg.enabled("bucket"):
-        plan = plan_buckets(sites, bucket_mb=cfg.bucket_mb, pad_waste=cfg.pad_waste)
-        if plan.buckets or plan.skipped:
-            log.debug("bucket plan for %d NS ops:\n%s", len(nodes), plan.describe())
-            explain.note_plan(plan.describe())
-            _run_pass("bucket", graph, dumper, lambda: apply_buckets(graph, nodes, plan))
-    if cfg.enabled("schedule") and distributed:
-        _run_pass("schedule", graph, dumper, lambda: apply_schedule(graph, cfg.prefetch))
-    if cfg.enabled("lower"):
-        algorithms = plan_algorithms(*find_ns_sites(graph), policy=cfg.ns_algorithm, products=cfg.sym_products, epilogue=cfg.ns_epilogue)
-        log.debug("algorithm plan:\n%s", algorithms.describe())
-        explain.note_plan(algorithms.describe())
-        _run_pass("lower", graph, dumper, lambda: lower_ns_ops(graph, algorithms))
-    if cfg.enabled("stack_writes") and (writes := plan_stack_writes(graph)):
-        explain.note_plan("stacked writes:\n" + "\n".join("  " + w.describe() for w in writes))
-        _run_pass("stack_writes", graph, dumper, lambda: apply_stack_writes(graph, writes))
-    if cfg.enabled("write_source") and (swaps := plan_write_sources(graph)):
-        _run_pass("write_source", graph, dumper, lambda: apply_write_sources(graph, swaps))
+    """Run ``find`` and the enabled post-grad passes of ``cfg`` on ``graph``, in place; their
+    time adds to ``pass_seconds["post_grad_passes"]`` too."""
+    with timed("post_grad_passes"):
+        nodes, sites = find_ns_sites(graph)
+        if not nodes:
+            return
+        counters["find.ns_ops"] += len(nodes)
+        explain.note_plan("\n".join(f"site {i}: {explain.source_line(n)}" for i, n in enumerate(nodes)))
+        if symbolic := [n for n, site in zip(nodes, sites) if site.symbolic]:
+            explain.warn_symbolic_shapes([str(tuple(ns_call(n).input.meta["val"].shape)) for n in symbolic])
+        _run(Level.POST_GRAD, Context(graph, cfg, nodes, sites), _Dumper(cfg.dump_dir, dump_name))
 
 
 UserPasses = Callable[[fx.Graph], None] | Sequence[Callable[[fx.Graph], None]] | None
@@ -177,7 +112,7 @@ class MuonGraphPass(CustomGraphPass):
     post-grad passes (``user_passes``: one callable, a list of them, or None).
 
     ``uuid()`` combines a hash of every source file of this package, the configuration
-    that changes the output, the rank key (:func:`muon_compile.cache_key.rank_key`) and
+    that changes the output, the rank key (:func:`muon_compile.compile.cache_key.rank_key`) and
     the user passes' own ``uuid()``, so the FX graph cache stays valid, hits when nothing
     changed, and never serves one rank another rank's graph. A user pass that is no
     ``CustomGraphPass`` (or has no uuid) makes it None: Inductor then bypasses the cache,

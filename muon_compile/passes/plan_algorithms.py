@@ -6,15 +6,15 @@ bucketing and distribution every node is one bucket or one owner's batch):
   1. For each NS op node, take the matrices it orthogonalises from its site
      (:func:`~.find.find_ns_sites`, the one reader of an NS node's shape):
      ``batch x rows x cols``, a sharded node's matrix with its global row count.
-  2. :func:`muon_compile.ns_cost.choose` resolves the node's ``algorithm``: an explicit
+  2. :func:`muon_compile.ns.cost.choose` resolves the node's ``algorithm``: an explicit
      one is kept, ``auto`` follows ``MUON_COMPILE_NS_ALGORITHM`` and then the cost model
      of the node's device. The choice depends on the matrix shape, dtype and device only,
      so the eager op decides alike.
-  3. :func:`muon_compile.ns_cost.choose_products` picks how its symmetric products are
-     formed: ``bmm``, or the Triton kernel of :mod:`muon_compile.sym_kernel` where the
+  3. :func:`muon_compile.ns.cost.choose_products` picks how its symmetric products are
+     formed: ``bmm``, or the Triton kernel of :mod:`muon_compile.kernels.sym` where the
      device's measured table has it faster at that size (none is measured yet: never
      chosen by ``auto``, never on the CPU) or ``MUON_COMPILE_SYM_PRODUCTS=on``.
-  4. :func:`muon_compile.ns_cost.choose_epilogue` picks where a textbook iteration applies
+  4. :func:`muon_compile.ns.cost.choose_epilogue` picks where a textbook iteration applies
      its polynomial's scalars: in the products' epilogues (``baddbmm``) or in one pointwise
      kernel between plain products, the form the device's measured table has faster at
      that size (the polynomial on this project's CPU, whose ``baddbmm`` copies its input
@@ -37,8 +37,16 @@ import dataclasses
 import torch
 import torch.fx as fx
 
-from muon_compile.ns_args import GRAM, TEXTBOOK, NSArgs
-from muon_compile.ns_cost import BMM, EPILOGUE, Choice, ProductChoice, choose, choose_epilogue, choose_products
+from muon_compile.ns.args import GRAM, TEXTBOOK, NSArgs
+from muon_compile.ns.cost import (
+    BMM,
+    EPILOGUE,
+    Choice,
+    ProductChoice,
+    choose,
+    choose_epilogue,
+    choose_products,
+)
 
 from .find import NSSite
 

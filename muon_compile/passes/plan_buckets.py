@@ -23,8 +23,8 @@ from __future__ import annotations
 import dataclasses
 from collections import defaultdict
 
-from muon_compile.ns_args import NSArgs
-from muon_compile.ns_cost import ns_flops
+from muon_compile.ns.args import NSArgs
+from muon_compile.ns.cost import ns_flops
 
 from .find import NSSite
 

@@ -25,9 +25,9 @@ from collections import defaultdict
 from collections.abc import Sequence
 
 from muon_compile.config import Strategy, TPMode
-from muon_compile.ns_args import NSArgs
-from muon_compile.ns_cost import ns_flops
-from muon_compile.sharded_ns import ShardLayout
+from muon_compile.distributed.sharded_op import ShardLayout
+from muon_compile.ns.args import NSArgs
+from muon_compile.ns.cost import ns_flops
 
 from .find import NSSite
 

@@ -24,7 +24,7 @@ from collections import defaultdict
 
 import torch.fx as fx
 
-from muon_compile.counters import counters
+from muon_compile.diagnostics.counters import counters
 
 from .graph_utils import stable_topological_sort
 from .stages import Stage, StageTag, stage_of

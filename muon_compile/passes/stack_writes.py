@@ -7,7 +7,7 @@ launch a kernel for each parameter's write. Members of one bucket written alike 
 decay factor and step, the same shape, orientation and dtype) are written by one
 ``muon_compile::unstack_scale_add_`` (the stacked optimizer's own write, one launch of its
 Triton kernel) that reads the bucket's result through one view: no value is copied for it.
-Only where that write runs in one pass (:func:`muon_compile.stacks.writes_in_one_pass`:
+Only where that write runs in one pass (:func:`muon_compile.optim.stacks.writes_in_one_pass`:
 CUDA): elsewhere it is two ``foreach`` passes, where Inductor writes each member in one.
 
 Algorithm:
@@ -51,8 +51,8 @@ import torch
 import torch.fx as fx
 from torch._higher_order_ops.auto_functionalize import auto_functionalized_v2
 
-from muon_compile import stacks
-from muon_compile.counters import counters
+from muon_compile.diagnostics.counters import counters
+from muon_compile.optim import stacks
 
 from .graph_utils import splice_trace
 from .write_source import WRITE, exact_cast_up
@@ -115,7 +115,7 @@ class StackedWrite:
 
 def plan_stack_writes(graph: fx.Graph) -> list[StackedWrite]:
     """The runs of member writes (algorithm step 1), in graph order of their first copy;
-    none where the stacked write would not run in one pass (:func:`muon_compile.stacks.writes_in_one_pass`)."""
+    none where the stacked write would not run in one pass (:func:`muon_compile.optim.stacks.writes_in_one_pass`)."""
     groups: dict[tuple, list[MemberWrite]] = defaultdict(list)
     for copy in graph.find_nodes(op="call_function", target=_COPY):
         if (member := _member_write(copy)) is None:

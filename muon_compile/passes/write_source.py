@@ -1,6 +1,6 @@
 """write_source: the stacked write reads the Newton–Schulz result as ``lower`` left it.
 
-``muon_compile::unstack_scale_add_`` (the stacked step's write, :mod:`muon_compile.stacks`)
+``muon_compile::unstack_scale_add_`` (the stacked step's write, :mod:`muon_compile.optim.stacks`)
 computes in its members' dtype from a ``src`` of any float dtype and strides. After ``lower``
 its ``src`` is the op's result as the step spelled it: the bf16 result of the last product,
 transposed back or sliced out of a bucket, cast up to the parameters' fp32 and made
@@ -33,7 +33,7 @@ import torch
 import torch.fx as fx
 from torch._higher_order_ops.auto_functionalize import auto_functionalized_v2
 
-from muon_compile.counters import counters
+from muon_compile.diagnostics.counters import counters
 
 WRITE = torch.ops.muon_compile.unstack_scale_add_.default
 _CLONE = torch.ops.aten.clone.default

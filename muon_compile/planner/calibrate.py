@@ -11,7 +11,7 @@ network, and write a profile file (:mod:`muon_compile.planner.profiles`) that
    :func:`network_plan`): batched square ``bmm`` in bf16, fp16 and fp32 up to
    ``--max-size`` (:data:`SIZES`, :data:`MAX_SIZE`), a batch of about
    :data:`BATCH_MACS` multiply-adds (on a GPU, to outlast its launch); the bf16 products
-   of :data:`muon_compile.matmul_rates.FAMILIES` (``X X^T`` and ``B X`` of a 1:4 ``X``,
+   of :data:`muon_compile.ns.matmul_rates.FAMILIES` (``X X^T`` and ``B X`` of a 1:4 ``X``,
    as the Newton–Schulz iteration writes them); on the CPU, single products
    (:data:`CALL_SIZES`) for a call's latency (on a GPU the host's launches are fixed
    costs, below); a copy of :data:`COPY_BYTES`; with more than one rank, each collective
@@ -55,7 +55,7 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 
-from ..matmul_rates import FAMILIES, LONG_INNER, MatmulRates, family_product, family_table
+from ..ns.matmul_rates import FAMILIES, LONG_INNER, MatmulRates, family_product, family_table
 from . import profiles
 from .network_profiles import COLLECTIVES, Link, NetworkProfile, alpha_beta
 from .step_cost import DeviceProfile

@@ -60,7 +60,7 @@ import dataclasses
 import math
 from collections.abc import Mapping
 
-from ..matmul_rates import interpolate
+from ..ns.matmul_rates import interpolate
 
 COLLECTIVES = ("all_gather_into_tensor", "all_to_all_single", "all_reduce", "reduce_scatter_tensor")
 

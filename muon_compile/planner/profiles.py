@@ -33,7 +33,7 @@
     }
 
 A ``TABLE`` is a list of ``[size, value]`` pairs in increasing size, as
-:class:`~muon_compile.matmul_rates.MatmulRates` holds them (a family's sizes are the side
+:class:`~muon_compile.ns.matmul_rates.MatmulRates` holds them (a family's sizes are the side
 of the cube of its products' volume); a ``LINK`` is ``{"latency": seconds, "bandwidth":
 bytes/s or null (unbounded)}``, with ``"large_from": bytes`` and ``"large": LINK`` for a
 link that prices larger messages by another (:class:`~.network_profiles.Link`). The
@@ -61,7 +61,7 @@ from pathlib import Path
 
 import torch
 
-from ..matmul_rates import FAMILIES, MatmulRates, Table
+from ..ns.matmul_rates import FAMILIES, MatmulRates, Table
 from .network_profiles import COLLECTIVES, Link, NetworkProfile
 from .step_cost import DEVICES, FIXED_COSTS, DeviceProfile
 

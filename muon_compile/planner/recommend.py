@@ -54,17 +54,17 @@ from pathlib import Path
 
 import torch
 
-from .. import coefficients
 from ..config import Config, Strategy, TPMode
-from .model_shapes import MODELS, ModelShapes, model
-from .network_profiles import PROFILES as NETWORKS
-from .network_profiles import NetworkProfile
-from ..ns_args import NSArgs
+from ..distributed.sharded_op import ShardLayout
+from ..ns import coefficients
+from ..ns.args import NSArgs
 from ..passes.find import NSSite, Sharding
 from ..passes.plan_buckets import plan_buckets
 from ..passes.plan_distributed import DistBucket, DistMember, DistPlan, plan_distributed
-from ..sharded_ns import ShardLayout
 from . import profiles
+from .model_shapes import MODELS, ModelShapes, model
+from .network_profiles import PROFILES as NETWORKS
+from .network_profiles import NetworkProfile
 from .step_cost import DEVICES, TIE, DeviceProfile, StepCost, buffer_bytes, predict, tied
 
 # muon_compile.Muon's defaults: Keller's quintic, 5 steps, bf16, the algorithm chosen per shape
@@ -139,7 +139,7 @@ def plan_for(
 
 def local_plan(shapes: list[tuple[int, int]], bucket_mb: float, args: NSArgs = DEFAULT_ARGS) -> DistPlan:
     """The single-device step's plan of ``shapes``, as a plan of groups of one rank. A mesh
-    of one rank lays a parameter out as a local tensor (:func:`muon_compile.routing.layout_of`),
+    of one rank lays a parameter out as a local tensor (:func:`muon_compile.distributed.routing.layout_of`),
     so the step of a one-rank run is the bucket pass's
     (:func:`~muon_compile.passes.plan_buckets.plan_buckets`): buckets of one shape, one NS
     call each, no collective, the same step whatever the strategy: its buckets are

@@ -13,9 +13,9 @@ Work per bucket (docs/design.md, "Distributed layout"):
 * launch: pack the local shards (read in the parameter dtype, write in the compute
   dtype), then the first collective;
 * compute: wait, reassemble the owned matrices, Newton–Schulz per matrix (its products
-  priced by :mod:`muon_compile.ns_cost` with the device's matmul rates, the algorithm
+  priced by :mod:`muon_compile.ns.cost` with the device's matmul rates, the algorithm
   that ``auto`` would choose, and per call the latency of its product calls; its
-  memory-bound passes, :func:`~muon_compile.ns_cost.pointwise_bytes`, as pointwise
+  memory-bound passes, :func:`~muon_compile.ns.cost.pointwise_bytes`, as pointwise
   work at the device's bandwidth for them, :attr:`DeviceProfile.ns_passes`), cut the
   results back into shards, the return collective (``all_to_all``);
 * finish (``all_to_all``): wait, unpack;
@@ -70,13 +70,13 @@ import itertools
 from typing import NamedTuple
 
 from ..config import Strategy
-from ..matmul_rates import PROFILES as MATMUL_PROFILES
-from ..matmul_rates import MatmulRates
-from .network_profiles import NetworkProfile
-from ..ns_cost import call_latency, choose, pointwise_bytes, predicted_seconds
+from ..ns.cost import call_latency, choose, pointwise_bytes, predicted_seconds
+from ..ns.matmul_rates import PROFILES as MATMUL_PROFILES
+from ..ns.matmul_rates import MatmulRates
 from ..passes.plan_distributed import EVERY_RANK, DistBucket, DistMember, DistPlan
 from ..passes.schedule import stage_order
 from ..passes.stages import Stage, StageTag
+from .network_profiles import NetworkProfile
 
 # Elementwise passes of the momentum and the update, in parameter-sized tensors: read the
 # gradient, read and write the momentum, read and write the parameter.
@@ -124,7 +124,7 @@ class DeviceProfile:
     measured by :mod:`muon_compile.planner.calibrate`, docs/planner.md); ``memory``, its
     bytes (0: unknown).
     ``ns_pass_bandwidth``: the bytes/s of the Newton–Schulz calls' own memory-bound passes
-    (:func:`~muon_compile.ns_cost.pointwise_bytes`; 0: ``memory_bandwidth``, as a copy): on
+    (:func:`~muon_compile.ns.cost.pointwise_bytes`; 0: ``memory_bandwidth``, as a copy): on
     one CPU thread they convert bf16 both ways, divide and build the identity from an index,
     and ran at 0.67x a copy's bandwidth (docs/planner.md).
     ``shared_cores``: the cores the ranks of a process group share, each rank computing
@@ -166,7 +166,7 @@ class DeviceProfile:
 DEVICES: dict[str, DeviceProfile] = {
     "h100": DeviceProfile(
         "h100",
-        "the matmul rates of muon_compile.matmul_rates 'cuda' (measured on one H100 80GB HBM3); "
+        "the matmul rates of muon_compile.ns.matmul_rates 'cuda' (measured on one H100 80GB HBM3); "
         "HBM3 3.35 TB/s peak, 2.8 TB/s taken as achieved (2.79 measured), 80 GB; NCCL runs on its own stream; "
         "fixed costs, estimates, host time that the GPU's queued work hides: 50 us per step (a compiled call "
         "without CUDA graphs), 10 us per parameter, 100 us per NS call (about 20 kernel launches of ~5 us) and "
