@@ -401,7 +401,7 @@ def exact_torch_muon():
     return mock.patch.object(torch.optim._muon, "_zeropower_via_newtonschulz", _torch_muon_ns_fp64)
 
 
-# Loops the walk starts no candidate for: the explanation still names them (passes/near_miss.py).
+# Loops the walk starts no candidate for: the explanation still names them (passes/canonicalize/near_miss.py).
 def rounded_unnormalised(G, steps=3, dtype=torch.bfloat16):
     """:func:`stochastic_rounded` of a matrix never divided by a norm."""
     return stochastic_rounded(G, steps, dtype, normalise=False)

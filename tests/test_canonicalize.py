@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import muon_compile
-from muon_compile.passes.canonicalize import plan_canonical
-from muon_compile.passes.near_miss import unseen_loops
+from muon_compile.passes.canonicalize.apply import plan_canonical
+from muon_compile.passes.canonicalize.near_miss import unseen_loops
 
 from helpers import compile_with_dump, count_ns_calls, dumped_graphs, make_params, set_grads
 from ns_forms import FORMS, NEAR_MISSES, SINGLE_DEVICE_FORMS, UNSEEN, exact_torch_muon

@@ -11,8 +11,8 @@ from torch._dynamo.utils import counters as dynamo_counters
 
 import muon_compile
 from muon_compile.compile.compat import DYNAMO_SORTS_CONFIG_SETS
-from muon_compile.passes.canonicalize import plan_canonical
-from muon_compile.passes.near_miss import unseen_loops
+from muon_compile.passes.canonicalize.apply import plan_canonical
+from muon_compile.passes.canonicalize.near_miss import unseen_loops
 
 from helpers import make_params, set_grads
 from muon_corpus import CORPUS

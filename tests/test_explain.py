@@ -23,7 +23,7 @@ from muon_compile.compile.compat import (
     DYNAMO_FAILS_ON_YIELD_FROM_RETURN,
     DYNAMO_SORTS_CONFIG_SETS,
 )
-from muon_compile.passes.canonicalize import plan_canonical
+from muon_compile.passes.canonicalize.apply import plan_canonical
 
 import ns_forms
 from helpers import compare_steps, make_params, muon, set_grads

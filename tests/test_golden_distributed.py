@@ -15,7 +15,7 @@ from dist_workers import TP_NAMES, assert_same_collectives, collective_sequence,
 from golden import assert_golden
 
 from muon_compile.passes.schedule import stage_order
-from muon_compile.passes.stages import Stage, StageTag
+from muon_compile.passes.distribute.stages import Stage, StageTag
 
 # GPT-like layers at d=16 (qkv, attention out, MLP up, MLP down) plus, against 8 ranks,
 # an uneven matrix (10 rows: ranks 5-7 hold nothing) and one with fewer rows than ranks.

@@ -281,7 +281,7 @@ def test_symmetric_products_only_where_measured_faster_or_asked(monkeypatch):
 def _plan_form(rows, cols, device, dtype=torch.bfloat16):
     """The form ``plan_algorithms`` gives a textbook NS node of 8 ``rows x cols`` matrices on ``device``."""
     from muon_compile.passes.find import NSSite
-    from muon_compile.passes.plan_algorithms import plan_algorithms
+    from muon_compile.passes.lower.plan import plan_algorithms
 
     args = ns_args("keller", 5, compute_dtype=dtype, algorithm="textbook")
     site = NSSite(0, 8, rows, cols, 3, torch.float32, device, args)

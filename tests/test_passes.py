@@ -18,7 +18,7 @@ from muon_compile.ns.args import NSArgs
 from muon_compile.ns.op import newton_schulz_op
 from muon_compile.passes.find import NSSite
 from muon_compile.passes.graph_utils import GraphContractError, alias_pattern, check_contract
-from muon_compile.passes.plan_buckets import plan_buckets
+from muon_compile.passes.bucket.plan import plan_buckets
 
 from helpers import MIXED_SHAPES, compare_steps, compile_with_dump, count_ns_calls, lowered_products, make_params, muon, set_grads
 from numerics import NS_RTOL, assert_rel_close
@@ -256,7 +256,7 @@ def test_contract_rejects_missing_meta_and_new_aliasing():
 
 # ------------------------------------------------------------------ distributed plan
 from muon_compile.config import Strategy  # noqa: E402
-from muon_compile.passes.plan_distributed import EVERY_RANK, plan_distributed  # noqa: E402
+from muon_compile.passes.distribute.plan import EVERY_RANK, plan_distributed  # noqa: E402
 from muon_compile.planner.recommend import sharded_sites  # noqa: E402
 
 # the distributed benchmark's model: gpt-small plus two odd-row matrices and a single row
@@ -309,8 +309,8 @@ def test_each_layout_travels_as_one_block_and_is_reassembled_as_one(world, strat
     and returns every group's stacked canonical matrices (the tall ones transposed),
     whatever the graph order of the members and the padding of the last shard; the cut-back
     of the results writes them back as they came, zero padding included."""
-    from muon_compile.passes.distribute import _pad_rows, _received_groups, _scatter_rows
-    from muon_compile.passes.plan_distributed import by_ns_group
+    from muon_compile.passes.distribute.apply import _pad_rows, _received_groups, _scatter_rows
+    from muon_compile.passes.distribute.plan import by_ns_group
 
     shapes = [(40, 12), (7, 16), (12, 40), (40, 12), (7, 16), (1, 16), (12, 40), (40, 12)]
     matrices = [torch.randn(r, c) for r, c in shapes]

@@ -13,7 +13,7 @@ import torch
 import muon_compile
 from muon_compile.optim import stacks
 from muon_compile.compile.compat import DYNAMO_ROUNDS_ALPHA_PRODUCTS
-from muon_compile.passes import stack_writes
+from muon_compile.passes.writes import stack_writes
 
 from helpers import graph_caches_off, make_params
 from muon_corpus import CORPUS, LR, torch_optim_muon

@@ -22,7 +22,7 @@ from muon_compile.ns.matmul_rates import (
 )
 from muon_compile.planner.network_profiles import Link, NetworkProfile
 from muon_compile.ns.cost import predicted_seconds
-from muon_compile.passes.plan_distributed import EVERY_RANK, DistBucket, DistMember, DistPlan
+from muon_compile.passes.distribute.plan import EVERY_RANK, DistBucket, DistMember, DistPlan
 from muon_compile.distributed.sharded_op import ShardLayout
 from muon_compile.planner.step_cost import (
     FIXED_COSTS,

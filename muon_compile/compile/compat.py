@@ -21,7 +21,7 @@ CPU_FUSION_DROPS_ROUND_TRIP = _VERSION < (2, 13)
 # torch 2.15: Dynamo records the view attributes ``X.mT`` / ``X.T`` as calls of the aten ops
 # behind them (``aten.mT``, ``aten.numpy_T``); 2.13 recorded ``getattr(X, "mT")``. Both ops
 # exist in every supported version, so the table is always complete. Value: the
-# transpose kind of ns_walk (``"mT"``: the last two dims; ``"t"``: a 2-D transpose only).
+# transpose kind of the canonicalize walk (``"mT"``: the last two dims; ``"t"``: a 2-D transpose only).
 VIEW_ATTRIBUTE_OPS: dict[object, str] = {
     torch.ops.aten.mT: "mT",
     torch.ops.aten.mT.default: "mT",
@@ -122,7 +122,7 @@ def tolerate_unread_users() -> None:
 # to an op it has no lowering for (this package's custom ops), it formats every argument for an
 # INFO log line, logged or not (2.13 formats it lazily, pytorch's LazyString). An argument's
 # text holds its inputs' texts, and a bucket's Newton–Schulz products read each other, so the
-# text of the stacks' write's source (the last product, passes/write_source.py) grows about
+# text of the stacks' write's source (the last product, passes/writes/write_source.py) grows about
 # 8-fold per iteration: a 4 x 64x128 textbook step at 5 iterations compiled in 28.2 s, 19.9 s
 # patched, on this project's CPU, and each further iteration multiplies the extra time by about
 # 8. Read by :func:`lazy_fallback_log`.

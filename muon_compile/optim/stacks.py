@@ -98,12 +98,16 @@ def unstack_scale_add_(
         torch._foreach_add_(dsts, list((src.to(dsts[0].dtype) * alpha).unbind(0)))
 
 
+# the stacked write's op node target, as the passes find it in a post-grad graph
+STACK_WRITE = torch.ops.muon_compile.unstack_scale_add_.default
+
+
 def writes_in_one_pass(device: torch.device, dst_dtype: torch.dtype, src_dtype: torch.dtype) -> bool:
     """Whether :func:`unstack_scale_add_` runs as one pass over its members (its Triton kernel,
     :func:`muon_compile.kernels.scale_add.takes`): on CUDA. Elsewhere it is two
     ``torch._foreach_*`` passes, where Inductor's code writes each member in one: compiled,
     the op then writes only a stack of more than :data:`MEMBERS_APART` (:func:`write`;
-    :mod:`muon_compile.passes.stack_writes` leaves unmodified code's writes as they are)."""
+    :mod:`muon_compile.passes.writes.stack_writes` leaves unmodified code's writes as they are)."""
     return scale_add_kernel.takes(device, dst_dtype, src_dtype)
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
-from .stages import stage_of
+from .distribute.stages import stage_of
 
 _DTYPES = {
     torch.float32: "f32",

@@ -26,8 +26,8 @@ import torch.fx as fx
 
 from muon_compile.diagnostics.counters import counters
 
+from .distribute.stages import Stage, StageTag, stage_of
 from .graph_utils import stable_topological_sort
-from .stages import Stage, StageTag, stage_of
 
 log = logging.getLogger(__name__)
 

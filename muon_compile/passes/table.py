@@ -27,18 +27,18 @@ from muon_compile.diagnostics.counters import counters
 from muon_compile.distributed import routing
 from muon_compile.ns import op as ns_op
 
-from .bucket import apply_buckets
-from .canonicalize import apply_canonical, plan_canonical, reject_log
-from .distribute import apply_distribution
+from .bucket.apply import apply_buckets
+from .bucket.plan import plan_buckets
+from .canonicalize.apply import apply_canonical, plan_canonical, reject_log
+from .canonicalize.near_miss import unseen_loops
+from .distribute.apply import apply_distribution
+from .distribute.plan import plan_distributed
 from .find import find_ns_sites
-from .lower import lower_ns_ops
-from .near_miss import unseen_loops
-from .plan_algorithms import plan_algorithms
-from .plan_buckets import plan_buckets
-from .plan_distributed import plan_distributed
+from .lower.apply import lower_ns_ops
+from .lower.plan import plan_algorithms
 from .schedule import apply_schedule
-from .stack_writes import apply_stack_writes, plan_stack_writes
-from .write_source import apply_write_sources, plan_write_sources
+from .writes.stack_writes import apply_stack_writes, plan_stack_writes
+from .writes.write_source import apply_write_sources, plan_write_sources
 
 log = logging.getLogger(__name__)
 

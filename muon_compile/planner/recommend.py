@@ -8,7 +8,7 @@ times per strategy, bucket size and prefetch depth, from shapes alone.
 The matrices of the model (:mod:`muon_compile.planner.model_shapes`) become the sharded
 Newton–Schulz sites an FSDP2 run over ``world`` ranks would have (one process group,
 ``torch.chunk`` rows), planned by the distribute pass's own planner
-(:func:`~muon_compile.passes.plan_distributed.plan_distributed`) and priced by the cost
+(:func:`~muon_compile.passes.distribute.plan.plan_distributed`) and priced by the cost
 model (:func:`muon_compile.planner.step_cost.predict`). Besides FSDP over the whole world, HSDP
 layouts are tried: Muon's collectives then run within shard groups of ``--shard`` ranks,
 and the replica groups repeat the step without communicating in it (the gradient
@@ -58,9 +58,9 @@ from ..config import Config, Strategy, TPMode
 from ..distributed.sharded_op import ShardLayout
 from ..ns import coefficients
 from ..ns.args import NSArgs
+from ..passes.bucket.plan import plan_buckets
+from ..passes.distribute.plan import DistBucket, DistMember, DistPlan, plan_distributed
 from ..passes.find import NSSite, Sharding
-from ..passes.plan_buckets import plan_buckets
-from ..passes.plan_distributed import DistBucket, DistMember, DistPlan, plan_distributed
 from . import profiles
 from .model_shapes import MODELS, ModelShapes, model
 from .network_profiles import PROFILES as NETWORKS
@@ -141,7 +141,7 @@ def local_plan(shapes: list[tuple[int, int]], bucket_mb: float, args: NSArgs = D
     """The single-device step's plan of ``shapes``, as a plan of groups of one rank. A mesh
     of one rank lays a parameter out as a local tensor (:func:`muon_compile.distributed.routing.layout_of`),
     so the step of a one-rank run is the bucket pass's
-    (:func:`~muon_compile.passes.plan_buckets.plan_buckets`): buckets of one shape, one NS
+    (:func:`~muon_compile.passes.bucket.plan.plan_buckets`): buckets of one shape, one NS
     call each, no collective, the same step whatever the strategy: its buckets are
     ``all_gather``'s for the cost model (no finishing stage; no shard to cut back into).
     The distribute pass's plan of the same matrices would mix shapes in a bucket, one NS

@@ -1,6 +1,6 @@
 """The cost model: a distributed Muon step's predicted time, from its plan alone.
 
-Input: the distribution plan (:func:`muon_compile.passes.plan_distributed.plan_distributed`,
+Input: the distribution plan (:func:`muon_compile.passes.distribute.plan.plan_distributed`,
 which needs shapes only, so any world size can be planned without a process), the
 prefetch depth, a :class:`DeviceProfile` and a
 :class:`~muon_compile.planner.network_profiles.NetworkProfile`. Output: a :class:`StepCost` per
@@ -73,9 +73,9 @@ from ..config import Strategy
 from ..ns.cost import call_latency, choose, pointwise_bytes, predicted_seconds
 from ..ns.matmul_rates import PROFILES as MATMUL_PROFILES
 from ..ns.matmul_rates import MatmulRates
-from ..passes.plan_distributed import EVERY_RANK, DistBucket, DistMember, DistPlan
+from ..passes.distribute.plan import EVERY_RANK, DistBucket, DistMember, DistPlan
+from ..passes.distribute.stages import Stage, StageTag
 from ..passes.schedule import stage_order
-from ..passes.stages import Stage, StageTag
 from .network_profiles import NetworkProfile
 
 # Elementwise passes of the momentum and the update, in parameter-sized tensors: read the

@@ -48,9 +48,9 @@ from muon_compile.compile.cache_key import sources_hash
 from muon_compile.distributed.routing import Kind, layout_of
 from muon_compile.ns.op import NEWTON_SCHULZ, newton_schulz_routed
 
+from ...passes.distribute.plan import DistBucket, plan_distributed
 from ...passes.find import NSSite, find_ns_sites
 from ...passes.graph_utils import ns_call
-from ...passes.plan_distributed import DistBucket, plan_distributed
 
 KINDS = ("version", "setting", "gradient", "plan", "collective")
 

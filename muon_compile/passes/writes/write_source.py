@@ -34,8 +34,8 @@ import torch.fx as fx
 from torch._higher_order_ops.auto_functionalize import auto_functionalized_v2
 
 from muon_compile.diagnostics.counters import counters
+from muon_compile.optim.stacks import STACK_WRITE
 
-WRITE = torch.ops.muon_compile.unstack_scale_add_.default
 _CLONE = torch.ops.aten.clone.default
 _CONVERT = torch.ops.prims.convert_element_type.default
 
@@ -54,7 +54,7 @@ def plan_write_sources(graph: fx.Graph) -> list[SourceSwap]:
     """The writes whose ``src`` can be read before its exact casts and copies."""
     swaps = []
     for node in graph.find_nodes(op="call_function", target=auto_functionalized_v2):
-        if node.args[0] is not WRITE or not isinstance(src := node.kwargs.get("src"), fx.Node):
+        if node.args[0] is not STACK_WRITE or not isinstance(src := node.kwargs.get("src"), fx.Node):
             continue
         skipped = []
         current = src

@@ -48,8 +48,8 @@ from muon_compile.distributed.sharded_op import assemble, disassemble, own_block
 from muon_compile.ns.args import NSArgs
 from muon_compile.ns.op import newton_schulz_op
 
-from .graph_utils import splice_trace, stable_topological_sort
-from .plan_distributed import DistBucket, DistMember, DistPlan
+from ..graph_utils import splice_trace, stable_topological_sort
+from .plan import DistBucket, DistMember, DistPlan
 from .stages import Stage, StageTag, tagged
 
 log = logging.getLogger(__name__)

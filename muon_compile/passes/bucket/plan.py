@@ -26,7 +26,7 @@ from collections import defaultdict
 from muon_compile.ns.args import NSArgs
 from muon_compile.ns.cost import ns_flops
 
-from .find import NSSite
+from ..find import NSSite
 
 
 @dataclasses.dataclass(frozen=True)

@@ -48,7 +48,7 @@ from muon_compile.ns.cost import (
     choose_products,
 )
 
-from .find import NSSite
+from ..find import NSSite
 
 
 @dataclasses.dataclass(frozen=True)

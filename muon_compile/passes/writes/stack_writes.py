@@ -54,8 +54,8 @@ from torch._higher_order_ops.auto_functionalize import auto_functionalized_v2
 from muon_compile.diagnostics.counters import counters
 from muon_compile.optim import stacks
 
-from .graph_utils import splice_trace
-from .write_source import WRITE, exact_cast_up
+from ..graph_utils import splice_trace
+from .write_source import exact_cast_up
 
 aten = torch.ops.aten
 _COPY = aten.copy_.default
@@ -167,7 +167,7 @@ def _rewrite(graph: fx.Graph, write: StackedWrite) -> None:
             src = src.mT
         alpha = _factor_tensor(first.alpha, values, device)
         out = auto_functionalized_v2(
-            WRITE,
+            stacks.STACK_WRITE,
             scale=_factor_tensor(first.scale, values, device),
             src=src,
             alpha=-alpha if first.negated else alpha,

@@ -1,7 +1,7 @@
 """Loops of Gram products that ``canonicalize``'s walk never saw as a candidate, so that the
 explanation names every near miss, whatever stopped the walk.
 
-The walk (:mod:`ns_walk`) starts a candidate loop at a division by a norm; a loop whose
+The walk (:mod:`.walk`) starts a candidate loop at a division by a norm; a loop whose
 input comes another way (normalised by another norm the walk does not read as one, cast by
 a custom rounding after the normalisation, not normalised at all) forms Gram products that
 belong to no candidate, and would go unmentioned. This search needs no algebra: a *Gram
@@ -23,7 +23,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from muon_compile.passes.fx_writes import flat_nodes, storage_of, written_args
 
-from .ns_walk import Chain, example_value, node_kind
+from .walk import Chain, example_value, node_kind
 
 _PRODUCTS = {"matmul": (0, 1), "addmm": (1, 2)}  # node kind -> positions of the two factors
 _NORMS = ("norm", "linalg_norm", "matrix_norm", "vector_norm", "svd", "svdvals", "linalg_svd", "linalg_svdvals")

@@ -32,8 +32,8 @@ import torch.nn.functional as F
 from muon_compile.diagnostics.counters import counters
 from muon_compile.ns.op import newton_schulz_op
 
-from .graph_utils import splice_trace, stable_topological_sort
-from .plan_buckets import Bucket, BucketPlan
+from ..graph_utils import splice_trace, stable_topological_sort
+from .plan import Bucket, BucketPlan
 
 log = logging.getLogger(__name__)
 

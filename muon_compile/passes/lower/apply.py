@@ -32,9 +32,9 @@ from muon_compile.distributed.sharded_op import gather_orthogonalize_slice, grou
 from muon_compile.ns.args import TEXTBOOK
 from muon_compile.ns.evaluate import orthogonalize
 
-from .graph_utils import NSCall, ns_call, ns_nodes, splice_trace
-from .plan_algorithms import AlgorithmPlan
-from .stages import stage_of, tagged
+from ..distribute.stages import stage_of, tagged
+from ..graph_utils import NSCall, ns_call, ns_nodes, splice_trace
+from .plan import AlgorithmPlan
 
 log = logging.getLogger(__name__)
 

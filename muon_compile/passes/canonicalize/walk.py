@@ -1,5 +1,5 @@
 """The evaluation behind ``canonicalize``: one in-order walk of a Dynamo graph in the
-abstract values of :mod:`ns_algebra`, returning every candidate Newton–Schulz loop as a
+abstract values of :mod:`.algebra`, returning every candidate Newton–Schulz loop as a
 frozen :class:`Chain` (plain data: its start, its input, its norm, its step polynomials,
 its members and escapes, or the reason it is not one).
 
@@ -30,8 +30,8 @@ from muon_compile.compile.compat import VIEW_ATTRIBUTE_OPS
 from muon_compile.passes.fx_writes import storage_of as _storage
 from muon_compile.passes.fx_writes import written_args
 
-from .graph_utils import local_value
-from .ns_algebra import (
+from ..graph_utils import local_value
+from .algebra import (
     CHAIN_VALUES,
     GRAM,
     ONE,
@@ -903,7 +903,7 @@ class _Walk:
 
     def _gram_of_next(self, value: Any) -> Any:
         """``value``, or, for a Gram value ``L q(L)^2`` of the current iteration
-        (:func:`~.ns_algebra.gram_step`), the end of that iteration with step ``q``: the value
+        (:func:`~.algebra.gram_step`), the end of that iteration with step ``q``: the value
         is then ``L`` of the next one (a loop iterating on the Gram matrix)."""
         if not isinstance(value, (Gram, Transfer)) or value.it != self.chains[value.chain].it:
             return value

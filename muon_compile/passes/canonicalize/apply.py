@@ -5,8 +5,8 @@ tensor and the op can be routed by its layout (:mod:`muon_compile.distributed.ro
 being desugared into one collective per Gram matrix.
 
 Algorithm:
-  1. Evaluate the graph once, in order, in the abstract values of :mod:`ns_algebra`
-     (:mod:`ns_walk`), following storage through transposes and in-place ops, so
+  1. Evaluate the graph once, in order, in the abstract values of :mod:`.algebra`
+     (:mod:`.walk`), following storage through transposes and in-place ops, so
      ``X.div_(n)`` followed by uses of ``X`` reads the divided value.
   2. A chain starts where a matrix ``M`` (2-D, or a 3-D stack) is divided by its own
      Frobenius norm, optionally scaled, plus ``eps`` or clamped at ``eps``, per matrix:
@@ -61,9 +61,9 @@ from muon_compile.ns.args import AUTO, GRAM, NSArgs
 from muon_compile.ns.op import NEWTON_SCHULZ, newton_schulz_routed
 from muon_compile.passes.fx_writes import storage_of
 
-from .graph_utils import local_value
-from .ns_algebra import ONE, Odd, next_iterate, poly_trim
-from .ns_walk import Chain, example_value, node_kind, walk_graph
+from ..graph_utils import local_value
+from .algebra import ONE, Odd, next_iterate, poly_trim
+from .walk import Chain, example_value, node_kind, walk_graph
 
 log = logging.getLogger(__name__)
 

@@ -29,7 +29,7 @@ from muon_compile.distributed.sharded_op import ShardLayout
 from muon_compile.ns.args import NSArgs
 from muon_compile.ns.cost import ns_flops
 
-from .find import NSSite
+from ..find import NSSite
 
 EVERY_RANK = -1
 

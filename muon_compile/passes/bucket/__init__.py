@@ -1,0 +1,1 @@
+"""bucket: single-device sites of one canonical shape become one batched op call (``plan``, ``apply``)."""
