@@ -18,7 +18,7 @@ run, each on fresh parameters:
                     shards stacked, one all_to_all pair per shape, owners round-robin
 
 With ``--tp N`` the mesh is ``(W/N, N)``, named ``(dp, tp)``: the matrices alternate between
-``ColwiseParallel`` and ``RowwiseParallel`` on ``tp`` (gpt-small's qkv, out, up, down), then
+``ColwiseParallel`` and ``RowwiseParallel`` on ``tp`` (gpt-small-odd's qkv, out, up, down), then
 ``fully_shard`` on ``dp``, and the arms are the tensor-parallel ones (the default ``--arms``):
 
     tp-dtensor      muon_compile.Muon, backend="muon", each matrix left to DTensor's sharding
@@ -63,7 +63,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, 
 from torch._inductor.utils import fresh_cache
 
 import muon_compile
-from muon_compile import config
+from muon_compile import config, models
 from muon_compile.ns.cost import ns_flops
 
 from bench_common import (
@@ -74,13 +74,8 @@ KELLER = (3.4445, -4.7750, 2.0315)
 LR, MOMENTUM, NS_STEPS = 0.02, 0.95, 5
 Shape = tuple[int, int]
 
-_GPT_SMALL = [(1152, 384), (384, 384), (1536, 384), (384, 1536)] * 6
-WORKLOADS: dict[str, list[Shape]] = {
-    # gpt-small plus two matrices whose rows 2 does not divide and a single row
-    "gpt-small": _GPT_SMALL + [(1001, 384), (383, 1536), (1, 384)],
-    # 14 matrices of widths 64, 96 and 37
-    "small-14": [(64, 96), (96, 64), (37, 64), (64, 37), (96, 96), (37, 96), (96, 37)] * 2,
-}
+# models of the registry (muon_compile/models.py): gpt-small with uneven shards, and small widths
+WORKLOADS: dict[str, list[Shape]] = {name: list(models.model(name).matrices) for name in ("gpt-small-odd", "small-14")}
 
 
 # ---------------------------------------------------------------------------- devices

@@ -22,19 +22,20 @@ How a step is timed depends on the device:
   kernels. The warm-up steps are followed by ``torch.cuda.synchronize()``, so no timed
   step overlaps earlier work.
 
-Workloads (``--workload``):
+Workloads (``--workload``), models of the registry :mod:`muon_compile.models` (its docstring
+says what each is):
 
     gpt-small       6 layers of a d=384 GPT: fused QKV, attention out, MLP up and down
     many-small      96 small matrices of 8 shapes (64 to 384 rows or columns)
-    llama-1b        16 layers of a 1B-parameter Llama: q, k, v, o 2048x2048; gate, up
-                    5632x2048; down 2048x5632 (large: about 43 NS TFLOP per step)
-    llama-1b-2l     the same shapes, 2 layers (a CPU step of all 16 takes about a minute)
-    llama-8b-4l     4 layers of Llama 3 8B: q, o 4096x4096; k, v 1024x4096; gate, up
+    dense-1b        16 layers of a dense 1B decoder: q, k, v, o 2048x2048; gate, up 5632x2048;
+                    down 2048x5632 (large: about 43 NS TFLOP per step)
+    dense-1b-2l     the same shapes, 2 layers (a CPU step of all 16 takes about a minute)
+    llama-8b-4l     4 layers of Llama 3.1 8B: q, o 4096x4096; k, v 1024x4096; gate, up
                     14336x4096; down 4096x14336 (large: 83 NS TFLOP per step, textbook)
     tiny            4 small matrices: seconds per arm on a CPU, for checking the script
 
 A large workload takes hours on a CPU: ``--workload all`` runs it only on CUDA and says
-it skipped it on the CPU; naming it (``--workload llama-1b``) runs it on either device.
+it skipped it on the CPU; naming it (``--workload dense-1b``) runs it on either device.
 
 Arms (``--arms`` takes the keys, or the long names, comma-separated):
 
@@ -149,7 +150,7 @@ Usage::
     python scripts/bench_single_device.py                      # all workloads and arms
     python scripts/bench_single_device.py --workload many-small --reps 3 --warmup 1 \\
         --arms eager-ours,muon,roofline --json /tmp/bench.json
-    python scripts/bench_single_device.py --device cuda --workload llama-1b
+    python scripts/bench_single_device.py --device cuda --workload dense-1b
 """
 
 from __future__ import annotations
@@ -169,6 +170,7 @@ from torch._inductor.runtime.cache_dir_utils import cache_dir
 from torch._inductor.utils import fresh_cache
 
 import muon_compile
+from muon_compile import models
 from muon_compile.diagnostics.launches import Launches
 from muon_compile.ns.cost import choose, ns_flops, products
 
@@ -194,7 +196,7 @@ NS_STEPS = 5  # the default of both optimizers
 NS_DTYPE = torch.bfloat16  # the default of both optimizers
 SEED = 0
 
-Shape = tuple[int, int]
+Shape = models.Shape
 
 
 # ----------------------------------------------------------------------------- workloads
@@ -226,40 +228,10 @@ class Workload:
         return total
 
 
-def _gpt_small_shapes(d: int = 384, layers: int = 6) -> tuple[Shape, ...]:
-    """Per layer: fused QKV (3d x d), attention out (d x d), MLP up (4d x d), MLP down (d x 4d)."""
-    return ((3 * d, d), (d, d), (4 * d, d), (d, 4 * d)) * layers
-
-
-def _llama_shapes(d: int = 2048, hidden: int = 5632, layers: int = 16) -> tuple[Shape, ...]:
-    """Per layer: q, k, v, o (d x d), MLP gate and up (hidden x d), MLP down (d x hidden)."""
-    return ((d, d), (d, d), (d, d), (d, d), (hidden, d), (hidden, d), (d, hidden)) * layers
-
-
-def _llama_8b_shapes(layers: int) -> tuple[Shape, ...]:
-    """Per layer of Llama 3 8B: q and o 4096x4096, k and v 1024x4096 (grouped-query attention),
-    MLP gate and up 14336x4096, down 4096x14336."""
-    d, kv, hidden = 4096, 1024, 14336
-    return ((d, d), (kv, d), (kv, d), (d, d), (hidden, d), (hidden, d), (d, hidden)) * layers
-
-
-def _cycled(shapes: Sequence[Shape], count: int) -> tuple[Shape, ...]:
-    return tuple(shapes[i % len(shapes)] for i in range(count))
-
-
+# every workload one model of the registry, named as there (muon_compile/models.py)
 WORKLOADS = {
-    w.name: w
-    for w in (
-        Workload("gpt-small", _gpt_small_shapes()),
-        Workload(
-            "many-small",
-            _cycled(((64, 192), (192, 64), (96, 96), (128, 256), (256, 128), (64, 64), (128, 384), (384, 128)), 96),
-        ),
-        Workload("llama-1b", _llama_shapes(), large=True),
-        Workload("llama-1b-2l", _llama_shapes(layers=2)),
-        Workload("llama-8b-4l", _llama_8b_shapes(layers=4), large=True),
-        Workload("tiny", ((32, 16), (16, 32), (24, 24), (48, 16))),
-    )
+    name: Workload(name, models.model(name).matrices, models.model(name).large)
+    for name in ("gpt-small", "many-small", "dense-1b", "dense-1b-2l", "llama-8b-4l", "tiny")
 }
 
 

@@ -1,8 +1,8 @@
 """The stacks' write on one device (issue 59): ``muon_compile::unstack_scale_add_`` (one
 Triton launch where Triton runs, muon_compile/kernels/scale_add.py) against the write it
-replaced, on the stacks of llama-1b and of Llama 3 8B layers, one after the other, medians.
+replaced, on the stacks of Llama 3.2 1B and of 4 Llama 3.1 8B layers, one after the other, medians.
 
-    python scripts/bench_write.py [--device cuda] [--stacks 64x2048x2048,...] [--reps 20] [--json FILE]
+    python scripts/bench_write.py [--device cuda] [--stacks 32x2048x2048,...] [--reps 20] [--json FILE]
 
 A stack ``BxMxN`` is ``B`` fp32 parameters of ``M x N`` and the bf16 Newton–Schulz result
 ``[B, M, N]``, transposed (a view of ``[B, N, M]``) for a tall matrix (``M > N``), as the
@@ -32,11 +32,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_common import clock_for, kernel_bench_parser, machine_info, machine_line, markdown_row, markdown_rule, time_steps  # noqa: E402
 
-from muon_compile.kernels import scale_add as scale_add_kernel
+from muon_compile import models  # noqa: E402
+from muon_compile.kernels import scale_add as scale_add_kernel  # noqa: E402
 from muon_compile.optim import stacks  # noqa: E402
 
-# llama-1b: q/o (and the KV heads' rows), gate/up (tall), down; 8B: gate/up (tall), down
-STACKS = "64x2048x2048,32x8192x2048,16x2048x8192,8x14336x4096,4x4096x14336"
+# the stacks of Llama 3.2 1B and of 4 layers of Llama 3.1 8B (muon_compile/models.py)
+STACKS = ",".join(f"{n}x{r}x{c}" for name in ("llama-1b", "llama-8b-4l") for n, r, c in models.stacks(name))
 BYTES_PER_ENTRY = 2 + 4 + 4  # the bf16 result read, the fp32 parameter read and written
 SCALE, ALPHA = 0.999, -0.02 * 1.4142
 

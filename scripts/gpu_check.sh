@@ -13,7 +13,7 @@
 #                that folder exists (built on a machine with a registry, carried here: see
 #                docs/benchmarks.md, "Peers") (always)                -> install.log
 #   bench        scripts/bench_single_device.py (CUDA-event times), every compiled arm
-#                compiled first, in parallel processes: gpt-small, llama-1b and 4 layers of
+#                compiled first, in parallel processes: gpt-small, dense-1b and 4 layers of
 #                Llama 3 8B; arms eager torch.optim.Muon, the default backend, muon, muon
 #                with the CUDA graph, muon with symmetric products, unmodified
 #                torch.optim.Muon under muon, the textbook roofline and the roofline of
@@ -25,7 +25,7 @@
 #                epilogues against one pointwise kernel, m 128-4096, bf16 and fp32 (the table
 #                of matmul_rates' epilogue field)                 -> bench_epilogue.txt/.json
 #   write        scripts/bench_write.py: the stacks' one-pass write kernel against the
-#                foreach write it replaced, llama-1b and 8B stacks -> bench_write.txt/.json
+#                foreach write it replaced, Llama 3.2 1B and 8B stacks -> bench_write.txt/.json
 #   tests        the CUDA instances of the device-parametrised tests (pytest -m cuda, 4
 #                workers)                                         -> tests.log, junit.xml
 #   calibrate    the planner's profile of this GPU (python -m muon_compile.planner.calibrate:
@@ -108,7 +108,7 @@ ARMS=eager-torch,inductor-torch,muon,muon-cudagraph,muon-sym,muon-torch,roofline
 if [ "$DEVICE" = cuda ]; then
   # compiles at once: half the host's cores (a compile also runs threads of its own), at most 8
   WORKERS=$(( $(nproc) / 2 > 8 ? 8 : ($(nproc) / 2 > 0 ? $(nproc) / 2 : 1) ))
-  BENCH_DEFAULT="--workload gpt-small,llama-1b,llama-8b-4l --arms $ARMS --reps 5 --compile-workers $WORKERS"
+  BENCH_DEFAULT="--workload gpt-small,dense-1b,llama-8b-4l --arms $ARMS --reps 5 --compile-workers $WORKERS"
 else
   # the steps checked, not the figures: C++ kernels built before (the tests' cache) are reused
   BENCH_DEFAULT="--workload tiny --arms $ARMS --reps 2 --warmup 1 --compile-workers 2 --kept-cache"

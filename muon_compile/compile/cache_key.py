@@ -4,7 +4,7 @@ The passes run inside Inductor as a ``CustomGraphPass``, whose ``uuid()`` enters
 graph and AOTAutograd cache keys. It must change whenever the passes could produce
 another graph: when any source file of this package changes (:func:`package_sources`,
 found from the package's own directories, so a new module is covered without a list to
-keep; the cluster planner, :data:`NOT_COMPILED`, is left out), when the configuration
+keep; the cluster planner and the models, :data:`NOT_COMPILED`, are left out), when the configuration
 changes, and from one rank to another (:func:`rank_key`).
 """
 
@@ -19,13 +19,13 @@ import torch.distributed as dist
 from torch._inductor.custom_graph_pass import get_hash_for_files
 from torch.distributed.tensor import DTensor
 
-# subpackages that nothing on the compile path imports: their sources are not in the key
-NOT_COMPILED = ("planner",)
+# what nothing on the compile path imports (the cluster planner, the registry of models): not in the key
+NOT_COMPILED = ("planner", "models.py")
 
 
 def package_sources(package: ModuleType, leave_out: Sequence[str] = ()) -> tuple[str, ...]:
     """Every ``.py`` file under ``package``'s directories, subpackages included, except
-    those under its subpackages named in ``leave_out``; sorted."""
+    those under its subpackages or among its modules named in ``leave_out``; sorted."""
     dirs = [Path(d).resolve() for d in package.__path__]
     skipped = [d / name for d in dirs for name in leave_out]
     files = {f for d in dirs for f in d.rglob("*.py") if not any(f.is_relative_to(s) for s in skipped)}
@@ -33,8 +33,8 @@ def package_sources(package: ModuleType, leave_out: Sequence[str] = ()) -> tuple
 
 
 def sources_hash(package: ModuleType) -> bytes:
-    """A hash of the contents of :func:`package_sources`, the planner left out (nothing
-    on the compile path imports it); cached per set of files."""
+    """A hash of the contents of :func:`package_sources`, :data:`NOT_COMPILED` left out
+    (nothing on the compile path imports it); cached per set of files."""
     return get_hash_for_files(package_sources(package, NOT_COMPILED))
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from ..config import Strategy
 from . import recommend as planner
-from .model_shapes import MODELS
+from ..models import MODELS
 from .network_profiles import PROFILES as NETWORKS
 from .step_cost import DEVICES
 

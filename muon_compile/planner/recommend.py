@@ -5,7 +5,7 @@ times per strategy, bucket size and prefetch depth, from shapes alone.
         [--device h100 | --profile FILE] [--network nvlink-ib] [--bucket-mb 64,256,1024,4096,16384] \\
         [--prefetch 0,1,2] [--shard 8,64] [--tp 8] [--memory-share 0.25] [--tokens 4194304] [--mfu 0.4]
 
-The matrices of the model (:mod:`muon_compile.planner.model_shapes`) become the sharded
+The matrices of the model (:mod:`muon_compile.models`) become the sharded
 Newton–Schulz sites an FSDP2 run over ``world`` ranks would have (one process group,
 ``torch.chunk`` rows), planned by the distribute pass's own planner
 (:func:`~muon_compile.passes.distribute.plan.plan_distributed`) and priced by the cost
@@ -13,7 +13,7 @@ model (:func:`muon_compile.planner.step_cost.predict`). Besides FSDP over the wh
 layouts are tried: Muon's collectives then run within shard groups of ``--shard`` ranks,
 and the replica groups repeat the step without communicating in it (the gradient
 all-reduce across replicas belongs to the backward pass, not priced here). With ``--tp T``
-the matrices are tensor-parallel first (Megatron's layout, ``ModelShapes.tp_split``) and FSDP2
+the matrices are tensor-parallel first (Megatron's layout, ``Model.tp_split``) and FSDP2
 shards the rest over ``world / T`` (a shard group is then ``T`` times a data-parallel group),
 and every TP mode is priced (:class:`~muon_compile.config.TPMode`): ``distributed`` and
 ``duplicated`` on the whole matrices, ``blockwise`` on each TP block over the data-parallel
@@ -62,7 +62,7 @@ from ..passes.bucket.plan import plan_buckets
 from ..passes.distribute.plan import DistBucket, DistMember, DistPlan, plan_distributed
 from ..passes.find import NSSite, Sharding
 from . import profiles
-from .model_shapes import MODELS, ModelShapes, model
+from ..models import MODELS, Model, model
 from .network_profiles import PROFILES as NETWORKS
 from .network_profiles import NetworkProfile
 from .step_cost import DEVICES, TIE, DeviceProfile, StepCost, buffer_bytes, predict, tied
@@ -305,7 +305,7 @@ def memory_limit(device: DeviceProfile, share: float = MEMORY_SHARE) -> float:
     return device.memory * share
 
 
-def training_seconds(shapes: ModelShapes, tokens: int, world: int, device: DeviceProfile, mfu: float) -> float:
+def training_seconds(shapes: Model, tokens: int, world: int, device: DeviceProfile, mfu: float) -> float:
     """Seconds of the forward and backward pass of ``tokens`` tokens over ``world``
     devices at ``mfu`` of the device's largest-size bf16 matmul rate."""
     peak = device.matmul.tables[torch.bfloat16][-1][1] * 1e9
