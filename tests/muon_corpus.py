@@ -46,6 +46,9 @@ class Entry:
     logs_in_loop: bool = False  # a logging call in the step or loop (one graph only with muon_compile.compile.tracing)
     today: str | None = None  # not yet recognised: what the backend meets (a rejection or a graph break)
     loops_of: Callable[[list], int] | None = None  # the step's own loop count, where stacks does not say it
+    # graphs its compiled step makes over a few steps: 2 where the first step makes the state or
+    # a step count in a Python int changes the second step's graph (then no more)
+    graphs: int = 1
 
     def step(self, params, dtype: torch.dtype | None = None) -> Step:
         """The step of ``params``, Newton–Schulz in ``dtype`` (the entry's own by default); in fp64

@@ -15,7 +15,7 @@ import muon_compile
 from muon_compile import config
 
 from helpers import MIXED_SHAPES, compare_steps, make_params, muon, set_grads, step_and_compare
-from numerics import NS_RTOL
+from numerics import NS_RTOL, assert_rel_close
 
 
 def _sweep(ns_dtype, preset, nesterov):
@@ -102,12 +102,16 @@ def test_hyperparameter_changes_do_not_recompile_and_take_effect(device):
     for i, change in enumerate(changes):
         set_grads(eager_params, i)
         set_grads(comp_params, i)
+        starts = [p.detach().clone() for p in eager_params + comp_params]
         eager.step()
         # the first call compiles; any later recompile raises RecompileError
         with torch._dynamo.config.patch(error_on_recompile=i > 0):
             step()
-        for e, c in zip(eager_params, comp_params):
-            torch.testing.assert_close(c, e, rtol=NS_RTOL[device][torch.bfloat16], atol=1e-3)
+        # each step's update, not the whole parameters: a changed momentum, weight decay or lr
+        # changes the update by far more than the bf16 tolerance, the parameters by less
+        for j, (e, c) in enumerate(zip(eager_params, comp_params)):
+            e0, c0 = starts[j], starts[len(eager_params) + j]
+            assert_rel_close(c - c0, e - e0, NS_RTOL[device][torch.bfloat16], f"step {i} param {j}")
         for s in scheds:
             s.step()
         if change is not None:
@@ -361,7 +365,7 @@ def test_unmodified_torch_muon_with_a_float_lr_under_a_scheduler(weight_decay):
             for schedule in schedules:
                 schedule.step()
     graphs = dynamo_counters["stats"]["unique_graphs"]
-    assert graphs == 8 if DYNAMO_SPECIALIZES_FLOATS else graphs <= 2, graphs
+    assert graphs == (8 if DYNAMO_SPECIALIZES_FLOATS else 2), graphs
 
 
 def test_a_float_alpha_made_a_product_scales_in_the_sums_dtype(monkeypatch):

@@ -270,6 +270,9 @@ def test_a_parameter_without_a_gradient_at_capture_is_updated_once_it_has_one():
 @pytest.mark.cuda
 @needs_cuda
 def test_a_checkpoint_loaded_after_capture_is_the_next_steps_state():
+    from torch._dynamo.utils import counters
+
+    counters.clear()
     torch._dynamo.reset()
     (eager_params, eager), (params, opt), step = _captured_pair(_mixed, [(64, 96), (96, 64), (64,)])
     for s in range(2):
@@ -283,11 +286,16 @@ def test_a_checkpoint_loaded_after_capture_is_the_next_steps_state():
     eager.load_state_dict(copy.deepcopy(checkpoint))  # load_state_dict keeps the tensors it is given, as torch.optim's
     opt.load_state_dict(copy.deepcopy(checkpoint))
     _same_step(eager_params, params, eager, opt, step, 9, "after loading")
+    assert counters["inductor"]["cudagraph_skips"] == 0  # captured, and the load replayed it
+    assert counters["stats"]["unique_graphs"] == 1
 
 
 @pytest.mark.cuda
 @needs_cuda
 def test_a_recompile_captures_anew():
+    from torch._dynamo.utils import counters
+
+    counters.clear()
     torch._dynamo.reset()
     (eager_params, eager), (params, opt), step = _captured_pair(_mixed, [(64, 96), (96, 64), (64,)])
     _same_step(eager_params, params, eager, opt, step, 0, "before")
@@ -295,6 +303,8 @@ def test_a_recompile_captures_anew():
         o.param_groups[0]["nesterov"] = not o.param_groups[0]["nesterov"]  # a Python bool: Dynamo recompiles
     for s in range(1, 3):
         _same_step(eager_params, params, eager, opt, step, s, f"after the recompile, step {s}")
+    assert counters["stats"]["unique_graphs"] == 2  # the recompile happened
+    assert counters["inductor"]["cudagraph_skips"] == 0  # and both graphs were captured
 
 
 _TEARDOWN = textwrap.dedent(

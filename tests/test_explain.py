@@ -59,7 +59,7 @@ def test_logging_and_setting_reads_trace_into_one_graph_and_can_be_switched_off(
     assert len(dynamo_graphs(entry, SHAPES)) == 1
     torch._dynamo.reset()
     with tracing_helpers(False):
-        assert len(dynamo_graphs(entry, SHAPES)) > 1
+        assert len(dynamo_graphs(entry, SHAPES)) == 18  # Dynamo splits the step around every call it cannot trace
 
 
 _LOG = logging.getLogger("muon_compile.tests.step")

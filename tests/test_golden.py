@@ -115,9 +115,11 @@ def test_torch_optim_muon_single_device(tmp_path, monkeypatch):
     # half an ulp of its terms' size: apart by at most 2 eps (|p| + |a O|), however much the
     # terms cancel. torch 2.11's graph rounds each scaled update to bf16 (the write's src_scale
     # does too), which its fused CPU code skips (compat.CPU_FUSION_DROPS_ROUND_TRIP): a bf16
-    # rounding apart there
+    # rounding of the update apart there besides
     for got, other, start in zip(step.compiled, per_parameter.compiled, per_parameter.start):
-        if not CPU_FUSION_DROPS_ROUND_TRIP:
-            terms = start.abs() + (other - start).abs()
-            assert ((got - other).abs() <= 2 * torch.finfo(got.dtype).eps * terms).all()
+        terms = start.abs() + (other - start).abs()
+        bound = 2 * torch.finfo(got.dtype).eps * terms
+        if CPU_FUSION_DROPS_ROUND_TRIP:  # |a O| <= |p' - p| + lr wd |p| (torch.optim.Muon's weight decay 0.1)
+            bound = bound + torch.finfo(torch.bfloat16).eps * ((other - start).abs() + 0.02 * 0.1 * start.abs())
+        assert ((got - other).abs() <= bound).all(), (got - other).abs().max()
     step.assert_close(NS_RTOL["cpu"][torch.bfloat16])

@@ -301,4 +301,5 @@ def dion_generator(params, dtype):
 
 
 ENTRY = Entry("dion_generator", "microsoft/dion@d53bd2d dion/muon.py + dion/opt_utils.py (one async task per parameter)",
-              "distributed library", dion_generator, torch.bfloat16)
+              "distributed library", dion_generator, torch.bfloat16,
+              graphs=2)  # the state made at the first step, the group's count a Python int

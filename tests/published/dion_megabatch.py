@@ -490,4 +490,5 @@ def dion_megabatch(params, dtype):
 ENTRY = Entry("dion_megabatch",
               "microsoft/dion@0a059a4 dion/muon.py + dion/megabatch_base.py + dion/polar_express.py "
               "(one async task per same-shape group, stacked)",
-              "distributed library", dion_megabatch, torch.bfloat16, stacks=True)
+              "distributed library", dion_megabatch, torch.bfloat16, stacks=True,
+              graphs=2)  # the state made at the first step, the group's step a Python int
