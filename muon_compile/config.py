@@ -59,7 +59,9 @@ import enum
 import os
 from collections.abc import Iterator, Mapping
 
+from .modes import Mode
 from .ns.args import AUTO, check_algorithm
+from .ns.cost import Policy
 
 
 def pass_names() -> tuple[str, ...]:
@@ -87,30 +89,19 @@ PLAN_FIELDS = (
 )
 
 
-def _parse(cls: type[enum.Enum], value: enum.Enum | str, variable: str) -> enum.Enum:
-    """``value`` as a member of ``cls`` (a member or its name); ``ValueError`` naming ``variable`` otherwise."""
-    if isinstance(value, cls):
-        return value
-    try:
-        return cls(value)
-    except ValueError:
-        known = [s.value for s in cls]
-        raise ValueError(f"{variable} must be one of {known}, got {value!r}") from None
-
-
-class Strategy(enum.Enum):
+class Strategy(Mode):
     """How the buckets of row-sharded matrices are orthogonalised across ranks."""
 
     ALL_TO_ALL = "all_to_all"  # owner-compute: each rank orthogonalises ~1/W of the matrices
     ALL_GATHER = "all_gather"  # every rank orthogonalises every matrix, keeps its rows
 
     @classmethod
-    def parse(cls, value: Strategy | str) -> Strategy:
-        """``value`` as a :class:`Strategy` (a member or its name); ``ValueError`` otherwise."""
-        return _parse(cls, value, "MUON_COMPILE_STRATEGY")  # type: ignore[return-value]
+    def parse(cls, value: Strategy | str, where: str = "MUON_COMPILE_STRATEGY") -> Strategy:
+        """``value`` as a :class:`Strategy` (a member or its name); ``ValueError`` naming ``where`` otherwise."""
+        return super().parse(value, where)
 
 
-class TPMode(enum.Enum):
+class TPMode(Mode):
     """How a matrix sharded on a tensor-parallel mesh dimension is orthogonalised (Megatron's
     ``TensorParallelMuon`` modes; :mod:`muon_compile.distributed.routing`). Matrices sharded on no such
     dimension are distributed by owner whatever the mode."""
@@ -122,7 +113,7 @@ class TPMode(enum.Enum):
     @classmethod
     def parse(cls, value: TPMode | str, where: str = "MUON_COMPILE_TP_MODE") -> TPMode:
         """``value`` as a :class:`TPMode` (a member or its name); ``ValueError`` naming ``where`` otherwise."""
-        return _parse(cls, value, where)  # type: ignore[return-value]
+        return super().parse(value, where)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,9 +148,8 @@ class Config:
         if not 0.0 <= self.pad_waste < 1.0:
             raise ValueError(f"MUON_COMPILE_PAD_WASTE must be in [0, 1), got {self.pad_waste!r}")
         check_algorithm(self.ns_algorithm, "MUON_COMPILE_NS_ALGORITHM")
-        for value, variable in ((self.sym_products, "MUON_COMPILE_SYM_PRODUCTS"), (self.ns_epilogue, "MUON_COMPILE_NS_EPILOGUE")):
-            if value not in ("auto", "on", "off"):
-                raise ValueError(f"{variable} must be one of ['auto', 'on', 'off'], got {value!r}")
+        Policy.check(self.sym_products, "MUON_COMPILE_SYM_PRODUCTS")
+        Policy.check(self.ns_epilogue, "MUON_COMPILE_NS_EPILOGUE")
         if self.cpu_heap_mb < 0:
             raise ValueError(f"MUON_COMPILE_CPU_HEAP_MB must be >= 0, got {self.cpu_heap_mb!r}")
         if not self.agree_timeout >= 0:

@@ -209,7 +209,7 @@ def _muon(params, **kw):
         (lambda: muon_compile.Muon([nn.Parameter(torch.ones(2, 2, 2, 2))]), r"#0 \(shape \(2, 2, 2, 2\)\) has 4"),
         (lambda: muon_compile.Muon([("w", nn.Parameter(torch.ones(2, 2, dtype=torch.complex64)))]), "'w' has dtype torch.complex64"),
         (lambda: muon_compile.Muon(_params([(2, 2)]), ns_coefficients="nope"), "unknown Newton-Schulz coefficient preset 'nope'"),
-        (lambda: muon_compile.Muon(_params([(2, 2)]), adjust_lr="sqrt"), "unknown adjust_lr mode 'sqrt'"),
+        (lambda: muon_compile.Muon(_params([(2, 2)]), adjust_lr="sqrt"), "adjust_lr must be one of .*, got 'sqrt'"),
         (lambda: muon_compile.Muon(_params([(2, 2)]), ns_steps=0), "ns_steps must be a positive int"),
         (lambda: muon_compile.Muon(_params([(2, 2)]), momentum=1.0), r"momentum must be in \[0, 1\)"),
         (lambda: muon_compile.Muon(_params([(2, 2)]), lr=-1.0), "lr must be >= 0"),

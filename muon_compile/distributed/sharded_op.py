@@ -44,7 +44,6 @@ from ..ns.evaluate import orthogonalize
 from ..ns.op_support import check_input, register_no_derivative
 
 _QUALNAME = "muon_compile::sharded_newton_schulz"
-TP_MODES = tuple(m.value for m in config.TPMode)
 
 
 # indices of rows or columns as contiguous stretches, in local order
@@ -357,8 +356,7 @@ def check_layout(layout: ShardLayout) -> None:
         raise ValueError(f"sharded_newton_schulz: mesh {layout.mesh}, dims {layout.dims} and split {layout.split} must be non-empty and of one length")
     if any(d not in (0, 1) for d in layout.dims) or any(n < 1 for n in layout.mesh) or any(s < 0 for s in layout.split):
         raise ValueError(f"sharded_newton_schulz: dims must be 0 or 1, mesh sizes >= 1 and split factors >= 0; got {layout}")
-    if layout.tp_mode not in TP_MODES:
-        raise ValueError(f"sharded_newton_schulz: tp_mode must be one of {TP_MODES}, got {layout.tp_mode!r}")
+    config.TPMode.check(layout.tp_mode, "sharded_newton_schulz: tp_mode")
 
 
 torch.library.define(

@@ -28,21 +28,27 @@ from typing import ClassVar
 
 import torch
 
+from ..modes import Mode
+
 Triple = tuple[float, float, float]
 
 COMPUTE_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
 
-# How the iteration is evaluated (:mod:`muon_compile.ns.evaluate`); "auto" leaves the choice
-# to :func:`muon_compile.ns.cost.choose`, per matrix shape, dtype and device.
-AUTO, TEXTBOOK, GRAM = "auto", "textbook", "gram"
-ALGORITHMS = (AUTO, TEXTBOOK, GRAM)
+class Algorithm(Mode):
+    """How the iteration is evaluated (:mod:`muon_compile.ns.evaluate`); ``auto`` leaves the
+    choice to :func:`muon_compile.ns.cost.choose`, per matrix shape, dtype and device."""
+
+    AUTO = "auto"
+    TEXTBOOK = "textbook"
+    GRAM = "gram"
+
+
+AUTO, TEXTBOOK, GRAM = (a.value for a in Algorithm)  # as the ops and plans hold them: plain strings
 
 
 def check_algorithm(value: object, where: str = "newton_schulz algorithm") -> str:
-    """``value`` if it names an algorithm of :data:`ALGORITHMS`, else ``ValueError`` naming ``where``."""
-    if value not in ALGORITHMS:
-        raise ValueError(f"{where} must be one of {list(ALGORITHMS)}, got {value!r}")
-    return value  # type: ignore[return-value]
+    """``value`` as the plain name of an :class:`Algorithm`, else ``ValueError`` naming ``where``."""
+    return Algorithm.check(value, where)
 
 
 def as_triple(value: object, where: str | int) -> Triple:

@@ -38,6 +38,7 @@ import dataclasses
 import torch
 
 from ..kernels.sym import DTYPES as SYMMETRIC_DTYPES
+from ..modes import Mode
 from .args import AUTO, GRAM, TEXTBOOK, check_algorithm
 from .matmul_rates import MatmulRates, profile_for
 
@@ -144,7 +145,18 @@ class Choice:
 
 
 BMM, SYMMETRIC = "bmm", "sym"
-PRODUCT_POLICIES = (AUTO, "on", "off")
+
+
+class Policy(Mode):
+    """A lowering choice's setting (``MUON_COMPILE_SYM_PRODUCTS``, ``MUON_COMPILE_NS_EPILOGUE``):
+    ``auto`` by the device's measured table, or forced ``on`` / ``off``."""
+
+    AUTO = "auto"
+    ON = "on"
+    OFF = "off"
+
+
+PRODUCT_POLICIES = tuple(Policy.values())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,9 +178,8 @@ EPILOGUE, POLYNOMIAL = "epilogue", "polynomial"
 
 
 def check_policy(policy: str, variable: str) -> None:
-    """``ValueError`` naming ``variable`` unless ``policy`` is one of :data:`PRODUCT_POLICIES`."""
-    if policy not in PRODUCT_POLICIES:
-        raise ValueError(f"{variable} must be one of {list(PRODUCT_POLICIES)}, got {policy!r}")
+    """``ValueError`` naming ``variable`` unless ``policy`` is a :class:`Policy`."""
+    Policy.check(policy, variable)
 
 
 def choose_products(rows: int, cols: int, algorithm: str, compute_dtype: torch.dtype, device_type: str, policy: str = AUTO) -> ProductChoice:

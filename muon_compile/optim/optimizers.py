@@ -36,7 +36,7 @@ from . import qk_clip as qk_clip_mod
 from . import stacks as stacks_mod
 from .qk_clip import QKClip
 from .updates import (
-    ADJUST_LR_MODES,
+    AdjustLR,
     adamw_update,
     gate,
     lr_ratio,
@@ -292,8 +292,7 @@ class MuonAdamW(torch.optim.Optimizer):
         check_algorithm(group["ns_algorithm"], "ns_algorithm")
         if group["tp_mode"] is not None:
             group["tp_mode"] = config.TPMode.parse(group["tp_mode"], "tp_mode").value
-        if group["adjust_lr"] not in ADJUST_LR_MODES:
-            raise ValueError(f"unknown adjust_lr mode {group['adjust_lr']!r}; known: {ADJUST_LR_MODES}")
+        group["adjust_lr"] = AdjustLR.check(group["adjust_lr"], "adjust_lr")
         if group["ns_eps"] is not None and not group["ns_eps"] >= 0:
             raise ValueError(f"ns_eps must be >= 0, got {group['ns_eps']!r}")
         for key in _MUON_SCALARS:

@@ -14,10 +14,20 @@ import torch
 from torch import Tensor
 from torch.distributed.tensor import DTensor
 
+from ..modes import Mode
 from ..ns.args import NSArgs
 from ..ns.op import newton_schulz_any
 
-ADJUST_LR_MODES = ("original", "match_rms_adamw", "spectral", "none")
+
+class AdjustLR(Mode):
+    """The shape-dependent learning-rate multiplier of a Muon update (:func:`lr_ratio`)."""
+
+    ORIGINAL = "original"
+    MATCH_RMS_ADAMW = "match_rms_adamw"
+    SPECTRAL = "spectral"
+    NONE = "none"
+
+
 
 
 def lr_ratio(rows: int, cols: int, mode: str) -> float:
@@ -35,7 +45,8 @@ def lr_ratio(rows: int, cols: int, mode: str) -> float:
         return math.sqrt(max(rows, cols))
     if mode == "none":
         return 1.0
-    raise ValueError(f"unknown adjust_lr mode {mode!r}; known: {ADJUST_LR_MODES}")
+    AdjustLR.check(mode, "adjust_lr")
+    raise AssertionError(f"adjust_lr {mode!r} has no ratio")  # a mode added without its rule
 
 
 def second_moment_shape(shape: torch.Size) -> tuple[int, ...]:
