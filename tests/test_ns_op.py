@@ -220,7 +220,7 @@ def test_compiled_bf16_op_rounds_where_eager_rounds(device):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
 def test_eager_polynomial_in_place_rounds_as_the_traced_expression(device, dtype):
-    """The op's eager kernel forms the polynomial ``c A A + b A + a I`` in place
+    """The op's eager implementation forms the polynomial ``c A A + b A + a I`` in place
     (ns.evaluate.polynomial without ``eye``), the traced form as written: the same roundings
     by construction (each product with its scalar rounded to fp32, summed, ``a`` added to the
     diagonal where the identity adds it and an exact 0 elsewhere), so every element is equal;
@@ -241,7 +241,7 @@ def test_eager_polynomial_in_place_rounds_as_the_traced_expression(device, dtype
 @pytest.mark.parametrize("shape", [(3, 12, 40), (2, 40, 12)], ids=["wide", "tall"])
 @pytest.mark.parametrize("scale", [1.0, 1e-30], ids=["plain norm", "rescaled norm"])
 def test_eager_kernel_computes_what_the_traced_loop_computes(shape, dtype, scale):
-    """On the CPU the op's eager kernel takes the norms without their rescaled copies where
+    """On the CPU the op's eager implementation takes the norms without their rescaled copies where
     none is needed, divides in place where it owns the copy, and runs the polynomial form's
     iterations in buffers allocated once (ns.evaluate.normalized, frobenius_norm,
     polynomial_in_buffers): the same operations and roundings as what the lower pass traces,

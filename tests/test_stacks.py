@@ -1,4 +1,4 @@
-"""The bucket layout of Muon state (muon_compile.optim.stacks): which parameters stack, the
+"""The stacked layout of Muon state (muon_compile.optim.stacks): which parameters stack, the
 stacked step against the per-parameter one (against the fp64 textbook: test_optimizers),
 state views through state_dict / load_state_dict, missing gradients, and one compiled
 graph for 2,000 matrices."""
@@ -18,10 +18,10 @@ from numerics import NS_RTOL
 REPEATED = [(6, 10), (10, 6), (6, 10), (8, 8), (10, 6), (6, 10)]
 
 
-def test_plan_stacks_groups_equal_2d_shapes_dtypes_and_devices():
+def test_group_stacks_groups_equal_2d_shapes_dtypes_and_devices():
     params = make_params([(4, 6), (4, 6), (6, 4), (2, 4, 6), (2, 4, 6), (4, 6), (3, 3)])
     params.append(nn.Parameter(torch.zeros(4, 6, dtype=torch.float64)))
-    layout = stacks.plan_stacks(params)
+    layout = stacks.group_stacks(params)
     assert [s.indices for s in layout.stacks] == [(0, 1, 5)]
     assert layout.loose == (2, 3, 4, 6, 7)  # singletons, 3-D batches, another dtype
 

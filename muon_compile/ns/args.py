@@ -1,7 +1,7 @@
 """The arguments of a Newton–Schulz evaluation, owned by one frozen type: :class:`NSArgs`.
 
 The optimizers build one, ``canonicalize`` reads one off user code, the passes key their
-buckets by it, and the kernel runs it. It alone converts to and from the flat argument
+buckets by it, and :mod:`muon_compile.ns.evaluate` runs it. It alone converts to and from the flat argument
 list of the custom ops' schema (:data:`NSArgs.SCHEMA`, after the tensor arguments)::
 
     float[] coefficients, int steps, float eps, float norm_scale, bool clamp_eps,
@@ -15,7 +15,7 @@ the trailing arguments that hold the schema's defaults (``restarts`` None, ``nor
 True) are left out.
 
 Adding a field means adding it here, to :data:`NSArgs.SCHEMA`, :meth:`NSArgs.to_op` and
-:meth:`NSArgs.from_op`, and to this module's tests; the ops, the kernel and the passes
+:meth:`NSArgs.from_op`, and to this module's tests; the ops, their evaluation and the passes
 receive it inside the type (``algorithm`` was added so).
 """
 

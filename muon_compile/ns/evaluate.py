@@ -120,7 +120,7 @@ def _finish(X: Tensor, x: Tensor, tall: bool) -> Tensor:
 def polynomial_in_buffers(
     X: Tensor, coefficients: Sequence[tuple[float, float, float]], acc: torch.dtype, dtype: torch.dtype
 ) -> Tensor:
-    """The polynomial form's iterations on ``X`` (in ``dtype``) as the op's eager kernel runs
+    """The polynomial form's iterations on ``X`` (in ``dtype``) as the op's eager implementation runs
     them: the operations of :func:`orthogonalize`'s loop (``bmm``, :func:`polynomial` in place),
     each writing into buffers allocated once a call instead of a fresh tensor an operation:
     on the CPU a fresh buffer of this size costs its page faults (2026-12-07, this 2-core VM,
@@ -142,7 +142,7 @@ def normalized(batch: Tensor, args: NSArgs, *, eager: bool = False) -> tuple[Ten
     with the norms (``||X||_F * norm_scale``, ``[batch, 1, 1]``) and the denominators
     (``norm + eps``, or ``max(norm, eps)`` when ``clamp_eps``) it was divided by; without
     ``args.normalize``, ``X`` as given, its norms, and denominators of 1. ``eager`` (the op's
-    eager kernel): the norms as :func:`frobenius_norm` takes them eagerly, and where the cast
+    eager implementation): the norms as :func:`frobenius_norm` takes them eagerly, and where the cast
     made ``X`` a copy (a low-precision compute dtype), the division in place."""
     acc = torch.promote_types(args.compute_dtype, torch.float32)
     X = to_low_precision(batch, args.compute_dtype).to(acc)
@@ -170,7 +170,7 @@ def frobenius_norm(X: Tensor, *, eager: bool = False) -> Tensor:
     ``2^-100`` where the plain norm is below ``2^-60`` or above ``2^60``: exact scalings;
     the three reductions read ``X`` in one pass when compiled). The normalisation divides
     by them; the Gram iteration takes its input in units of them. ``eager`` on the CPU (the
-    op's eager kernel), where no device waits for the host: the scaled norms only where a
+    op's eager implementation), where no device waits for the host: the scaled norms only where a
     plain one is out of that range (the same values: elsewhere the selection takes the plain
     norm), not two scaled copies of ``X`` and their reductions every call."""
     norm = torch.linalg.vector_norm(X, dim=(-2, -1), keepdim=True)
@@ -193,7 +193,7 @@ def polynomial(
     """The textbook iteration's pointwise step ``B = c A A + b A + a I`` of its polynomial
     form, summed in ``acc`` (at least fp32) and rounded once to ``dtype``; ``AA`` is the
     product ``A A``. With ``eye`` (the identity in ``acc``: traced, one fused kernel), as
-    written; without (the op's eager kernel), in place: ``c A A`` and ``b A`` each rounded
+    written; without (the op's eager implementation), in place: ``c A A`` and ``b A`` each rounded
     to ``acc``, summed, ``a`` added to the diagonal, as the expression rounds them (``a I``
     adds ``a`` there and an exact 0 elsewhere), in four passes over ``B`` where the
     expression's eight operations each allocate their result (2026-12-07, this 2-core CPU,

@@ -266,15 +266,15 @@ class MuonAdamW(torch.optim.Optimizer):
             self._prepare_muon_group(group)
         else:
             self._prepare_adamw_group(group)
-        self._stacks.append(self._plan_stacks(group))
+        self._stacks.append(self._group_stacks(group))
         self._mark_static()
 
-    def _plan_stacks(self, group: dict) -> stacks_mod.GroupStacks:
-        """The bucket layout of a Muon group's state (:mod:`muon_compile.optim.stacks`); no stacks
+    def _group_stacks(self, group: dict) -> stacks_mod.GroupStacks:
+        """The stacked layout of a Muon group's state (:mod:`muon_compile.optim.stacks`); no stacks
         for AdamW groups."""
         if group["kind"] != "muon":
             return stacks_mod.GroupStacks([], tuple(range(len(group["params"]))))
-        layout = stacks_mod.plan_stacks(group["params"])
+        layout = stacks_mod.group_stacks(group["params"])
         self._restack(group, layout)
         return layout
 

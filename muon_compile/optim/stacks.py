@@ -1,4 +1,4 @@
-"""Bucket layout of Muon state: parameters of one shape step as one stacked tensor.
+"""The stacked layout of Muon state: parameters of one shape step as one stacked tensor.
 
 Within a Muon param group, plain (non-DTensor) 2-D parameters of equal shape, dtype and
 device form a *stack*. Their state (momentum, NorMuon's second moment) lives in one
@@ -158,7 +158,7 @@ class GroupStacks:
     loose: tuple[int, ...]
 
 
-def plan_stacks(params: Sequence[Tensor]) -> GroupStacks:
+def group_stacks(params: Sequence[Tensor]) -> GroupStacks:
     """Group ``params`` into stacks: plain 2-D tensors of equal shape, dtype and device,
     two or more, in order of first appearance; the rest are loose."""
     by_key: dict[tuple, list[int]] = defaultdict(list)
