@@ -3,8 +3,6 @@
 import contextlib
 import dataclasses
 import os
-import subprocess
-import sys
 
 import torch
 from torch import nn
@@ -12,6 +10,7 @@ from torch import nn
 import muon_compile
 from muon_compile.optim import stacks
 
+import script_runs
 from numerics import BF16_PARAM_RTOL, assert_rel_close
 
 # GPT-like per-layer shapes at d=8 (qkv, attention out, MLP up, MLP down), two layers,
@@ -26,6 +25,26 @@ def make_params(shapes, dtype=torch.float32, seed=0, device="cpu"):
     """Parameters with seeded values, drawn on the CPU so every device gets the same ones."""
     g = torch.Generator().manual_seed(seed)
     return [nn.Parameter(torch.randn(tuple(s), generator=g).to(device=device, dtype=dtype)) for s in shapes]
+
+
+class GraphCapture:
+    """A ``torch.compile`` backend that keeps every graph Dynamo hands it and the graph's example
+    inputs, and runs the graph as it is: ``capture = GraphCapture()``, ``torch.compile(fn,
+    backend=capture)``, then ``capture.graphs`` (``capture.only``: the one graph)."""
+
+    def __init__(self) -> None:
+        self.graphs: list = []
+        self.inputs: list[list] = []
+
+    def __call__(self, gm, example_inputs):
+        self.graphs.append(gm)
+        self.inputs.append(list(example_inputs))
+        return gm.forward
+
+    @property
+    def only(self):
+        (gm,) = self.graphs
+        return gm
 
 
 def dynamo_frames() -> int:
@@ -176,6 +195,4 @@ def run_interpreted(script, *args, timeout=600, env=None):
     variables to set in the script's environment (``None`` removes one)."""
     env = {**os.environ, **(env or {}), "TRITON_INTERPRET": "1"}
     env = {name: value for name, value in env.items() if value is not None}
-    done = subprocess.run([sys.executable, str(script), *args], env=env, capture_output=True, text=True, timeout=timeout)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
-    return done.stdout
+    return script_runs.python(str(script), *args, timeout=timeout, env=env).stdout

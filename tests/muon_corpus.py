@@ -20,11 +20,14 @@ import logging
 import math
 from collections.abc import Callable
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
 
 from muon_compile.ns.coefficients import PRESETS
 from ns_forms import KELLER, POLAR, exact_torch_muon
+from helpers import GraphCapture, make_params, set_grads
 from numerics import exact_step
 
 YOU_QUINTIC = PRESETS["quintic"].coefficients  # the five per-iteration triples Dion and timm default to
@@ -585,5 +588,38 @@ CORPUS = {
 # here so every test and benchmark of the corpus takes them too; imported last, as those
 # modules import this one's helpers.
 from published import PUBLISHED  # noqa: E402
+
+
+# How the tests run an entry: on wide, square, wide and tall matrices, three canonical shapes
+# (8x24, 8x8, 8x32), so three buckets
+SHAPES = [(24, 8), (8, 8), (8, 32), (32, 8)]
+
+
+def corpus_shapes(entry):
+    """Two matrices of each shape for entries that stack same-shape matrices, one otherwise."""
+    return SHAPES * 2 if entry.stacks else SHAPES
+
+
+def run_entry(entry, shapes, *, backend=None, dtype=None, steps=2, device="cpu"):
+    """Parameters after ``steps`` steps of ``entry``: compiled with ``backend``, or eager
+    (its own nested ``torch.compile`` calls disabled too) when ``backend`` is None."""
+    params = make_params(shapes, device=device)
+    step = entry.step(params, dtype)
+    if backend is not None:
+        step = torch.compile(step, backend=backend)
+    eager = torch.compiler.set_stance("force_eager") if backend is None else contextlib.nullcontext()
+    for s in range(steps):
+        set_grads(params, 100 + s)
+        with torch.no_grad(), eager:
+            step()
+    return [p.detach().clone() for p in params]
+
+
+def dynamo_graphs(entry, shapes):
+    """The graphs Dynamo hands a backend for one step of ``entry``."""
+    capture = GraphCapture()
+    run_entry(entry, shapes, backend=capture, steps=1)
+    return capture.graphs
+
 
 CORPUS.update(PUBLISHED)

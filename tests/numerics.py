@@ -126,3 +126,29 @@ def exact_step(step):
             return step(*args, **kwargs)
 
     return run
+
+
+def textbook_ns(g, triples, steps, eps, norm_scale):
+    """Newton–Schulz written out in float64, independent of the package's code: the reference
+    the op and the optimizers are checked against."""
+    x = g.double()
+    tall = x.shape[0] > x.shape[1]
+    if tall:
+        x = x.T
+    x = x / (x.norm() * norm_scale + eps)
+    for i in range(steps):
+        a, b, c = triples[min(i, len(triples) - 1)]
+        gram = x @ x.T
+        x = a * x + (b * gram + c * gram @ gram) @ x
+    return x.T if tall else x
+
+
+def assert_updates_close(got, want, start, rtol, what="", names=None):
+    """Each tensor's change from ``start`` (the update, not the weights it sits on) within
+    ``rtol`` of the reference's change; ``rtol`` a float or one per tensor, ``names`` the
+    tensors' names in the message (their index and shape otherwise)."""
+    rtols = rtol if isinstance(rtol, (list, tuple)) else [rtol] * len(want)
+    assert len(got) == len(want) == len(start) == len(rtols), (len(got), len(want), len(start), len(rtols))
+    for i, (g, w, s, r) in enumerate(zip(got, want, start, rtols)):
+        label = names[i] if names is not None else f"{i} {tuple(w.shape)}"
+        assert_rel_close(g - s, w - s, r, f"{what} {label}".strip())

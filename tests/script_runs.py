@@ -10,11 +10,11 @@ SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 TAIL = 6000  # characters of each stream shown when a run fails
 
 
-def python(*args: str, timeout: float, check: bool = True) -> subprocess.CompletedProcess:
-    """``python args...`` (this interpreter), stopped after ``timeout`` seconds; with
-    ``check``, a non-zero exit fails the test with the end of both streams, which a bare
-    ``CalledProcessError`` would not show."""
-    run = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout)
+def python(*args: str, timeout: float, check: bool = True, env: dict | None = None) -> subprocess.CompletedProcess:
+    """``python args...`` (this interpreter, in ``env`` if given), stopped after ``timeout``
+    seconds; with ``check``, a non-zero exit fails the test with the end of both streams,
+    which a bare ``CalledProcessError`` would not show."""
+    run = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=timeout, env=env)
     if check and run.returncode:
         raise AssertionError(
             f"python {' '.join(args)} exited with {run.returncode}\n"

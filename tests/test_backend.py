@@ -1,7 +1,6 @@
 """backend="muon" end to end: numerics against eager, no recompiles, the FX graph cache,
 the entry point, Inductor options and pass switches."""
 
-import subprocess
 import sys
 import textwrap
 
@@ -14,7 +13,8 @@ from torch._inductor.utils import fresh_cache
 import muon_compile
 from muon_compile import config
 
-from helpers import MIXED_SHAPES, compare_steps, make_params, muon, set_grads, step_and_compare
+from helpers import MIXED_SHAPES, GraphCapture, compare_steps, make_params, muon, set_grads, step_and_compare
+import script_runs
 from numerics import NS_RTOL, assert_rel_close
 
 
@@ -170,9 +170,7 @@ def test_entry_point_in_a_fresh_interpreter():
         print("ok")
         """
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.strip().endswith("ok")
+    assert script_runs.python("-c", code, timeout=300).stdout.strip().endswith("ok")
 
 
 class _RecordingPass(torch._inductor.custom_graph_pass.CustomGraphPass):
@@ -330,17 +328,12 @@ def test_an_item_the_graph_takes_is_left_to_torch():
     """Only symbols no node uses are marked: a graph that reads ``s.item()`` keeps its own."""
     from muon_compile.compile import tensorify
 
-    graphs = []
-
-    def keep(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
-
+    capture = GraphCapture()
     p, s = torch.ones(4), torch.tensor(0.5, dtype=torch.float64)
     for fn in (lambda p, s: p * s, lambda p, s: p * s.item()):
         torch._dynamo.reset()
-        torch.compile(fn, backend=keep)(p, s)
-    assert [tensorify.mark_unused_items(gm) for gm in graphs] == [1, 0]
+        torch.compile(fn, backend=capture)(p, s)
+    assert [tensorify.mark_unused_items(gm) for gm in capture.graphs] == [1, 0]
 
 
 @pytest.mark.parametrize("weight_decay", [0.0, 0.1])

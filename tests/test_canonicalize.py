@@ -12,7 +12,7 @@ import muon_compile
 from muon_compile.passes.canonicalize.apply import plan_canonical
 from muon_compile.passes.canonicalize.near_miss import unseen_loops
 
-from helpers import compile_with_dump, count_ns_calls, dumped_graphs, make_params, set_grads
+from helpers import GraphCapture, compile_with_dump, count_ns_calls, dumped_graphs, make_params, set_grads
 from ns_forms import FORMS, NEAR_MISSES, SINGLE_DEVICE_FORMS, UNSEEN, exact_torch_muon
 from numerics import NS_RTOL, assert_rel_close, assert_rewrite_close
 
@@ -43,15 +43,9 @@ def _compile_form(fn, shapes, tmp_path, dtype=torch.float32, device="cpu", **kw)
 
 def _dynamo_graph(fn, inputs):
     """The torch-level graph Dynamo hands a backend for ``fn(*inputs)``."""
-    graphs = []
-
-    def capture(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
-
+    capture = GraphCapture()
     torch.compile(fn, backend=capture)(*inputs)
-    (gm,) = graphs
-    return gm
+    return capture.only
 
 
 def _own_dtype(form):
@@ -149,9 +143,9 @@ def test_tensor_settings_held_as_graph_inputs_are_planned_as_constants(table):
     from ns_forms import KELLER, TensorSettings
 
     settings = TensorSettings(table=table)
-    graphs = []
-    torch.compile(lambda G: settings(G), backend=lambda gm, ex: graphs.append((gm, ex)) or gm.forward)(_inputs([(8, 12)])[0])
-    (gm, example_inputs), = graphs
+    capture = GraphCapture()
+    torch.compile(lambda G: settings(G), backend=capture)(_inputs([(8, 12)])[0])
+    gm, (example_inputs,) = capture.only, capture.inputs
     values = dict(zip(gm.graph.find_nodes(op="placeholder"), example_inputs))
     (match,), rejected = plan_canonical(gm.graph, values)
     assert not rejected

@@ -3,8 +3,6 @@ Newton–Schulz loop is recognised, one op per loop, bucketed, and its compiled 
 eager execution of the same code, and is as accurate as eager against the exact (fp64)
 evaluation of that code."""
 
-import contextlib
-
 import pytest
 import torch
 from torch._dynamo.utils import counters as dynamo_counters
@@ -14,13 +12,9 @@ from muon_compile.compile.compat import DYNAMO_SORTS_CONFIG_SETS
 from muon_compile.passes.canonicalize.apply import plan_canonical
 from muon_compile.passes.canonicalize.near_miss import unseen_loops
 
-from helpers import make_params, set_grads
-from muon_corpus import CORPUS
+from helpers import GraphCapture, make_params, set_grads
+from muon_corpus import CORPUS, SHAPES, corpus_shapes, dynamo_graphs, run_entry
 from numerics import assert_rewrite_close
-
-# wide, square, wide and tall: three canonical shapes (8x24, 8x8, 8x32), so three buckets
-SHAPES = [(24, 8), (8, 8), (8, 32), (32, 8)]
-
 
 RECOGNISED = [name for name, entry in CORPUS.items() if entry.today is None]
 NOT_YET = [name for name, entry in CORPUS.items() if entry.today is not None]
@@ -32,38 +26,6 @@ def corpus_entry(name):
     if entry.logs_in_loop and DYNAMO_SORTS_CONFIG_SETS:
         pytest.skip("torch < 2.13: a logging call in the loop breaks the graph (compat.DYNAMO_SORTS_CONFIG_SETS)")
     return entry
-
-
-def corpus_shapes(entry):
-    """Two matrices of each shape for entries that stack same-shape matrices, one otherwise."""
-    return SHAPES * 2 if entry.stacks else SHAPES
-
-
-def run_entry(entry, shapes, *, backend=None, dtype=None, steps=2, device="cpu"):
-    """Parameters after ``steps`` steps of ``entry``: compiled with ``backend``, or eager
-    (its own nested ``torch.compile`` calls disabled too) when ``backend`` is None."""
-    params = make_params(shapes, device=device)
-    step = entry.step(params, dtype)
-    if backend is not None:
-        step = torch.compile(step, backend=backend)
-    eager = torch.compiler.set_stance("force_eager") if backend is None else contextlib.nullcontext()
-    for s in range(steps):
-        set_grads(params, 100 + s)
-        with torch.no_grad(), eager:
-            step()
-    return [p.detach().clone() for p in params]
-
-
-def dynamo_graphs(entry, shapes):
-    """The graphs Dynamo hands a backend for one step of ``entry``."""
-    graphs = []
-
-    def capture(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
-
-    run_entry(entry, shapes, backend=capture, steps=1)
-    return graphs
 
 
 def _planned(name):
@@ -151,14 +113,9 @@ def test_deepmd_gram_routine_is_recognised_where_traced():
     from published.deepmd_hybrid_muon import PE_DAMPED, _DeepmdGramCall
 
     routine = _DeepmdGramCall()
-    graphs = []
-
-    def capture(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
-
+    capture = GraphCapture()
     torch.compile(routine._run, backend=capture)(torch.randn(3, 8, 24))
-    (gm,) = graphs
+    gm = capture.only
     (match,), rejected = plan_canonical(gm.graph)
     assert not rejected
     args = match.args

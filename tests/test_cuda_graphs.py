@@ -13,8 +13,6 @@ bound of tests/numerics.py), as every compiling test.
 """
 
 import copy
-import subprocess
-import sys
 import textwrap
 import warnings
 
@@ -25,7 +23,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 import muon_compile
 from muon_compile.compile import cuda_graphs
 from muon_compile.diagnostics import explain
-from helpers import make_params, set_grads, step_and_compare, sync_to_eager
+import script_runs
+from helpers import GraphCapture, make_params, set_grads, step_and_compare, sync_to_eager
 from numerics import NS_RTOL, assert_rel_close
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -33,15 +32,10 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 
 def _dynamo_graph(fn, *args):
     """The graph Dynamo hands a backend for ``fn(*args)``, and its example inputs."""
-    seen = {}
-
-    def keep(gm, example_inputs):
-        seen["gm"], seen["inputs"] = gm, list(example_inputs)
-        return gm.forward
-
+    capture = GraphCapture()
     torch._dynamo.reset()
-    torch.compile(fn, backend=keep, fullgraph=True)(*args)
-    return seen["gm"], seen["inputs"]
+    torch.compile(fn, backend=capture, fullgraph=True)(*args)
+    return capture.only, capture.inputs[0]
 
 
 def _as_cuda(inputs):
@@ -332,5 +326,4 @@ _TEARDOWN = textwrap.dedent(
 @pytest.mark.cuda
 @needs_cuda
 def test_the_process_group_shuts_down_after_capture():
-    done = subprocess.run([sys.executable, "-c", _TEARDOWN], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0 and "shut down" in done.stdout, done.stderr[-3000:]
+    assert "shut down" in script_runs.python("-c", _TEARDOWN, timeout=300).stdout

@@ -30,7 +30,7 @@ from dist_workers import (
     reference_run,
     tp_fsdp_muon,
 )
-from numerics import FP32_RTOL, NS_RTOL, assert_rel_close, assert_rewrite_close
+from numerics import FP32_RTOL, NS_RTOL, assert_rel_close, assert_rewrite_close, assert_updates_close
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]  # every test here spawns gloo ranks
 
@@ -42,9 +42,7 @@ def check_against_reference(results, ns_dtype, shapes=FSDP_SHAPES):
     reference = reference_run(shapes, STEPS, ns_dtype=ns_dtype, **OPT)
     initial = reference_run(shapes, 0)
     for rank, result in enumerate(results):
-        for i, (got, want, start) in enumerate(zip(result["weights"], reference, initial)):
-            # compare the total change over the steps: the updates, not the weights they sit on
-            assert_rel_close(got - start, want - start, NS_RTOL["cpu"][ns_dtype], f"rank {rank} matrix {i} {tuple(want.shape)}")
+        assert_updates_close(result["weights"], reference, initial, NS_RTOL["cpu"][ns_dtype], f"rank {rank} matrix")
 
 
 def test_ranks_start_with_the_vector_isa_chosen():
@@ -102,8 +100,7 @@ def test_fsdp2_gram_on_the_owners_matches_the_reference():
     assert [r["counters"]["lower.gram"] for r in results] == [4, 1], [r["counters"] for r in results]
     for rank, result in enumerate(results):
         assert result["counters"].get("lower.textbook", 0) == 0, result["counters"]
-        for i, (got, want, start) in enumerate(zip(result["weights"], reference, initial)):
-            assert_rel_close(got - start, want - start, NS_RTOL["cpu"][torch.bfloat16], f"rank {rank} matrix {i}")
+        assert_updates_close(result["weights"], reference, initial, NS_RTOL["cpu"][torch.bfloat16], f"rank {rank} matrix")
 
 
 def test_fsdp2_unmodified_torch_optim_muon_is_bucketed():
@@ -197,9 +194,8 @@ def test_fsdp2_adamw_part_compiles_into_the_same_step_without_collectives():
         assert result["graphs_compiled"] == 1
         assert result["state_like_params"]
         assert result["launched"] == 2 and result["counters"]["distribute.matrices"] == len(FSDP_SHAPES) - 1
-        for i, (got, want, start) in enumerate(zip(result["weights"], reference, initial)):
-            rtol = NS_RTOL["cpu"][torch.bfloat16] if i < len(FSDP_SHAPES) - 1 else FP32_RTOL  # the last one is AdamW
-            assert_rel_close(got - start, want - start, rtol, f"rank {rank} param {i}")
+        rtols = [NS_RTOL["cpu"][torch.bfloat16]] * (len(FSDP_SHAPES) - 1) + [FP32_RTOL]  # the last one is AdamW
+        assert_updates_close(result["weights"], reference, initial, rtols, f"rank {rank} param")
 
 
 @pytest.mark.slow(seconds=55)
@@ -213,8 +209,7 @@ def test_fsdp2_normuon_and_cautious_weight_decay():
     initial = reference_run(FSDP_SHAPES, 0)
     for rank, result in enumerate(results):
         assert result["counters"]["distribute.buckets"] == 1
-        for i, (got, want, start) in enumerate(zip(result["weights"], reference, initial)):
-            assert_rel_close(got - start, want - start, NS_RTOL["cpu"][torch.float32], f"rank {rank} matrix {i}")
+        assert_updates_close(result["weights"], reference, initial, NS_RTOL["cpu"][torch.float32], f"rank {rank} matrix")
 
 
 def test_fsdp2_split_qkv():
@@ -227,8 +222,7 @@ def test_fsdp2_split_qkv():
     initial = reference_run(FSDP_SHAPES, 0)
     for rank, result in enumerate(results):
         assert result["counters"]["distribute.matrices"] == len(FSDP_SHAPES) - 1
-        for i, (got, want, start) in enumerate(zip(result["weights"], reference, initial)):
-            assert_rel_close(got - start, want - start, NS_RTOL["cpu"][torch.float32], f"rank {rank} matrix {i}")
+        assert_updates_close(result["weights"], reference, initial, NS_RTOL["cpu"][torch.float32], f"rank {rank} matrix")
 
 
 def test_experts_on_their_own_data_parallel_group():
@@ -331,8 +325,7 @@ def test_fsdp2_on_tensor_parallel_blocks_matches_reference(run):
     initial = reference_run(TP_SHAPES, 0)
     for rank, result in enumerate(results):
         assert "_StridedShard" in result["placements"][0] and result["placements"][-1] == "(Shard(dim=0), Shard(dim=1))"
-        for name, got, want, start in zip(TP_NAMES, result["weights"], reference, initial):
-            assert_rel_close(got - start, want - start, NS_RTOL["cpu"][opt["ns_dtype"]], f"rank {rank} {name}")
+        assert_updates_close(result["weights"], reference, initial, NS_RTOL["cpu"][opt["ns_dtype"]], f"rank {rank}", TP_NAMES)
         assert result["counters"].get("route.dtensor_fallback", 0) == 0
         assert result["counters"]["distribute.matrices"] == len(TP_SHAPES)
         assert result["counters"]["distribute.buckets"] == 1
@@ -394,8 +387,7 @@ def test_tp_blockwise_orthogonalises_each_tensor_parallel_block_alone(mesh_shape
     reference = blockwise_reference(STEPS, tp, ns_dtype=torch.float32, **OPT)
     initial = reference_run(TP_SHAPES, 0)
     for rank, result in enumerate(results):
-        for name, got, want, start in zip(TP_NAMES, result["weights"], reference, initial):
-            assert_rel_close(got - start, want - start, NS_RTOL["cpu"][torch.float32], f"rank {rank} {name}")
+        assert_updates_close(result["weights"], reference, initial, NS_RTOL["cpu"][torch.float32], f"rank {rank}", TP_NAMES)
         assert result["counters"].get("route.dtensor_fallback", 0) == 0
         kinds = [kind for kind, _, _ in result["collectives"]]
         if mesh_shape[0] > 1:
@@ -428,8 +420,7 @@ def test_expert_stacks_sharded_on_a_matrix_dimension_join_the_bucket():
     reference = reference_run(shapes, STEPS, ns_dtype=torch.float32, **OPT)
     initial = reference_run(shapes, 0)
     for rank, result in enumerate(results):
-        for i, (got, want, start) in enumerate(zip(result["weights"], reference, initial)):
-            assert_rel_close(got - start, want - start, NS_RTOL["cpu"][torch.float32], f"rank {rank} stack {i} {tuple(want.shape)}")
+        assert_updates_close(result["weights"], reference, initial, NS_RTOL["cpu"][torch.float32], f"rank {rank} stack")
         assert result["counters"].get("route.dtensor_fallback", 0) == 0
         assert result["counters"]["distribute.matrices"] == len(shapes) and result["counters"]["distribute.buckets"] == 1
         assert [kind for kind, _, _ in result["collectives"]] == ["all_to_all_single"] * 2

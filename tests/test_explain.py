@@ -26,10 +26,10 @@ from muon_compile.compile.compat import (
 from muon_compile.passes.canonicalize.apply import plan_canonical
 
 import ns_forms
-from helpers import compare_steps, make_params, muon, set_grads
+from helpers import GraphCapture, compare_steps, make_params, muon, set_grads
 from muon_corpus import CORPUS
 from numerics import NS_RTOL
-from test_corpus import SHAPES, corpus_shapes, dynamo_graphs, run_entry
+from muon_corpus import SHAPES, corpus_shapes, dynamo_graphs, run_entry
 
 
 @contextlib.contextmanager
@@ -172,16 +172,11 @@ def test_emerging_optimizers_as_released_logs_from_one_recognised_graph(caplog):
 
     def compiled_run(helpers):
         params = make_params(shapes)
-        graphs = []
-
-        def capture(gm, example_inputs):
-            graphs.append(gm)
-            return gm.forward
-
+        capture = GraphCapture()
         torch._dynamo.reset()
         with tracing_helpers(helpers):
             messages = _emerging_messages(torch.compile(make(params), backend=capture), params, caplog)
-        return graphs, messages
+        return capture.graphs, messages
 
     params = make_params(shapes)
     eager = _emerging_messages(make(params), params, caplog)

@@ -11,24 +11,10 @@ from muon_compile.ns import coefficients as coeffs
 from muon_compile.ns.args import NSArgs
 from muon_compile.ns.op import NEWTON_SCHULZ, newton_schulz_op
 
-from numerics import NS_RTOL, assert_rel_close
+from numerics import NS_RTOL, assert_rel_close, textbook_ns
 
 KELLER = coeffs.PRESETS["keller"]
 POLAR = coeffs.PRESETS["polar_express"]
-
-
-def textbook_ns(g, triples, steps, eps, norm_scale):
-    """Newton–Schulz written out in float64, independent of the package's kernel."""
-    x = g.double()
-    tall = x.shape[0] > x.shape[1]
-    if tall:
-        x = x.T
-    x = x / (x.norm() * norm_scale + eps)
-    for i in range(steps):
-        a, b, c = triples[min(i, len(triples) - 1)]
-        gram = x @ x.T
-        x = a * x + (b * gram + c * gram @ gram) @ x
-    return x.T if tall else x
 
 
 def scalar_composition(sigma, triples, steps):

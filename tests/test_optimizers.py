@@ -10,21 +10,10 @@ from torch import nn
 import muon_compile
 from muon_compile.ns import coefficients as coeffs
 
-from numerics import FP32_RTOL, NS_RTOL, assert_rel_close
-from test_ns_op import textbook_ns
+from helpers import make_params, set_grads
+from numerics import FP32_RTOL, NS_RTOL, assert_rel_close, textbook_ns
 
 KELLER = coeffs.PRESETS["keller"]
-
-
-def _params(shapes, dtype=torch.float32, seed=0, device="cpu"):
-    g = torch.Generator().manual_seed(seed)
-    return [nn.Parameter(torch.randn(tuple(s), generator=g, dtype=dtype).to(device)) for s in shapes]
-
-
-def _set_grads(params, seed):
-    g = torch.Generator().manual_seed(seed)
-    for p in params:
-        p.grad = torch.randn(p.shape, generator=g, dtype=p.dtype).to(p.device)
 
 
 def textbook_muon_step(p, grad, buf, *, lr, momentum, wd, nesterov, scale, steps=5):
@@ -41,12 +30,12 @@ def textbook_muon_step(p, grad, buf, *, lr, momentum, wd, nesterov, scale, steps
 )
 def test_muon_matches_textbook_fp64(device, nesterov, shapes):
     """Distinct shapes step one by one; repeated shapes step as stacks (muon_compile.optim.stacks)."""
-    params = _params(shapes, torch.float64, device=device)
+    params = make_params(shapes, torch.float64, device=device)
     ref = [p.detach().clone() for p in params]
     bufs = [torch.zeros_like(p) for p in ref]
     opt = muon_compile.Muon(params, lr=0.05, momentum=0.9, weight_decay=0.1, nesterov=nesterov, ns_dtype=torch.float64)
     for step in range(3):
-        _set_grads(params, step)
+        set_grads(params, step)
         for i, p in enumerate(params):
             scale = math.sqrt(max(1.0, p.shape[0] / p.shape[1]))
             ref[i], bufs[i] = textbook_muon_step(
@@ -59,12 +48,12 @@ def test_muon_matches_textbook_fp64(device, nesterov, shapes):
 
 def test_muon_agrees_with_torch_optim_muon_in_bf16(device):
     shapes = [(16, 48), (48, 16), (32, 32)]
-    ours, theirs = _params(shapes, device=device), _params(shapes, device=device)
+    ours, theirs = make_params(shapes, device=device), make_params(shapes, device=device)
     before = [p.detach().clone() for p in ours]
     a = muon_compile.Muon(ours, lr=0.02, weight_decay=0.0)
     b = torch.optim.Muon(theirs, lr=0.02, weight_decay=0.0)
-    _set_grads(ours, 0)
-    _set_grads(theirs, 0)
+    set_grads(ours, 0)
+    set_grads(theirs, 0)
     a.step()
     b.step()
     for p, q, p0 in zip(ours, theirs, before):
@@ -82,12 +71,12 @@ def test_muon_agrees_with_torch_optim_muon_in_bf16(device):
 )
 def test_adjust_lr_modes_and_extra_scale(device, mode, ratio):
     shapes = [(12, 4), (4, 12)]
-    params = _params(shapes, torch.float64, device=device)
+    params = make_params(shapes, torch.float64, device=device)
     before = [p.detach().clone() for p in params]
     opt = muon_compile.Muon(
         params, lr=0.125, momentum=0.0, nesterov=False, adjust_lr=mode, extra_scale_factor=1.5, ns_dtype=torch.float64
     )
-    _set_grads(params, 0)
+    set_grads(params, 0)
     opt.step()
     for p, p0 in zip(params, before):
         ortho = textbook_ns(p.grad, KELLER.coefficients, 5, KELLER.eps, 1.0)
@@ -96,10 +85,10 @@ def test_adjust_lr_modes_and_extra_scale(device, mode, ratio):
 
 
 def test_three_d_params_are_batches_of_matrices(device):
-    (p,) = _params([(3, 6, 10)], torch.float64, device=device)
+    (p,) = make_params([(3, 6, 10)], torch.float64, device=device)
     p0 = p.detach().clone()
     opt = muon_compile.Muon([p], lr=0.125, momentum=0.0, nesterov=False, ns_dtype=torch.float64)
-    _set_grads([p], 0)
+    set_grads([p], 0)
     opt.step()
     for e in range(3):
         want = p0[e] - 0.125 * textbook_ns(p.grad[e], KELLER.coefficients, 5, KELLER.eps, 1.0)
@@ -108,7 +97,7 @@ def test_three_d_params_are_batches_of_matrices(device):
 
 def test_adamw_groups_match_torch_adamw(device):
     shapes = [(5,), (7, 3), ()]
-    ours, theirs = _params(shapes, device=device), _params(shapes, device=device)
+    ours, theirs = make_params(shapes, device=device), make_params(shapes, device=device)
     opt = muon_compile.MuonAdamW(
         [{"params": ours, "kind": "adamw"}], adamw_lr=1e-2, adamw_betas=(0.8, 0.9), adamw_eps=1e-6, adamw_weight_decay=0.05
     )
@@ -117,8 +106,8 @@ def test_adamw_groups_match_torch_adamw(device):
         if step == 2:  # a schedule change between steps
             opt.param_groups[0]["lr"].fill_(5e-3)
             ref.param_groups[0]["lr"] = 5e-3
-        _set_grads(ours, step)
-        _set_grads(theirs, step)
+        set_grads(ours, step)
+        set_grads(theirs, step)
         opt.step()
         ref.step()
     for p, q in zip(ours, theirs):
@@ -165,7 +154,7 @@ def test_muon_param_groups_expert_keys():
 
 
 def test_state_exists_from_construction_and_hyperparameters_are_tensors():
-    params = _params([(4, 6), (3,)])
+    params = make_params([(4, 6), (3,)])
     opt = muon_compile.MuonAdamW([{"params": params[:1], "kind": "muon"}, {"params": params[1:], "kind": "adamw"}])
     assert set(opt.state[params[0]]) == {"momentum_buffer"}
     assert set(opt.state[params[1]]) == {"step", "exp_avg", "exp_avg_sq"}
@@ -174,11 +163,11 @@ def test_state_exists_from_construction_and_hyperparameters_are_tensors():
 
 
 def test_lr_scheduler_fills_tensor_lr_in_place():
-    params = _params([(4, 6)])
+    params = make_params([(4, 6)])
     opt = muon_compile.Muon(params, lr=0.1)
     lr_tensor = opt.param_groups[0]["lr"]
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
-    _set_grads(params, 0)
+    set_grads(params, 0)
     opt.step()
     sched.step()
     assert opt.param_groups[0]["lr"] is lr_tensor
@@ -186,9 +175,9 @@ def test_lr_scheduler_fills_tensor_lr_in_place():
 
 
 def test_state_dict_round_trip_keeps_tensor_hyperparameters():
-    a_params, b_params = _params([(4, 6)]), _params([(4, 6)])
+    a_params, b_params = make_params([(4, 6)]), make_params([(4, 6)])
     a = muon_compile.Muon(a_params, lr=0.1)
-    _set_grads(a_params, 0)
+    set_grads(a_params, 0)
     a.step()
     b = muon_compile.Muon(b_params, lr=0.3)
     b.load_state_dict(a.state_dict())
@@ -208,15 +197,15 @@ def _muon(params, **kw):
         (lambda: muon_compile.Muon([("ln.weight", nn.Parameter(torch.ones(4)))]), "'ln.weight' has 1 dimension"),
         (lambda: muon_compile.Muon([nn.Parameter(torch.ones(2, 2, 2, 2))]), r"#0 \(shape \(2, 2, 2, 2\)\) has 4"),
         (lambda: muon_compile.Muon([("w", nn.Parameter(torch.ones(2, 2, dtype=torch.complex64)))]), "'w' has dtype torch.complex64"),
-        (lambda: muon_compile.Muon(_params([(2, 2)]), ns_coefficients="nope"), "unknown Newton-Schulz coefficient preset 'nope'"),
-        (lambda: muon_compile.Muon(_params([(2, 2)]), adjust_lr="sqrt"), "adjust_lr must be one of .*, got 'sqrt'"),
-        (lambda: muon_compile.Muon(_params([(2, 2)]), ns_steps=0), "ns_steps must be a positive int"),
-        (lambda: muon_compile.Muon(_params([(2, 2)]), momentum=1.0), r"momentum must be in \[0, 1\)"),
-        (lambda: muon_compile.Muon(_params([(2, 2)]), lr=-1.0), "lr must be >= 0"),
-        (lambda: muon_compile.Muon(_params([(2, 2)]), ns_dtype=torch.int8), "ns_dtype"),
-        (lambda: muon_compile.MuonAdamW([{"params": _params([(2, 2)]), "kind": "sgd"}]), "'kind' must be one of"),
-        (lambda: muon_compile.MuonAdamW([{"params": _params([(2,)]), "kind": "adamw", "betas": (0.9,)}]), "betas must be a pair"),
-        (lambda: muon_compile.Muon([{"params": _params([(2, 2)]), "kind": "adamw"}]), "use MuonAdamW"),
+        (lambda: muon_compile.Muon(make_params([(2, 2)]), ns_coefficients="nope"), "unknown Newton-Schulz coefficient preset 'nope'"),
+        (lambda: muon_compile.Muon(make_params([(2, 2)]), adjust_lr="sqrt"), "adjust_lr must be one of .*, got 'sqrt'"),
+        (lambda: muon_compile.Muon(make_params([(2, 2)]), ns_steps=0), "ns_steps must be a positive int"),
+        (lambda: muon_compile.Muon(make_params([(2, 2)]), momentum=1.0), r"momentum must be in \[0, 1\)"),
+        (lambda: muon_compile.Muon(make_params([(2, 2)]), lr=-1.0), "lr must be >= 0"),
+        (lambda: muon_compile.Muon(make_params([(2, 2)]), ns_dtype=torch.int8), "ns_dtype"),
+        (lambda: muon_compile.MuonAdamW([{"params": make_params([(2, 2)]), "kind": "sgd"}]), "'kind' must be one of"),
+        (lambda: muon_compile.MuonAdamW([{"params": make_params([(2,)]), "kind": "adamw", "betas": (0.9,)}]), "betas must be a pair"),
+        (lambda: muon_compile.Muon([{"params": make_params([(2, 2)]), "kind": "adamw"}]), "use MuonAdamW"),
     ],
 )
 def test_bad_construction_raises_value_error(build, match):
@@ -233,7 +222,7 @@ def test_sparse_gradient_raises_value_error_naming_the_parameter():
 
 
 def test_params_without_grad_are_skipped():
-    params = _params([(4, 6), (6, 4)])
+    params = make_params([(4, 6), (6, 4)])
     before = [p.detach().clone() for p in params]
     opt = muon_compile.Muon(params)
     params[0].grad = torch.ones(4, 6)
@@ -255,10 +244,10 @@ def test_megatron_coefficient_sets_by_name(preset):
 
 
 def test_ns_dtype_by_name():
-    opt = muon_compile.Muon(_params([(4, 6)]), ns_dtype="fp32")
+    opt = muon_compile.Muon(make_params([(4, 6)]), ns_dtype="fp32")
     assert opt.param_groups[0]["ns_dtype"] is torch.float32
     with pytest.raises(ValueError, match="ns_dtype"):
-        muon_compile.Muon(_params([(4, 6)]), ns_dtype="fp8")
+        muon_compile.Muon(make_params([(4, 6)]), ns_dtype="fp8")
 
 
 def textbook_normuon_cautious_step(p, grad, buf, v, *, lr, momentum, wd, beta2, scale, steps=5):
@@ -278,7 +267,7 @@ def textbook_normuon_cautious_step(p, grad, buf, v, *, lr, momentum, wd, beta2, 
 
 def test_normuon_and_cautious_weight_decay_match_textbook_fp64(device):
     shapes = [(6, 10), (10, 6), (7, 7)]
-    params = _params(shapes, torch.float64, device=device)
+    params = make_params(shapes, torch.float64, device=device)
     ref = [p.detach().clone() for p in params]
     bufs = [torch.zeros_like(p) for p in ref]
     vs = [torch.zeros((r, 1) if r >= c else (1, c), dtype=torch.float64, device=device) for r, c in shapes]
@@ -286,7 +275,7 @@ def test_normuon_and_cautious_weight_decay_match_textbook_fp64(device):
     opt = muon_compile.Muon(params, **kw, normuon_beta2=0.95, cautious_weight_decay=True, ns_dtype=torch.float64)
     assert [tuple(opt.state[p]["second_moment"].shape) for p in params] == [(1, 10), (10, 1), (7, 1)]
     for step in range(3):
-        _set_grads(params, step)
+        set_grads(params, step)
         for i, p in enumerate(params):
             scale = math.sqrt(max(1.0, p.shape[0] / p.shape[1]))
             ref[i], bufs[i], vs[i] = textbook_normuon_cautious_step(
@@ -299,21 +288,21 @@ def test_normuon_and_cautious_weight_decay_match_textbook_fp64(device):
 
 
 def test_normuon_and_cautious_are_off_by_default():
-    params = _params([(6, 10)])
+    params = make_params([(6, 10)])
     opt = muon_compile.Muon(params, weight_decay=0.1)
     assert set(opt.state[params[0]]) == {"momentum_buffer"}
     with pytest.raises(ValueError, match="normuon_beta2"):
-        muon_compile.Muon(_params([(6, 10)]), normuon_beta2=1.5)
+        muon_compile.Muon(make_params([(6, 10)]), normuon_beta2=1.5)
 
 
 @pytest.mark.parametrize("split, blocks", [((8, 4, 4), [(0, 8), (8, 12), (12, 16)]), (4, [(0, 4), (4, 8), (8, 12), (12, 16)])])
 def test_split_rows_orthogonalise_blocks_on_their_own(split, blocks):
     """Fused QKV (q 8, k 4, v 4 rows) and per-head (4 heads of 4 rows): each row block is
     its own Newton–Schulz with its own shape ratio, against fp64 textbook Muon per block."""
-    (p,) = _params([(16, 6)], torch.float64)
+    (p,) = make_params([(16, 6)], torch.float64)
     start = p.detach().clone()
     opt = muon_compile.Muon([p], lr=0.05, momentum=0.0, nesterov=False, ns_dtype=torch.float64, split_rows=split)
-    _set_grads([p], 0)
+    set_grads([p], 0)
     opt.step()
     for lo, hi in blocks:
         rows = hi - lo

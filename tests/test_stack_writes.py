@@ -18,7 +18,7 @@ from muon_compile.passes.writes import stack_writes
 from helpers import graph_caches_off, make_params
 from muon_corpus import CORPUS, LR, torch_optim_muon
 from numerics import assert_rewrite_close
-from test_corpus import run_entry
+from muon_corpus import run_entry
 
 SHAPES = [(48, 16), (16, 48)] * 4  # one bucket, the orientations alternating: a run of 4 (stride 2) each
 
