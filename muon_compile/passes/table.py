@@ -43,7 +43,7 @@ from .writes.write_source import apply_write_sources, plan_write_sources
 log = logging.getLogger(__name__)
 
 
-class Level(enum.StrEnum):
+class Level(enum.Enum):
     """The graph a pass runs on."""
 
     TORCH = "torch"  # Dynamo's graph, before AOTAutograd (fake values in meta["example_value"])
