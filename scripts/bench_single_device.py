@@ -230,8 +230,8 @@ class Workload:
 
 # every workload one model of the registry, named as there (muon_compile/models.py)
 WORKLOADS = {
-    name: Workload(name, models.model(name).matrices, models.model(name).large)
-    for name in ("gpt-small", "many-small", "dense-1b", "dense-1b-2l", "llama-8b-4l", "tiny")
+    m.name: Workload(m.name, m.matrices, m.large)
+    for m in map(models.model, ("gpt-small", "many-small", "dense-1b", "dense-1b-2l", "llama-8b-4l", "tiny"))
 }
 
 

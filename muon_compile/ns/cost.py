@@ -177,23 +177,18 @@ class ProductChoice:
 EPILOGUE, POLYNOMIAL = "epilogue", "polynomial"
 
 
-def check_policy(policy: str, variable: str) -> None:
-    """``ValueError`` naming ``variable`` unless ``policy`` is a :class:`Policy`."""
-    Policy.check(policy, variable)
-
-
 def choose_products(rows: int, cols: int, algorithm: str, compute_dtype: torch.dtype, device_type: str, policy: str = AUTO) -> ProductChoice:
     """``sym`` where ``policy`` (``MUON_COMPILE_SYM_PRODUCTS``) is ``on``, or where it is
     ``auto`` and the device's measured table (:meth:`MatmulRates.symmetric_speedup`) has the
     symmetric kernel faster at the Gram matrix's size in the products' dtype; ``bmm``
     otherwise, and always for a dtype the kernel does not take."""
-    check_policy(policy, "MUON_COMPILE_SYM_PRODUCTS")
+    Policy.check(policy, "MUON_COMPILE_SYM_PRODUCTS")
     dtype = iteration_dtype(algorithm, compute_dtype)
-    if policy == "off":
+    if policy == Policy.OFF:
         return ProductChoice(BMM, "MUON_COMPILE_SYM_PRODUCTS=off")
     if dtype not in SYMMETRIC_DTYPES:
         return ProductChoice(BMM, f"the symmetric kernel takes bf16 / fp16, not {dtype}")
-    if policy == "on":
+    if policy == Policy.ON:
         return ProductChoice(SYMMETRIC, "MUON_COMPILE_SYM_PRODUCTS=on")
     m = min(rows, cols)
     speedup = profile_for(device_type).symmetric_speedup(dtype, m)
@@ -210,9 +205,9 @@ def choose_epilogue(rows: int, cols: int, compute_dtype: torch.dtype, device_typ
     the device's measured table (:meth:`MatmulRates.epilogue_speedup`) has faster at the
     Gram matrix's size in ``compute_dtype``, and the epilogue where nothing was measured
     (the form that device has run until it is measured)."""
-    check_policy(policy, "MUON_COMPILE_NS_EPILOGUE")
+    Policy.check(policy, "MUON_COMPILE_NS_EPILOGUE")
     if policy != AUTO:
-        return ProductChoice(EPILOGUE if policy == "on" else POLYNOMIAL, f"MUON_COMPILE_NS_EPILOGUE={policy}")
+        return ProductChoice(EPILOGUE if policy == Policy.ON else POLYNOMIAL, f"MUON_COMPILE_NS_EPILOGUE={policy}")
     m = min(rows, cols)
     speedup = profile_for(device_type).epilogue_speedup(compute_dtype, m)
     if speedup is None:
