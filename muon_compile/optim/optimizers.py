@@ -11,115 +11,28 @@ at construction, so every rank holds the same state keys from step 0; counters (
 ``step``, ``skipped_steps``) live on the parameters' device and state on CUDA is marked as
 static addresses, so a step on a GPU can be replayed as a CUDA graph
 (:mod:`muon_compile.compile.cuda_graphs`).
+
+The optimizer composes three parts, each its own module: the param groups' defaults and
+validation (:mod:`~muon_compile.optim.groups`), the state with its stacking, offload and
+checkpoint checks (:mod:`~muon_compile.optim.state`), and each kind's step
+(:mod:`~muon_compile.optim.step_rules`).
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable
 from typing import Any
 
 import torch
-import torch.distributed._functional_collectives as funcol
 from torch import Tensor
-from torch.distributed.tensor import DTensor, Replicate, Shard
-from torch.distributed.tensor import zeros as dtensor_zeros
 
-from .. import config
 from ..compile.compile_step import without_compiled_step
-from ..diagnostics.counters import counters
-from ..distributed.routing import Kind, layout_of, prepare
 from ..ns import coefficients as coeffs
-from ..ns.args import NSArgs, check_algorithm
-from . import offload
+from . import groups, step_rules
 from . import qk_clip as qk_clip_mod
 from . import stacks as stacks_mod
+from . import state as state_mod
 from .qk_clip import QKClip
-from .updates import (
-    AdjustLR,
-    adamw_update,
-    gate,
-    lr_ratio,
-    muon_direction,
-    muon_update,
-    second_moment_shape,
-)
-
-log = logging.getLogger(__name__)
-
-KINDS = ("muon", "adamw")
-_MUON_SCALARS = ("lr", "momentum", "weight_decay")
-_ADAMW_SCALARS = ("lr", "eps", "weight_decay")
-
-
-def _scalar(value: Any, key: str) -> Tensor:
-    """A hyper-parameter as a 0-D float64 tensor, as exact as a Python float (a given 0-D
-    tensor is kept, not copied). As a 0-D tensor it never changes a parameter's dtype."""
-    if isinstance(value, Tensor):
-        if value.numel() != 1 or not value.dtype.is_floating_point:
-            raise ValueError(f"hyper-parameter {key!r} must be a float or a 1-element float tensor, got {value!r}")
-        return value if value.dim() == 0 else value.reshape(())
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"hyper-parameter {key!r} must be a number, got {value!r}")
-    return torch.tensor(float(value), dtype=torch.float64)
-
-
-NS_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "fp64": torch.float64}
-
-
-def _ns_dtype(value: Any) -> torch.dtype:
-    """``ns_dtype`` as a dtype: a floating ``torch.dtype`` or one of the names of ``NS_DTYPES``."""
-    dtype = NS_DTYPES.get(value, value) if isinstance(value, str) else value
-    if dtype not in NS_DTYPES.values():
-        raise ValueError(f"ns_dtype must be one of {list(NS_DTYPES)} or the matching torch dtype, got {value!r}")
-    return dtype
-
-
-def _zeros_like_factored(p: Tensor) -> Tensor:
-    """A zero NorMuon second moment for ``p`` (see :func:`second_moment_shape`); for a DTensor,
-    sharded like ``p`` except along the dimension it averages over (replicated there)."""
-    shape = second_moment_shape(p.shape)
-    dtype = torch.promote_types(p.dtype, torch.float32)  # at least fp32, also for bf16 params
-    if not isinstance(p, DTensor):
-        return torch.zeros(shape, dtype=dtype, device=p.device)
-    reduced = p.dim() - 1 if shape[-1] == 1 else p.dim() - 2  # the dimension the moment averages over
-    placements = [Replicate() if isinstance(pl, Shard) and pl.dim % p.dim() == reduced else pl for pl in p.placements]
-    return dtensor_zeros(shape, dtype=dtype, device_mesh=p.device_mesh, placements=placements)
-
-
-def _row_blocks(split_rows: int | tuple[int, ...] | list[int] | None, rows: int) -> tuple[int, ...] | None:
-    """``split_rows`` as block sizes: ``None`` (whole matrix), ``k`` (blocks of k rows:
-    per head) or explicit sizes (Q, K, V)."""
-    if split_rows is None:
-        return None
-    if isinstance(split_rows, int):
-        return (split_rows,) * (rows // split_rows)
-    return tuple(split_rows)
-
-
-def _value(x: Any) -> float:
-    return float(x.item()) if isinstance(x, Tensor) else float(x)
-
-
-def _state_mismatch(saved: Tensor, mine: Tensor) -> str | None:
-    """What differs between a saved state tensor and the one this optimizer holds, or None."""
-    if tuple(saved.shape) != tuple(mine.shape):
-        return f"the state dict holds shape {tuple(saved.shape)}, this optimizer needs {tuple(mine.shape)}"
-    if saved.dtype != mine.dtype:
-        return f"the state dict holds dtype {saved.dtype}, this optimizer needs {mine.dtype}"
-    if isinstance(saved, DTensor) != isinstance(mine, DTensor) or (
-        isinstance(mine, DTensor) and tuple(saved.placements) != tuple(mine.placements)
-    ):
-        placements = [getattr(t, "placements", "a plain tensor") for t in (saved, mine)]
-        return f"the state dict holds {placements[0]}, this optimizer needs {placements[1]}"
-    return None
-
-
-def _param_name(group: dict, index: int) -> str:
-    names = group.get("param_names")
-    if names is not None:
-        return repr(names[index])
-    return f"#{index} (shape {tuple(group['params'][index].shape)})"
 
 
 class MuonAdamW(torch.optim.Optimizer):
@@ -240,7 +153,7 @@ class MuonAdamW(torch.optim.Optimizer):
             ),
             "adamw": dict(lr=adamw_lr, betas=adamw_betas, eps=adamw_eps, weight_decay=adamw_weight_decay),
         }
-        self._offload = bool(offload_state)  # read while the groups below are added
+        self._store = state_mod.StateStore(offload=bool(offload_state))  # read while the groups below are added
         self._skip_nonfinite = bool(skip_nonfinite)  # likewise
         self._stacks: list[stacks_mod.GroupStacks] = []  # per param group
         super().__init__(params, defaults={})
@@ -250,147 +163,15 @@ class MuonAdamW(torch.optim.Optimizer):
             named = {n: p for g in self.param_groups for n, p in zip(g.get("param_names", ()), g["params"])}
             self._qk_targets = qk_clip_mod.resolve(qk_clip, named)
 
-    # ----------------------------------------------------------------- param groups
     def add_param_group(self, param_group: dict) -> None:
         """Validate a group, fill its kind's defaults, store scalars as 0-D tensors, create state."""
-        kind = param_group.get("kind")
-        if kind not in KINDS:
-            raise ValueError(f"param group 'kind' must be one of {KINDS}, got {kind!r}")
-        for key, value in self._kind_defaults[kind].items():
+        for key, value in self._kind_defaults[groups.check_kind(param_group)].items():
             param_group.setdefault(key, value)
         super().add_param_group(param_group)
         group = self.param_groups[-1]
-        if self._skip_nonfinite:
-            group.setdefault("skipped_steps", torch.zeros((), dtype=torch.int64, device=_device_of(group)))
-        if kind == "muon":
-            self._prepare_muon_group(group)
-        else:
-            self._prepare_adamw_group(group)
-        self._stacks.append(self._group_stacks(group))
-        self._mark_static()
-
-    def _group_stacks(self, group: dict) -> stacks_mod.GroupStacks:
-        """The stacked layout of a Muon group's state (:mod:`muon_compile.optim.stacks`); no stacks
-        for AdamW groups."""
-        if group["kind"] != "muon":
-            return stacks_mod.GroupStacks([], tuple(range(len(group["params"]))))
-        layout = stacks_mod.group_stacks(group["params"])
-        self._restack(group, layout)
-        return layout
-
-    def _restack(self, group: dict, layout: stacks_mod.GroupStacks) -> None:
-        """Stack the state of ``layout``'s stacks (in host memory with ``offload_state``)."""
-        place = offload.to_host if self._offload else None
-        for stack in layout.stacks:
-            stacks_mod.restack(stack, group["params"], self.state, place)
-
-    def _prepare_muon_group(self, group: dict) -> None:
-        coeffs.resolve(group["ns_coefficients"])
-        if not isinstance(group["ns_steps"], int) or group["ns_steps"] < 1:
-            raise ValueError(f"ns_steps must be a positive int, got {group['ns_steps']!r}")
-        group["ns_dtype"] = _ns_dtype(group["ns_dtype"])
-        check_algorithm(group["ns_algorithm"], "ns_algorithm")
-        if group["tp_mode"] is not None:
-            group["tp_mode"] = config.TPMode.parse(group["tp_mode"], "tp_mode").value
-        group["adjust_lr"] = AdjustLR.check(group["adjust_lr"], "adjust_lr")
-        if group["ns_eps"] is not None and not group["ns_eps"] >= 0:
-            raise ValueError(f"ns_eps must be >= 0, got {group['ns_eps']!r}")
-        for key in _MUON_SCALARS:
-            group[key] = _scalar(group[key], key)
-        if group["normuon_beta2"] is not None:
-            group["normuon_beta2"] = _scalar(group["normuon_beta2"], "normuon_beta2")
-            if not 0 <= _value(group["normuon_beta2"]) < 1:
-                raise ValueError(f"normuon_beta2 must be in [0, 1), got {_value(group['normuon_beta2'])}")
-        self._check_ranges(group, momentum_key="momentum")
-        for i, p in enumerate(group["params"]):
-            if group["split_rows"] is not None and p.dim() in (2, 3):
-                self._check_split(group, i)
-            if p.dim() not in (2, 3):
-                raise ValueError(
-                    f"Muon parameter {_param_name(group, i)} has {p.dim()} dimension(s); Muon takes "
-                    "2-D matrices or 3-D stacks of matrices: put it in an 'adamw' group"
-                )
-            self._check_real(group, i)
-            prepare(p, group["tp_mode"])  # the process group of several sharded mesh dimensions, made here on every rank
-            layout = layout_of(p, group["tp_mode"])
-            if layout.kind is Kind.DTENSOR:
-                log.info("Muon parameter %s: %s; %s (one collective per matrix)", _param_name(group, i), layout.reason, layout.kind.value)
-                counters["route.dtensor_fallback"] += 1
-            elif layout.reason is not None:
-                log.info("Muon parameter %s: %s", _param_name(group, i), layout.reason)
-            self.state[p].setdefault("momentum_buffer", torch.zeros_like(p, memory_format=torch.preserve_format))
-            if group["normuon_beta2"] is not None:
-                self.state[p].setdefault("second_moment", _zeros_like_factored(p))
-            self._offload_state_of(p)
-
-    def _prepare_adamw_group(self, group: dict) -> None:
-        for key in _ADAMW_SCALARS:
-            group[key] = _scalar(group[key], key)
-        betas = group["betas"]
-        if not isinstance(betas, (tuple, list)) or len(betas) != 2:
-            raise ValueError(f"betas must be a pair, got {betas!r}")
-        group["betas"] = (_scalar(betas[0], "betas[0]"), _scalar(betas[1], "betas[1]"))
-        self._check_ranges(group, momentum_key=None)
-        for i, p in enumerate(group["params"]):
-            self._check_real(group, i)
-            state = self.state[p]
-            state.setdefault("step", torch.zeros((), dtype=torch.float32, device=p.device))
-            state.setdefault("exp_avg", torch.zeros_like(p, memory_format=torch.preserve_format))
-            state.setdefault("exp_avg_sq", torch.zeros_like(p, memory_format=torch.preserve_format))
-            self._offload_state_of(p)
-
-    @staticmethod
-    def _check_ranges(group: dict, momentum_key: str | None) -> None:
-        if _value(group["lr"]) < 0:
-            raise ValueError(f"lr must be >= 0, got {_value(group['lr'])}")
-        if _value(group["weight_decay"]) < 0:
-            raise ValueError(f"weight_decay must be >= 0, got {_value(group['weight_decay'])}")
-        if momentum_key is not None and not 0 <= _value(group[momentum_key]) < 1:
-            raise ValueError(f"momentum must be in [0, 1), got {_value(group[momentum_key])}")
-        if "betas" in group and not all(0 <= _value(b) < 1 for b in group["betas"]):
-            raise ValueError(f"betas must be in [0, 1), got {[_value(b) for b in group['betas']]}")
-
-    @staticmethod
-    def _check_split(group: dict, index: int) -> None:
-        split, rows = group["split_rows"], group["params"][index].shape[-2]
-        sizes = split if isinstance(split, (tuple, list)) else None
-        if sizes is None and not (isinstance(split, int) and split > 0 and rows % split == 0):
-            raise ValueError(f"split_rows={split!r} does not divide the {rows} rows of Muon parameter {_param_name(group, index)}")
-        if sizes is not None and (not all(isinstance(r, int) and r > 0 for r in sizes) or sum(sizes) != rows):
-            raise ValueError(f"split_rows={split!r} does not sum to the {rows} rows of Muon parameter {_param_name(group, index)}")
-
-    @staticmethod
-    def _check_real(group: dict, index: int) -> None:
-        p = group["params"][index]
-        if torch.is_complex(p) or not p.dtype.is_floating_point:
-            raise ValueError(f"parameter {_param_name(group, index)} has dtype {p.dtype}; only real floating point is supported")
-
-    @staticmethod
-    def _check_grad(group: dict, index: int, grad: Tensor) -> None:
-        if grad.is_sparse:
-            raise ValueError(f"parameter {_param_name(group, index)} has a sparse gradient; it is not supported")
-        if torch.is_complex(grad):
-            raise ValueError(f"parameter {_param_name(group, index)} has a complex gradient; it is not supported")
-
-    def _offload_state_of(self, p: Tensor) -> None:
-        """With ``offload_state``: move ``p``'s state (but 0-D entries) to host memory."""
-        if self._offload:
-            state = self.state[p]
-            for key, value in state.items():
-                if value.dim() > 0:
-                    state[key] = offload.to_host(value)
-
-    def _step_state(self, state: dict, device: torch.device) -> dict:
-        """The state a step updates: ``state`` itself, or with ``offload_state`` its copy on ``device``."""
-        if not self._offload:
-            return state
-        return {k: offload.stage(v, device) if v.dim() > 0 else v for k, v in state.items()}
-
-    def _end_step_state(self, state: dict, staged: dict) -> None:
-        if self._offload:
-            for key, value in state.items():
-                if value.dim() > 0:
-                    offload.write_back(value, staged[key])
+        groups.prepare(group, self._skip_nonfinite)
+        self._stacks.append(self._store.create(group, self.state))
+        state_mod.mark_static(self._stacks, self.state)
 
     def __getstate__(self) -> dict:
         """What ``copy.deepcopy`` and ``pickle`` copy: everything the optimizer holds (its
@@ -402,7 +183,7 @@ class MuonAdamW(torch.optim.Optimizer):
     def state_dict(self) -> dict:
         """Like ``torch.optim.Optimizer.state_dict``; with ``offload_state`` on CUDA it first
         waits for the last step's non-blocking copies into (pinned) host memory."""
-        if self._offload and torch.cuda.is_available():
+        if self._store.offload and torch.cuda.is_available():
             torch.cuda.synchronize()
         return super().state_dict()
 
@@ -415,55 +196,13 @@ class MuonAdamW(torch.optim.Optimizer):
         for every parameter and key): a different shape, dtype, or DTensor placement
         raises ``ValueError`` naming the parameter, the key and both values, and leaves the
         optimizer as it was (e.g. a checkpoint of a model of another width)."""
-        self._check_loadable(state_dict)
+        state_mod.check_loadable(self.param_groups, self.state, state_dict)
         super().load_state_dict(state_dict)
-        for p in self.state:
-            self._offload_state_of(p)
         for group, layout in zip(self.param_groups, self._stacks):
-            self._restack(group, layout)
-        for group in self.param_groups:
-            for key, value in self._kind_defaults[group["kind"]].items():  # a setting newer than the checkpoint
-                group.setdefault(key, value)
-            keys = _MUON_SCALARS if group["kind"] == "muon" else _ADAMW_SCALARS
-            for key in keys:
-                group[key] = _scalar(group[key], key)
-            if group["kind"] == "adamw":
-                group["betas"] = tuple(_scalar(b, "betas") for b in group["betas"])
-            if self._skip_nonfinite:
-                group.setdefault("skipped_steps", torch.zeros((), dtype=torch.int64))
-                group["skipped_steps"] = group["skipped_steps"].to(_device_of(group))
-            if group["kind"] == "adamw":
-                for p in group["params"]:
-                    self.state[p]["step"] = self.state[p]["step"].to(p.device)
-        self._mark_static()
+            self._store.reload(group, layout, self.state)
+            groups.restore(group, self._kind_defaults[group["kind"]], self._skip_nonfinite)
+        state_mod.mark_static(self._stacks, self.state)
 
-    def _mark_static(self) -> None:
-        """Mark the state tensors on CUDA as static addresses, as torch.optim's optimizers
-        have Dynamo do: a step replayed as a CUDA graph then updates them where they are
-        instead of copying them in and out. Dynamo guards on their identity, so state
-        loaded from a checkpoint (new tensors) recompiles the step: a new capture, not a
-        stale one."""
-        stacked = [t for layout in self._stacks for stack in layout.stacks for t in stack.state.values()]
-        for t in [*stacked, *(t for state in self.state.values() for t in state.values())]:
-            if isinstance(t, Tensor) and t.device.type == "cuda":
-                torch._dynamo.mark_static_address(t, guard=True)
-
-    def _check_loadable(self, state_dict: dict) -> None:
-        """Raise ``ValueError`` at the first saved state tensor that does not fit (see
-        :meth:`load_state_dict`); group and parameter counts are torch's own check."""
-        saved_state = state_dict.get("state", {})
-        for group, saved_group in zip(self.param_groups, state_dict.get("param_groups", ())):
-            for i, (p, saved_id) in enumerate(zip(group["params"], saved_group.get("params", ()))):
-                for key, saved in saved_state.get(saved_id, {}).items():
-                    mine = self.state[p].get(key)
-                    if isinstance(saved, Tensor) and isinstance(mine, Tensor):
-                        problem = _state_mismatch(saved, mine)
-                        if problem:
-                            raise ValueError(
-                                f"cannot load optimizer state {key!r} of parameter {_param_name(group, i)}: {problem}"
-                            )
-
-    # ------------------------------------------------------------------------ step
     @torch.no_grad()
     def step(self, closure=None, qk_logits: dict[str, Tensor] | None = None):
         """Perform one optimisation step; ``closure`` re-evaluates the loss, as in ``torch.optim``.
@@ -477,15 +216,15 @@ class MuonAdamW(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        live = self._live() if self._skip_nonfinite else None
+        live = step_rules.live(self.param_groups) if self._skip_nonfinite else None
         for group, layout in zip(self.param_groups, self._stacks):
             if live is not None:
                 group["skipped_steps"].add_((1 - live).to(torch.int64))
-                group = _gated(group, live)
+                group = step_rules.gated(group, live)
             if group["kind"] == "muon":
-                self._muon_step(group, layout)
+                step_rules.muon_step(group, layout, self.state, self._store, self._skip_nonfinite)
             else:
-                self._adamw_step(group, live)
+                step_rules.adamw_step(group, self.state, self._store, self._skip_nonfinite, live)
         if qk_logits is not None:
             if self._qk_targets is None:
                 raise ValueError("step(qk_logits=...) needs the optimizer built with qk_clip=QKClip(...)")
@@ -498,147 +237,6 @@ class MuonAdamW(torch.optim.Optimizer):
         if not self._skip_nonfinite:
             raise ValueError("skipped_steps is counted only by an optimizer built with skip_nonfinite=True")
         return self.param_groups[0]["skipped_steps"]
-
-    def _live(self) -> Tensor:
-        """1.0 when every gradient is finite on every rank, else 0.0 (0-D float32, no host sync)."""
-        grads = [p.grad for g in self.param_groups for p in g["params"] if p.grad is not None]
-        if not grads:
-            return torch.ones((), dtype=torch.float32)
-        local = [g.to_local() if isinstance(g, DTensor) else g for g in grads]
-        norms = torch._foreach_norm(local, 2, dtype=torch.float32)
-        live = torch.stack(norms).sum().isfinite().to(torch.float32)
-        meshes = {id(g.device_mesh): g.device_mesh for g in grads if isinstance(g, DTensor)}
-        for mesh in meshes.values():
-            for dim in range(mesh.ndim):
-                if mesh.size(dim) > 1:
-                    live = funcol.all_reduce(live, "min", (mesh, dim))
-        return live
-
-    def _grad(self, p: Tensor) -> Tensor:
-        """``p``'s gradient as a step reads it: with ``skip_nonfinite``, NaN and inf as 0,
-        so that a skipped step, whose updates are gated off, computes with finite values."""
-        if self._skip_nonfinite:
-            return torch.nan_to_num(p.grad, nan=0.0, posinf=0.0, neginf=0.0)
-        return p.grad
-
-    def _muon_step(self, group: dict, layout: stacks_mod.GroupStacks) -> None:
-        ns_args = coeffs.ns_args(
-            group["ns_coefficients"],
-            group["ns_steps"],
-            eps=group["ns_eps"],
-            compute_dtype=group["ns_dtype"],
-            algorithm=group["ns_algorithm"],
-        )
-        decay = 1 - group["lr"] * group["weight_decay"]
-        params = group["params"]
-        for stack in layout.stacks:
-            members = [params[i] for i in stack.indices]
-            if all(p.grad is not None for p in members) and stacks_mod.steps_as_one(members[0].device, len(members)):
-                self._muon_stack_step(group, stack, members, ns_args, decay)
-            else:  # each member with a gradient steps on its own, on its views of the state
-                for i in stack.indices:
-                    self._muon_param_step(group, i, ns_args, decay)
-        for i in layout.loose:
-            self._muon_param_step(group, i, ns_args, decay)
-
-    def _muon_param_step(self, group: dict, index: int, ns_args: NSArgs, decay: Tensor) -> None:
-        p = group["params"][index]
-        if p.grad is None:
-            return
-        self._check_grad(group, index, p.grad)
-        state = self._step_state(self.state[p], p.device)
-        split, lr_scale = self._split_and_scale(group, p.shape)
-        muon_update(
-            p,
-            self._grad(p),
-            state["momentum_buffer"],
-            **self._direction_args(group, split, ns_args),
-            second_moment=state.get("second_moment"),
-            decay=decay,
-            lr=group["lr"],
-            lr_scale=lr_scale,
-            cautious=group["cautious_weight_decay"],
-        )
-        self._end_step_state(self.state[p], state)
-
-    def _muon_stack_step(
-        self, group: dict, stack: stacks_mod.ParamStack, members: list[Tensor], ns_args: NSArgs, decay: Tensor
-    ) -> None:
-        """One step of a stack (:mod:`muon_compile.optim.stacks`): the direction of the stacked
-        gradients, then one write into the members."""
-        for i, p in zip(stack.indices, members):
-            self._check_grad(group, i, p.grad)
-        split, lr_scale = self._split_and_scale(group, members[0].shape)
-        state = self._step_state(stack.state, members[0].device)
-        ortho = muon_direction(
-            stacks_mod.stack([self._grad(p) for p in members]),
-            state["momentum_buffer"],
-            **self._direction_args(group, split, ns_args),
-            second_moment=state.get("second_moment"),
-        )
-        self._end_step_state(stack.state, state)
-        stacks_mod.write(members, decay, ortho, group["lr"], lr_scale, cautious=group["cautious_weight_decay"])
-
-    @staticmethod
-    def _split_and_scale(group: dict, shape: torch.Size) -> tuple[tuple[int, ...] | None, float]:
-        """Row blocks of a matrix of ``shape`` and its step's scale (``adjust_lr`` ratio
-        unless split, times ``extra_scale_factor``)."""
-        split = _row_blocks(group["split_rows"], shape[-2])
-        ratio = 1.0 if split else lr_ratio(shape[-2], shape[-1], group["adjust_lr"])
-        return split, group["extra_scale_factor"] * ratio
-
-    @staticmethod
-    def _direction_args(group: dict, split: tuple[int, ...] | None, ns_args: NSArgs) -> dict:
-        """``group``'s arguments of :func:`muon_direction` but the state."""
-        return dict(
-            beta=group["momentum"],
-            nesterov=group["nesterov"],
-            ns_args=ns_args,
-            split=split,
-            adjust_lr=group["adjust_lr"],
-            beta2=group["normuon_beta2"],
-            tp_mode=group["tp_mode"],
-        )
-
-    def _adamw_step(self, group: dict, live: Tensor | None) -> None:
-        beta1, beta2 = group["betas"]
-        for i, p in enumerate(group["params"]):
-            if p.grad is None:
-                continue
-            self._check_grad(group, i, p.grad)
-            state = self._step_state(self.state[p], p.device)
-            adamw_update(
-                p,
-                self._grad(p),
-                state["exp_avg"],
-                state["exp_avg_sq"],
-                state["step"],
-                lr=group["lr"],
-                beta1=beta1,
-                beta2=beta2,
-                eps=group["eps"],
-                weight_decay=group["weight_decay"],
-                live=live,
-            )
-            self._end_step_state(self.state[p], state)
-
-
-def _device_of(group: dict) -> torch.device:
-    """Where a group's counters live: its parameters' device (the CPU for an empty group),
-    so that a step on a GPU writes no CPU tensor and can be captured as a CUDA graph."""
-    return group["params"][0].device if group["params"] else torch.device("cpu")
-
-
-def _gated(group: dict, live: Tensor) -> dict:
-    """A Muon group's view for a step that ``live`` (0-D, 1 or 0) may skip: learning rate
-    times ``live`` (no update, no weight decay), momentum and NorMuon's beta 1 when
-    skipped (state kept). An AdamW group is gated inside :func:`adamw_update`."""
-    if group["kind"] != "muon":
-        return group
-    gated = {**group, "lr": group["lr"] * live, "momentum": gate(group["momentum"], live, 1.0)}
-    if group["normuon_beta2"] is not None:
-        gated["normuon_beta2"] = gate(group["normuon_beta2"], live, 1.0)
-    return gated
 
 
 class Muon(MuonAdamW):

@@ -28,8 +28,6 @@ class AdjustLR(Mode):
     NONE = "none"
 
 
-
-
 def lr_ratio(rows: int, cols: int, mode: str) -> float:
     """Shape-dependent learning-rate multiplier of a rows x cols update.
 
@@ -85,48 +83,6 @@ def split_orthogonalize(update: Tensor, split: tuple[int, ...], ns_args: NSArgs,
         return out.reshape(update.shape)
     parts = update.split(list(split), dim=-2)
     return torch.cat([newton_schulz_any(b, ns_args, tp_mode) * lr_ratio(b.shape[-2], cols, adjust_lr) for b in parts], dim=-2)
-
-
-def muon_update(
-    param: Tensor,
-    grad: Tensor,
-    momentum_buffer: Tensor,
-    *,
-    beta: Tensor,
-    decay: Tensor,
-    lr: Tensor,
-    nesterov: bool,
-    ns_args: NSArgs,
-    lr_scale: float,
-    split: tuple[int, ...] | None = None,
-    adjust_lr: str = "original",
-    second_moment: Tensor | None = None,
-    beta2: Tensor | None = None,
-    cautious: bool = False,
-    tp_mode: str | None = None,
-) -> None:
-    """One Muon step on ``param``: :func:`muon_direction` then :func:`apply_update`.
-
-    ``beta`` (momentum), ``decay`` (the weight-decay factor ``1 - lr * wd``, computed once
-    per group), ``lr`` and ``beta2`` are 0-D tensors; ``ns_args`` says how to orthogonalise;
-    ``lr_scale`` multiplies the step. With ``split`` (row block sizes) each block is
-    orthogonalised and scaled by its ``adjust_lr`` ratio on its own
-    (:func:`split_orthogonalize`), and ``lr_scale`` is only the extra factor. ``tp_mode``:
-    how a tensor-parallel matrix is orthogonalised (:func:`~muon_compile.distributed.routing.layout_of`).
-    """
-    ortho = muon_direction(
-        grad,
-        momentum_buffer,
-        beta=beta,
-        nesterov=nesterov,
-        ns_args=ns_args,
-        split=split,
-        adjust_lr=adjust_lr,
-        second_moment=second_moment,
-        beta2=beta2,
-        tp_mode=tp_mode,
-    )
-    apply_update(param, ortho, decay=decay, lr=lr, lr_scale=lr_scale, cautious=cautious)
 
 
 def muon_direction(
