@@ -63,7 +63,9 @@ from muon_compile.passes.fx_writes import storage_of
 
 from ..graph_utils import local_value
 from .algebra import ONE, Odd, next_iterate, poly_trim
-from .walk import Chain, example_value, node_kind, walk_graph
+from .nodes import example_value, node_kind
+from .values import Chain
+from .walk import walk_graph
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,8 @@ from torch.multiprocessing.reductions import StorageWeakRef
 
 from muon_compile.passes.fx_writes import flat_nodes, storage_of, written_args
 
-from .walk import Chain, example_value, node_kind
+from .nodes import example_value, node_kind
+from .values import Chain
 
 _PRODUCTS = {"matmul": (0, 1), "addmm": (1, 2)}  # node kind -> positions of the two factors
 _NORMS = ("norm", "linalg_norm", "matrix_norm", "vector_norm", "svd", "svdvals", "linalg_svd", "linalg_svdvals")
