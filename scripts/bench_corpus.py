@@ -1,4 +1,4 @@
-"""The corpus of public Muon implementations (tests/muon_corpus.py), benchmarked: for each
+"""The corpus of public Muon implementations (tests/support/muon_corpus.py), benchmarked: for each
 entry, one optimizer step of its own code run eagerly, compiled with Inductor (the
 default backend) and compiled with ``backend="muon"``.
 
@@ -23,7 +23,7 @@ same parameters and gradients (the entry's step keeps its state between steps; a
 sets each ``p.grad`` to None, as HeavyBall's does, gets them back before the next).
 
 ``--entries released`` runs the Muon packages released on PyPI instead
-(tests/released_packages.py: each optimizer built as its package documents it, its
+(tests/support/released_packages.py: each optimizer built as its package documents it, its
 ``step``; the first warm-up step makes its state).
 
 Usage::
@@ -48,7 +48,7 @@ from bench_common import (
     Arm, ArmResult, cell, machine_info, machine_line, markdown_row, markdown_rule, measure, non_negative_int, positive_int,
 )
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
 from muon_corpus import CORPUS, Entry  # noqa: E402  (the corpus lives with the tests)
 from released_packages import RELEASED  # noqa: E402
 

@@ -28,7 +28,7 @@ if ! "$VENV/bin/python" -c 'import importlib.metadata as m, sys; sys.exit(not an
   extras=test,triton
 fi
 install_into "$VENV/bin/python" -e "$ROOT[$extras]"
-# Emerging-Optimizers declares Python 3.12, for typing.override alone (tests/test_released.py):
+# Emerging-Optimizers declares Python 3.12, for typing.override alone (tests/users/test_released.py):
 # on an older Python its pin from the test extra is installed without that check and without
 # its dependencies (torch and absl-py, in the extra already)
 if "$VENV/bin/python" -c 'import sys; sys.exit(sys.version_info >= (3, 12))'; then

@@ -3,7 +3,7 @@
 #
 # Needs a Python whose torch is a CUDA build (python3, or $PYTHON) with pytest,
 # pytest-timeout and pytest-xdist; no network. --device cpu runs the same steps on the CPU
-# with a tiny workload, compiling in the caller's Inductor cache (what tests/test_gpu_check.py
+# with a tiny workload, compiling in the caller's Inductor cache (what tests/scripts/test_gpu_check.py
 # does: the script cannot fail on a GPU for a missing file or a typo). Steps, each logged to REPORT_DIR (STEP names a subset, in
 # this order; default all):
 #   environment  the host's CPU model, nvidia-smi, torch, CUDA, GPU count (always)

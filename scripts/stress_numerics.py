@@ -3,16 +3,16 @@
     python scripts/stress_numerics.py [--steps 30] [--rewrites]
 
 For each NS dtype (fp32, bf16) and preset (keller, polar_express) it runs the test
-suite's mixed shapes (tests/helpers.py: tall, wide, square, odd, a 3-D stack) for
+suite's mixed shapes (tests/support/helpers.py: tall, wide, square, odd, a 3-D stack) for
 ``--steps`` steps eager and with backend="muon" from the same state, and prints the
 distribution of the relative error of each parameter's update.
 
 ``--rewrites`` measures the canonicalize pass instead: each hand-written Newton–Schulz
-form of tests/ns_forms.py in bf16 on the same shapes, ``--steps`` random inputs each,
+form of tests/support/ns_forms.py in bf16 on the same shapes, ``--steps`` random inputs each,
 compiled and eager, against the exact (fp64) evaluation of the same code. It prints the
 distribution of ``err(compiled, exact) / err(eager, exact)`` and the largest
-``err(compiled, exact) / max(5e-2, REWRITE_MARGIN * err(eager, exact))`` (the test bound, with REWRITE_MARGIN from tests/numerics.py; must stay < 1).
-The tolerances in tests/numerics.py quote these figures.
+``err(compiled, exact) / max(5e-2, REWRITE_MARGIN * err(eager, exact))`` (the test bound, with REWRITE_MARGIN from tests/support/numerics.py; must stay < 1).
+The tolerances in tests/support/numerics.py quote these figures.
 
 ``--algorithms`` measures the Newton–Schulz evaluations of muon_compile.ns.evaluate
 instead: for each preset (keller, polar_express, quintic, aol), compute dtype (bf16,
@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "support"))
 
 import muon_compile  # noqa: E402
 from helpers import MIXED_SHAPES, make_params, set_grads  # noqa: E402

@@ -3,15 +3,15 @@ planner name its models, each model once with its own shapes."""
 
 import re
 import sys
-from pathlib import Path
 
 import pytest
 
 from muon_compile import models
 from muon_compile.planner import recommend
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
+from script_runs import ROOT, SCRIPTS
+
+sys.path.insert(0, str(SCRIPTS))
 import bench_distributed  # noqa: E402
 import bench_single_device  # noqa: E402
 import bench_write  # noqa: E402

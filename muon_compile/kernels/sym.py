@@ -29,7 +29,7 @@ symmetric GEMM); their code is not used.
   which is how the tests check it without a GPU.
 
 Equal to ``bmm`` to the accumulation order's rounding: both sum the same products in fp32
-and round once, in another order (``tests/test_sym_kernel.py`` states the bound).
+and round once, in another order (``tests/kernels/test_sym_kernel.py`` states the bound).
 """
 
 from __future__ import annotations

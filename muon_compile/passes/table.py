@@ -5,7 +5,7 @@ Each :class:`Pass` is a name, the graph it runs on, a line saying what it does, 
 records it in the explanation, ``apply`` rewrites the graph by it, where the plan ``runs``
 anything (a pass that does not is not dumped or checked). :mod:`.pipeline` runs the table;
 ``MUON_COMPILE_PASSES`` takes its names (:func:`names`); docs/design.md's pass table lists them in
-this order (tests/test_passes.py holds the two equal).
+this order (tests/passes/test_passes.py holds the two equal).
 
 Before the post-grad passes, ``find`` reads the graph's Newton–Schulz op nodes and their sites
 (:class:`Context`); it always runs, so it is no entry of the table.
