@@ -1,6 +1,6 @@
 """The matrices Muon updates in each model this project names: one registry, :data:`MODELS`, that
-the benchmarks (``scripts/bench_*.py --workload``), the GPU check and the planner
-(``python -m muon_compile.planner --model``) read.
+the benchmarks (``scripts/bench_*.py --workload``), the GPU check and the advisor
+(``python -m muon_compile.advisor --model``) read.
 
 A :class:`Model` lists its Muon matrices as ``(rows, cols)`` = ``(out, in)``, the layout of
 ``nn.Linear.weight`` that FSDP2 shards by rows, in layer order; embeddings and the output head
@@ -108,7 +108,7 @@ MODELS: dict[str, Model] = {
             hidden=8192, heads=64, kv_heads=8, head_dim=128, ffn=28_672,
         ),
         _decoder(
-            "moe-16x1b", "llama-1b with 16 FFN experts per layer, 2 active (made up for the planner)", 16, 128_256, True,
+            "moe-16x1b", "llama-1b with 16 FFN experts per layer, 2 active (made up for the advisor)", 16, 128_256, True,
             experts=16, active_experts=2, **_LLAMA_1B,
         ),
         _decoder("dense-1b", _DENSE_1B_SOURCE, 16, 32_000, False, **_DENSE_1B),

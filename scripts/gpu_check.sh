@@ -28,7 +28,7 @@
 #                foreach write it replaced, Llama 3.2 1B and 8B stacks -> bench_write.txt/.json
 #   tests        the CUDA instances of the device-parametrised tests (pytest -m cuda, 4
 #                workers)                                         -> tests.log, junit.xml
-#   calibrate    the planner's profile of this GPU (python -m muon_compile.planner.calibrate:
+#   calibrate    the advisor's profile of this GPU (python -m muon_compile.advisor.calibrate:
 #                its matmul rates and memory bandwidth)           -> profile.json, calibrate.txt
 #   distributed  with 2 or more GPUs: scripts/bench_distributed.py under torchrun, NCCL
 #                                                                 -> bench_distributed.txt
@@ -157,10 +157,10 @@ if wanted tests; then
 fi
 
 if wanted calibrate; then
-  step "calibrate: the planner's profile of this $DEVICE"
+  step "calibrate: the advisor's profile of this $DEVICE"
   CALIBRATE_ARGS=()
   [ "$DEVICE" = cpu ] && CALIBRATE_ARGS=(--max-size 128 --max-bytes 65536 --reps 1)  # the steps checked, not the figures
-  bounded "$PY" -m muon_compile.planner.calibrate --device "$DEVICE" --out "$REPORT/profile.json" "${CALIBRATE_ARGS[@]}" \
+  bounded "$PY" -m muon_compile.advisor.calibrate --device "$DEVICE" --out "$REPORT/profile.json" "${CALIBRATE_ARGS[@]}" \
     > "$REPORT/calibrate.txt" 2>&1 || status=1
   tail -3 "$REPORT/calibrate.txt" >&2
 fi

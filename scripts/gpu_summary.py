@@ -15,8 +15,8 @@ Lines, in the order of gpu_check.sh's steps:
 * the stacks' write (bench_write.json): per stack, the write's time over the foreach
   write's it replaced and its rate in the write's least bytes, and what ran as the write;
 * the CUDA tests' counts (junit.xml);
-* the calibration (profile.json, read as the planner reads it,
-  :func:`muon_compile.planner.profiles.load`): the device's peak bf16 matmul rate over the
+* the calibration (profile.json, read as the advisor reads it,
+  :func:`muon_compile.advisor.profiles.load`): the device's peak bf16 matmul rate over the
   sizes measured, its memory bandwidth, and the network's links where it has one;
 * the distributed benchmark: the first line of bench_distributed.txt.
 
@@ -124,7 +124,7 @@ def calibrate_lines(report: Path) -> list[str]:
         return ["calibrate: missing (no profile.json; see calibrate.txt)"]
     import torch
 
-    from muon_compile.planner import profiles
+    from muon_compile.advisor import profiles
 
     try:
         device, network = profiles.load(path)

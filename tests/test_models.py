@@ -1,5 +1,5 @@
 """The one registry of models (muon_compile/models.py): the benchmarks, the GPU check and the
-planner name its models, each model once with its own shapes."""
+advisor name its models, each model once with its own shapes."""
 
 import re
 import sys
@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from muon_compile import models
-from muon_compile.planner import recommend
+from muon_compile.advisor import recommend
 
 from script_runs import ROOT, SCRIPTS
 

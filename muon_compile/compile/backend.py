@@ -43,8 +43,8 @@ _INDUCTOR_DEFAULTS = {"max_fusion_buffer_group_pairwise_attempts": 8, "emulate_p
 # before its wait: in the all_gather step at prefetch 1 it undid every prefetch (each
 # gather waited at once, the next issued only after the bucket's Newton-Schulz), and in
 # the all_to_all step every forward one (docs/design.md, "Overlap in the generated code").
-# The memory the prefetched buckets hold is the schedule's to budget (the planner estimates
-# it: muon_compile.planner.step_cost.buffer_bytes).
+# The memory the prefetched buckets hold is the schedule's to budget (the advisor estimates
+# it: muon_compile.advisor.step_cost.buffer_bytes).
 _SCHEDULED_DEFAULTS = {"reorder_for_peak_memory": False}
 
 

@@ -4,7 +4,7 @@ The passes run inside Inductor as a ``CustomGraphPass``, whose ``uuid()`` enters
 graph and AOTAutograd cache keys. It must change whenever the passes could produce
 another graph: when any source file of this package changes (:func:`package_sources`,
 found from the package's own directories, so a new module is covered without a list to
-keep; the cluster planner and the models, :data:`NOT_COMPILED`, are left out), when the configuration
+keep; the cluster advisor and the models, :data:`NOT_COMPILED`, are left out), when the configuration
 changes, and from one rank to another (:func:`rank_key`).
 """
 
@@ -19,8 +19,8 @@ import torch.distributed as dist
 from torch._inductor.custom_graph_pass import get_hash_for_files
 from torch.distributed.tensor import DTensor
 
-# what nothing on the compile path imports (the cluster planner, the registry of models): not in the key
-NOT_COMPILED = ("planner", "models.py")
+# what nothing on the compile path imports (the cluster advisor, the registry of models): not in the key
+NOT_COMPILED = ("advisor", "models.py")
 
 
 def package_sources(package: ModuleType, leave_out: Sequence[str] = ()) -> tuple[str, ...]:

@@ -14,25 +14,25 @@ the rates of products :data:`ASPECT` times longer one way than the others, by th
 of their cube; a product is priced between the square rate and its family's, linearly
 in log aspect, the family's held beyond :data:`ASPECT`. On the project's first VM (AVX-512
 BF16) the cube rule held to about 10%; on an AMX one some of the iteration's long products
-ran at 0.7 of square ones of equal volume (docs/planner.md). Neither rule sees a size the
+ran at 0.7 of square ones of equal volume (docs/advisor.md). Neither rule sees a size the
 library's kernels do not tile well (383 rows there: 0.3).
 
 The rates are those of large batches. A product call also costs a latency that does not
 shrink with its work (dispatch, the BLAS library's setup): on the 2-core VM a bf16 ``bmm``
 of one or two matrices of 37 to 256 rows costs about 10 us beyond its arithmetic, one of
 8 rows about 2 us (another code path). ``latency``, where measured
-(``python -m muon_compile.planner.calibrate`` on a CPU), holds those seconds per call by
+(``python -m muon_compile.advisor.calibrate`` on a CPU), holds those seconds per call by
 size, interpolated linearly in log size and held flat beyond its ends; without it a call
 costs its arithmetic alone.
 
-Tables (the compile path's ``auto`` choice reads these; the planner can read a profile
-of the user's own device instead, :mod:`muon_compile.planner.calibrate`):
+Tables (the compile path's ``auto`` choice reads these; the advisor can read a profile
+of the user's own device instead, :mod:`muon_compile.advisor.calibrate`):
 
 * ``cpu``: measured on the project's 2-core VM (torch 2.13.0+cpu, oneDNN/MKL), medians
   of 7 batched products per size.
 * ``cuda``: measured on one NVIDIA H100 80GB HBM3 (SXM; torch 2.11.0+cu130, CUDA 13.0) on
   2026-11-26 with the batches and CUDA-event timing that
-  :mod:`muon_compile.planner.calibrate` uses (median of 5 timings), bf16 also in the
+  :mod:`muon_compile.advisor.calibrate` uses (median of 5 timings), bf16 also in the
   non-square families (whose batches at 32 rows held 4 times as many products, 65,536).
   fp32 is without TF32, PyTorch's default for matmul. Until then this table was an
   estimate from NVIDIA's dense peaks, below the measured bf16 rates up to 256 rows (2

@@ -1,5 +1,5 @@
 """The FX-graph-cache key of the passes: every source file of the package, found from the
-package itself (a module added to the package or a subpackage changes it), the planner
+package itself (a module added to the package or a subpackage changes it), the advisor
 left out."""
 
 import os
@@ -45,9 +45,9 @@ def test_a_module_added_to_the_package_changes_the_key(tmp_path):
     assert str((tmp_path / "pkg" / "sub" / "c.py").resolve()) in package_sources(pkg)
 
 
-def test_the_planner_and_the_models_are_not_in_the_key():
+def test_the_advisor_and_the_models_are_not_in_the_key():
     files = package_sources(muon_compile, NOT_COMPILED)
-    assert files and not any("/planner/" in f or f.endswith("/muon_compile/models.py") for f in files)
+    assert files and not any("/advisor/" in f or f.endswith("/muon_compile/models.py") for f in files)
     assert set(files) < set(package_sources(muon_compile))
 
 

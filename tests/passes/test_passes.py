@@ -197,7 +197,7 @@ def test_contract_rejects_missing_meta_and_new_aliasing():
 # ------------------------------------------------------------------ distributed plan
 from muon_compile.config import Strategy  # noqa: E402
 from muon_compile.passes.distribute.plan import EVERY_RANK, plan_distributed  # noqa: E402
-from muon_compile.planner.recommend import sharded_sites  # noqa: E402
+from muon_compile.advisor.recommend import sharded_sites  # noqa: E402
 
 # the distributed benchmark's model: gpt-small plus two odd-row matrices and a single row
 BENCH_SHAPES = [(1152, 384), (384, 384), (1536, 384), (384, 1536)] * 6 + [(1001, 384), (383, 1536), (1, 384)]

@@ -1,5 +1,5 @@
 """scripts/gpu_summary.py: the short table of a gpu_check.sh report folder, here a made-up
-one with every step's file (the profile in the planner's file format), and an empty one. The
+one with every step's file (the profile in the advisor's file format), and an empty one. The
 script runs in this process (its ``main``): a fresh interpreter would spend its seconds importing
 torch (40 s on the CUDA builds of CI's fast tiers), not reading the folder."""
 
@@ -54,7 +54,7 @@ def write_report(folder: Path) -> None:
         'errors="0" skipped="3" time="181.2"></testsuite></testsuites>'
     )
     (folder / "profile.json").write_text(json.dumps({"version": 1, "device": {
-        "name": "calibrated cuda", "source": "python -m muon_compile.planner.calibrate", "kind": "cuda",
+        "name": "calibrated cuda", "source": "python -m muon_compile.advisor.calibrate", "kind": "cuda",
         "matmul": {"source": "measured", "rates": {
             "bfloat16": [[1024, 495268.4], [4096, 764093.1]], "float16": [[1024, 487178.7], [4096, 736406.4]],
         }},
@@ -103,7 +103,7 @@ def test_missing_files_are_reported_as_missing(tmp_path, capsys):
     ]
 
 
-def test_a_profile_the_planner_cannot_load_is_reported_with_why(tmp_path, capsys):
+def test_a_profile_the_advisor_cannot_load_is_reported_with_why(tmp_path, capsys):
     (tmp_path / "profile.json").write_text(json.dumps({"version": 1, "device": {"name": "x"}}))
     lines = summary(tmp_path, capsys)
     assert [line for line in lines if line.startswith("calibrate:")] == [

@@ -25,8 +25,8 @@ cost what even ones of the same total cost.
 A link may price messages above a size by a second link (:attr:`Link.large`), as NCCL
 prices each of its protocols by its own latency and bandwidth: on this project's VM
 gloo's all_gather of 16 MiB per rank took 6-12 times its 4 MiB time, which no one line
-through the small and the large messages describes (docs/planner.md). A profile file
-may give such a link by hand; :mod:`muon_compile.planner.calibrate` fits one line per
+through the small and the large messages describes (docs/advisor.md). A profile file
+may give such a link by hand; :mod:`muon_compile.advisor.calibrate` fits one line per
 kind.
 
 Profiles (:data:`PROFILES`):
@@ -41,17 +41,17 @@ Profiles (:data:`PROFILES`):
 Where a collective's own work runs on the cores the step computes on (gloo's threads on the
 CPU), it takes a share of them while it is in flight: :attr:`NetworkProfile.compute_share`
 gives it per kind and size; the cost model charges each rank's compute that share of
-the collective's time (:mod:`muon_compile.planner.step_cost`). Where ranks share cores,
+the collective's time (:mod:`muon_compile.advisor.step_cost`). Where ranks share cores,
 they also end a stretch of the same compute at different times, and every rank waits for
 the last at the next collective: :attr:`NetworkProfile.after_compute` gives what a
 collective costs after a stretch, beyond its time back to back. Neither is measured by
-:mod:`muon_compile.planner.calibrate` (a profile it writes has none: docs/planner.md
+:mod:`muon_compile.advisor.calibrate` (a profile it writes has none: docs/advisor.md
 says what they changed on this project's VM). A GPU's NCCL kernels take a few of its
 SMs, which no profile here prices (0), and its ranks do not share cores.
 
 A profile of the user's own cluster, one node or more, is measured by
-``torchrun --nproc-per-node N -m muon_compile.planner.calibrate --out PROFILE.json``
-(:mod:`muon_compile.planner.profiles` reads it).
+``torchrun --nproc-per-node N -m muon_compile.advisor.calibrate --out PROFILE.json``
+(:mod:`muon_compile.advisor.profiles` reads it).
 """
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ class NetworkProfile:
     ``ceil((W - 1) / exchanges_in_flight)`` latencies (1, the default: the pairwise
     exchange of the table, one peer after another, as gloo runs it; NCCL issues the
     exchanges as grouped sends and receives that overlap, by how much no published figure
-    says, so the planner shows both bounds). ``compute_share``: per kind, ``(bytes per
+    says, so the advisor shows both bounds). ``compute_share``: per kind, ``(bytes per
     rank, share)`` points in increasing size: the share of each rank's compute that a
     collective of that kind takes while it is in flight (its threads' work on the same
     cores), interpolated in log size and flat beyond the ends (:meth:`share`); a kind
@@ -128,7 +128,7 @@ class NetworkProfile:
     (:meth:`after`); a kind without points costs nothing more. ``after_compute_alone``:
     the same, where one rank alone computed the stretch and the others waited at the
     collective (a tenth of the other at world 3 on two cores: the three ranks' shares of
-    the cores make the cost, docs/planner.md); a kind without points costs as
+    the cores make the cost, docs/advisor.md); a kind without points costs as
     ``after_compute`` says, however few ranks computed."""
 
     name: str

@@ -1,11 +1,11 @@
-"""Calibrate the planner to this machine: measure its device and, under torchrun, its
-network, and write a profile file (:mod:`muon_compile.planner.profiles`) that
-``python -m muon_compile.planner --profile FILE`` reads in place of ``--device`` and
+"""Calibrate the advisor to this machine: measure its device and, under torchrun, its
+network, and write a profile file (:mod:`muon_compile.advisor.profiles`) that
+``python -m muon_compile.advisor --profile FILE`` reads in place of ``--device`` and
 ``--network``.
 
-    python -m muon_compile.planner.calibrate --out PROFILE.json [--device cpu|cuda]
+    python -m muon_compile.advisor.calibrate --out PROFILE.json [--device cpu|cuda]
         [--max-size 4096] [--max-bytes 16777216] [--reps 5]
-    torchrun --nproc-per-node N -m muon_compile.planner.calibrate --out PROFILE.json [...]
+    torchrun --nproc-per-node N -m muon_compile.advisor.calibrate --out PROFILE.json [...]
 
 1. Plan the measurements, the same list on every rank (:func:`device_plan`,
    :func:`network_plan`): batched square ``bmm`` in bf16, fp16 and fp32 up to
@@ -25,15 +25,15 @@ network, and write a profile file (:mod:`muon_compile.planner.profiles`) that
 3. Fit: GFLOP/s; a call's latency, its time less its arithmetic at the measured rate (at
    least 0); the copy's bytes/s, read and write counted. Per collective kind, the
    ``Link(latency, bandwidth)`` whose ``steps * latency + factor * bytes / bandwidth``
-   (:func:`~muon_compile.planner.network_profiles.alpha_beta`) has the least squared
+   (:func:`~muon_compile.advisor.network_profiles.alpha_beta`) has the least squared
    relative error over the sizes and the groups within a node (``LOCAL_WORLD_SIZE``
    ranks), a term that comes out negative dropped; for the groups beyond a node, one
    link over every kind (``inter``; from one node, its all_to_all link: edit it by hand).
-4. Rank 0 writes the profiles (:func:`~muon_compile.planner.profiles.save`) and every
+4. Rank 0 writes the profiles (:func:`~muon_compile.advisor.profiles.save`) and every
    timing (``measurements``).
 
-Not measured (docs/planner.md): a compiled step's fixed costs (``step_overhead`` and the
-other :data:`~muon_compile.planner.step_cost.FIXED_COSTS`): the file holds the built-in
+Not measured (docs/advisor.md): a compiled step's fixed costs (``step_overhead`` and the
+other :data:`~muon_compile.advisor.step_cost.FIXED_COSTS`): the file holds the built-in
 ``h100`` profile's estimates on CUDA and 0 on the CPU, to edit by hand; the
 Newton–Schulz passes' own bandwidth (the copy's stands for it); the CPU share that
 gloo's threads take (on a CPU profile a collective holds its ranks' cores).
@@ -206,7 +206,7 @@ def device_profile(plan: list[Measurement], times: list[float], device: torch.de
     families = {f: family_table(f, _points(rate, "family", f)) for f in FAMILIES}
     threads, cores = torch.get_num_threads(), len(os.sched_getaffinity(0))
     what = torch.cuda.get_device_name(device) if kind == "cuda" else f"{cores} cores ({platform.machine()}), {threads} threads a rank"
-    source = (f"measured by muon_compile.planner.calibrate on {datetime.date.today()}: {what}, torch {torch.__version__}, "
+    source = (f"measured by muon_compile.advisor.calibrate on {datetime.date.today()}: {what}, torch {torch.__version__}, "
               f"{ranks_per_node} rank(s) at once, products up to {max(s for s, _ in tables[torch.bfloat16])} rows; fixed costs "
               f"not measured: {'the h100 profile estimates' if kind == 'cuda' else 'none'}")
     rates = MatmulRates(kind, source, tables, families={f: {torch.bfloat16: t} for f, t in families.items() if t})
@@ -259,7 +259,7 @@ def network_profile(plan: list[Measurement], times: list[float], ranks_per_node:
     inter, worst = fit_link(beyond) if beyond else kinds["all_to_all_single"]
     log(f"between nodes: {inter.describe()}" + (f" (worst fit error {worst:.0%})" if beyond else ", not measured: all_to_all's in a node"))
     world, sizes = dist.get_world_size(), sorted({m.key[3] for m in plan})
-    source = (f"measured by muon_compile.planner.calibrate on {datetime.date.today()}: {backend}, world {world}, "
+    source = (f"measured by muon_compile.advisor.calibrate on {datetime.date.today()}: {backend}, world {world}, "
               f"{ranks_per_node} ranks a node, groups of {group_sizes(world)} ranks, {sizes[0]} to {sizes[-1]} bytes per rank; "
               + ("between nodes fitted over the larger groups" if beyond else "between nodes not measured: the all_to_all link"))
     links = {kind: link for kind, (link, _) in kinds.items()}
@@ -292,7 +292,7 @@ def calibrate(out: str, device: torch.device, max_size: int, max_bytes: int, rep
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m muon_compile.planner.calibrate", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m muon_compile.advisor.calibrate", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="the profile file to write")
     cuda = torch.cuda.is_available()
     parser.add_argument("--device", choices=("cpu", "cuda") if cuda else ("cpu",), default="cuda" if cuda else "cpu")

@@ -1,15 +1,15 @@
 """Plan a distributed Muon step for a cluster this machine cannot hold: predicted step
 times per strategy, bucket size and prefetch depth, from shapes alone.
 
-    python -m muon_compile.planner --model llama-8b --world 8,64,1024 \\
+    python -m muon_compile.advisor --model llama-8b --world 8,64,1024 \\
         [--device h100 | --profile FILE] [--network nvlink-ib] [--bucket-mb 64,256,1024,4096,16384] \\
         [--prefetch 0,1,2] [--shard 8,64] [--tp 8] [--memory-share 0.25] [--tokens 4194304] [--mfu 0.4]
 
 The matrices of the model (:mod:`muon_compile.models`) become the sharded
 Newton–Schulz sites an FSDP2 run over ``world`` ranks would have (one process group,
-``torch.chunk`` rows), planned by the distribute pass's own planner
+``torch.chunk`` rows), planned by the distribute pass's own advisor
 (:func:`~muon_compile.passes.distribute.plan.plan_distributed`) and priced by the cost
-model (:func:`muon_compile.planner.step_cost.predict`). Besides FSDP over the whole world, HSDP
+model (:func:`muon_compile.advisor.step_cost.predict`). Besides FSDP over the whole world, HSDP
 layouts are tried: Muon's collectives then run within shard groups of ``--shard`` ranks,
 and the replica groups repeat the step without communicating in it (the gradient
 all-reduce across replicas belongs to the backward pass, not priced here). With ``--tp T``
@@ -22,7 +22,7 @@ optimizer, is shown beside it. For each
 world size it prints, per layout, strategy and bucket size, at the best prefetch depth,
 the predicted optimizer step, its NS, pointwise, exposed-communication and launch-bound
 (the device waiting for the host) parts and its
-bucket buffers (:func:`~muon_compile.planner.step_cost.buffer_bytes`), and recommends the fastest
+bucket buffers (:func:`~muon_compile.advisor.step_cost.buffer_bytes`), and recommends the fastest
 configuration whose buffers fit in ``--memory-share`` of the device's memory (the rest
 holds the model, its gradients, optimizer state and activations) and whose ranks' share of
 the Muon parameters' fp32 weights, gradients and momentum (:func:`state_bytes`) fits in
@@ -35,10 +35,10 @@ latency is the model's least certain figure at hundreds of ranks, and the two
 recommendations bound it.
 
 The device and the network are built-in profiles (``--device``, ``--network``:
-:data:`~muon_compile.planner.step_cost.DEVICES`,
-:data:`~muon_compile.planner.network_profiles.PROFILES`), or those of a profile file
-(``--profile``, :mod:`muon_compile.planner.profiles`) that
-:mod:`muon_compile.planner.calibrate` measured on the user's own machine: its device in
+:data:`~muon_compile.advisor.step_cost.DEVICES`,
+:data:`~muon_compile.advisor.network_profiles.PROFILES`), or those of a profile file
+(``--profile``, :mod:`muon_compile.advisor.profiles`) that
+:mod:`muon_compile.advisor.calibrate` measured on the user's own machine: its device in
 place of ``--device``, and where it has one, its network in place of ``--network``.
 
 Bucket sizes are swept up to 16 GiB by default: a bucket gives work to as many owners
@@ -71,7 +71,7 @@ from .step_cost import DEVICES, TIE, DeviceProfile, StepCost, buffer_bytes, pred
 DEFAULT_ARGS = coefficients.ns_args("keller", 5)
 # the process group of a one-rank plan (local_plan): its step has no collective
 LOCAL_GROUP = "local"
-# what the planner sweeps unless told otherwise
+# what the advisor sweeps unless told otherwise
 BUCKET_MBS = (Config.bucket_mb, 256.0, 1024.0, 4096.0, 16384.0)
 PREFETCHES = (0, 1, 2)
 SHARDS = (8, 64)
@@ -172,7 +172,7 @@ class Prediction:
     prefetch: int
     buckets: int
     cost: StepCost
-    buffers: int  # bytes, see muon_compile.planner.step_cost.buffer_bytes
+    buffers: int  # bytes, see muon_compile.advisor.step_cost.buffer_bytes
     state_fits: bool = True  # whether the state fits in the device's memory (unknown: it does)
     tp: int = 1
     mode: TPMode = TPMode.DISTRIBUTED
@@ -272,7 +272,7 @@ def with_overlapped_exchanges(
 ) -> list[Prediction]:
     """``predictions`` (one world size's :func:`sweep`) with the ``all_to_all`` rows priced
     again as if every all-to-all overlapped all its peer exchanges: one latency instead
-    of ``W - 1`` (:attr:`~muon_compile.planner.network_profiles.NetworkProfile.exchanges_in_flight`),
+    of ``W - 1`` (:attr:`~muon_compile.advisor.network_profiles.NetworkProfile.exchanges_in_flight`),
     the bound opposite the default's. NCCL overlaps some; no published figure says how many."""
     world = predictions[0].world
     overlapped = dataclasses.replace(network, exchanges_in_flight=world)
@@ -292,7 +292,7 @@ def best(predictions: list[Prediction], max_buffers: float = 0.0, exact: bool = 
 def ties(predictions: list[Prediction], chosen: Prediction, max_buffers: float = 0.0) -> list[Prediction]:
     """The fastest configuration of each other layout and strategy whose buffers fit in
     ``max_buffers`` bytes and whose step is predicted within
-    :data:`~muon_compile.planner.step_cost.TIE` of ``chosen``'s: the model cannot rank them
+    :data:`~muon_compile.advisor.step_cost.TIE` of ``chosen``'s: the model cannot rank them
     against it (time both where it matters)."""
     keys = dict.fromkeys((p.shard, p.strategy, p.mode) for p in predictions if p.exact)
     keys.pop((chosen.shard, chosen.strategy, chosen.mode), None)
@@ -301,7 +301,7 @@ def ties(predictions: list[Prediction], chosen: Prediction, max_buffers: float =
 
 
 def memory_limit(device: DeviceProfile, share: float = MEMORY_SHARE) -> float:
-    """The bytes of bucket buffers the planner allows on ``device`` (0: its memory is unknown)."""
+    """The bytes of bucket buffers the advisor allows on ``device`` (0: its memory is unknown)."""
     return device.memory * share
 
 
@@ -355,14 +355,14 @@ def _numbers(text: str, kind: type) -> list:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m muon_compile.planner", description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m muon_compile.advisor", description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--model", required=True, choices=sorted(MODELS))
     parser.add_argument("--world", default="8,64,1024", help="comma list of world sizes (default %(default)s)")
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--device", choices=sorted(DEVICES), help="a built-in device profile (default h100)")
     source.add_argument(
-        "--profile", type=Path, help="a profile file of python -m muon_compile.planner.calibrate: its device, and its network where it has one"
+        "--profile", type=Path, help="a profile file of python -m muon_compile.advisor.calibrate: its device, and its network where it has one"
     )
     parser.add_argument("--network", choices=sorted(NETWORKS), help="a built-in network profile (default nvlink-ib)")
     parser.add_argument("--bucket-mb", default=_listed(BUCKET_MBS), help="comma list (default %(default)s)")

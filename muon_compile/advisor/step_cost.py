@@ -3,7 +3,7 @@
 Input: the distribution plan (:func:`muon_compile.passes.distribute.plan.plan_distributed`,
 which needs shapes only, so any world size can be planned without a process), the
 prefetch depth, a :class:`DeviceProfile` and a
-:class:`~muon_compile.planner.network_profiles.NetworkProfile`. Output: a :class:`StepCost` per
+:class:`~muon_compile.advisor.network_profiles.NetworkProfile`. Output: a :class:`StepCost` per
 rank: Newton–Schulz matmul seconds, pointwise (memory-bound) seconds, communication
 seconds, the part of it not hidden behind compute, the device's wait for its host's
 launches, and the total.
@@ -33,16 +33,16 @@ clock, the collectives on one shared communication clock: a collective starts wh
 last rank has issued it and the previous one is done, and a rank that waits for it
 stalls. Where ranks share cores (the CPU), they end a stretch of the same compute at
 different times: a collective starts the network profile's cost after that stretch
-(:meth:`~muon_compile.planner.network_profiles.NetworkProfile.after`, of the longest
+(:meth:`~muon_compile.advisor.network_profiles.NetworkProfile.after`, of the longest
 stretch of any rank since its last collective issued or waited for, by how many ranks
 computed it: their stretches' sum over the longest) after the last rank issued it, and
 every rank's compute loses that time, waiting for the last. Where a collective's own work
 runs on the compute cores (the CPU: gloo's threads), each rank's compute loses the
 network profile's share of the collective's time at its issue
-(:meth:`~muon_compile.planner.network_profiles.NetworkProfile.share`); on a device that
+(:meth:`~muon_compile.advisor.network_profiles.NetworkProfile.share`); on a device that
 cannot overlap communication with compute at all
 (:attr:`DeviceProfile.overlaps_communication` false: a CPU profile without the
-collectives' share, as :mod:`muon_compile.planner.calibrate` writes it) a collective
+collectives' share, as :mod:`muon_compile.advisor.calibrate` writes it) a collective
 holds every rank's compute clock to its end instead.
 Exposed communication is the time a rank's compute waits for collectives or loses to
 them.
@@ -84,7 +84,7 @@ UPDATE_ACCESSES = 5
 
 # Two configurations predicted closer than this (relative) are a tie: the model cannot rank
 # them. Measured against steps at three CPU ranks on two cores, it prices the all_gather
-# step 5-10% low against the all_to_all one (docs/planner.md); the planner names the ties
+# step 5-10% low against the all_to_all one (docs/advisor.md); the advisor names the ties
 # of its recommendation.
 TIE = 0.10
 
@@ -121,12 +121,12 @@ class DeviceProfile:
     ``collective_overhead`` seconds per collective, beyond its transfer as the network
     profile prices it back to back (on the CPU, gloo's threads woken behind the step's
     compute), counted as the collective's time (:data:`FIXED_COSTS`; none of them is
-    measured by :mod:`muon_compile.planner.calibrate`, docs/planner.md); ``memory``, its
+    measured by :mod:`muon_compile.advisor.calibrate`, docs/advisor.md); ``memory``, its
     bytes (0: unknown).
     ``ns_pass_bandwidth``: the bytes/s of the Newton–Schulz calls' own memory-bound passes
     (:func:`~muon_compile.ns.cost.pointwise_bytes`; 0: ``memory_bandwidth``, as a copy): on
     one CPU thread they convert bf16 both ways, divide and build the identity from an index,
-    and ran at 0.67x a copy's bandwidth (docs/planner.md).
+    and ran at 0.67x a copy's bandwidth (docs/advisor.md).
     ``shared_cores``: the cores the ranks of a process group share, each rank computing
     on ``rank_threads`` threads (0: each rank has cores of its own): its rates and costs
     are those of every rank computing at once, and where fewer do, each runs faster
@@ -242,7 +242,7 @@ def _owned_elements(bucket: DistBucket) -> list[int]:
 def buffer_bytes(plan: DistPlan, prefetch: int) -> int:
     """An estimate of the peak bytes of the step's bucket buffers on its busiest rank,
     beyond the parameters, gradients and momentum, in the compute dtype, as the compiled
-    step holds them (measured as docs/planner.md describes):
+    step holds them (measured as docs/advisor.md describes):
 
     1. From the step's start, every bucket's packed shard, to be sent: Inductor fuses the
        packing into the momentum update, which runs first. It is freed once the bucket's
@@ -319,7 +319,7 @@ class _BucketWork:
     """One bucket's seconds per rank: its stages' (the compute stage's with its NS), its
     NS alone; and each of its collectives' kind and seconds back to back, and of those the
     seconds each rank's compute loses to it
-    (:meth:`~muon_compile.planner.network_profiles.NetworkProfile.share`)."""
+    (:meth:`~muon_compile.advisor.network_profiles.NetworkProfile.share`)."""
 
     launch: tuple[Seconds, ...]
     compute: tuple[Seconds, ...]

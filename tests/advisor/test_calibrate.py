@@ -1,6 +1,6 @@
-"""The calibration (muon_compile/planner/calibrate.py) and its profile files
-(muon_compile/planner/profiles.py): a device profile measured on the CPU at tiny sizes
-that the planner runs with, a network profile measured on two gloo ranks, the fit of a
+"""The calibration (muon_compile/advisor/calibrate.py) and its profile files
+(muon_compile/advisor/profiles.py): a device profile measured on the CPU at tiny sizes
+that the advisor runs with, a network profile measured on two gloo ranks, the fit of a
 link, and files saved and loaded back exactly or refused naming the bad field."""
 
 import dataclasses
@@ -12,14 +12,14 @@ import torch
 
 from dist_harness import run_world
 from muon_compile.ns.matmul_rates import FAMILIES
-from muon_compile.planner import calibrate, profiles, recommend
-from muon_compile.planner.network_profiles import COLLECTIVES, PROFILES, Link, alpha_beta
-from muon_compile.planner.step_cost import DEVICES, FIXED_COSTS
+from muon_compile.advisor import calibrate, profiles, recommend
+from muon_compile.advisor.network_profiles import COLLECTIVES, PROFILES, Link, alpha_beta
+from muon_compile.advisor.step_cost import DEVICES, FIXED_COSTS
 
 CPU = torch.device("cpu")
 
 
-def test_a_cpu_calibration_at_tiny_sizes_is_a_profile_the_planner_runs_with(tmp_path, capsys):
+def test_a_cpu_calibration_at_tiny_sizes_is_a_profile_the_advisor_runs_with(tmp_path, capsys):
     path = tmp_path / "cpu.json"
     lines = []
     device, network = calibrate.calibrate(str(path), CPU, max_size=64, max_bytes=16384, reps=1, log=lines.append)
@@ -36,7 +36,7 @@ def test_a_cpu_calibration_at_tiny_sizes_is_a_profile_the_planner_runs_with(tmp_
     assert ["copy", 2.0 * calibrate.COPY_BYTES["cpu"]] == timings[-1][:2]
     recommend.main(["--model", "llama-1b", "--world", "2,8", "--bucket-mb", "256", "--prefetch", "1", "--profile", str(path)])
     out = capsys.readouterr().out
-    assert "device cpu-calibrated: measured by muon_compile.planner.calibrate" in out
+    assert "device cpu-calibrated: measured by muon_compile.advisor.calibrate" in out
     assert "network nvlink-ib" in out  # the file has none: --network's default
     # a configuration for each world: which one depends on this CPU's timings (one repetition)
     assert out.count("recommended: ") == 2 and "recommended: none" not in out

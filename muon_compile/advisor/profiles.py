@@ -1,7 +1,7 @@
 """Profile files: a device profile and, where measured, a network profile, as JSON.
 
-:mod:`muon_compile.planner.calibrate` writes one (:func:`save`);
-``python -m muon_compile.planner --profile FILE`` reads it (:func:`load`) in place of
+:mod:`muon_compile.advisor.calibrate` writes one (:func:`save`);
+``python -m muon_compile.advisor --profile FILE`` reads it (:func:`load`) in place of
 ``--device`` and, where the file has a network, of ``--network``. The file, version 1
 (``(optional: X)`` marks a field that may be left out, and what it then is)::
 
@@ -68,7 +68,7 @@ from .step_cost import DEVICES, FIXED_COSTS, DeviceProfile
 VERSION = 1
 KINDS = ("cpu", "cuda")
 DTYPES = {str(d).removeprefix("torch."): d for d in (torch.bfloat16, torch.float16, torch.float32, torch.float64)}
-# the dtypes the planner prices: a bf16 step and its fp16 Gram iteration
+# the dtypes the advisor prices: a bf16 step and its fp16 Gram iteration
 REQUIRED_DTYPES = ("bfloat16", "float16")
 _MISSING = object()
 
@@ -180,7 +180,7 @@ def _device(fields: _Object) -> DeviceProfile:
     matmul = fields.child("matmul")
     rates = matmul.tables("rates", positive=True)
     if missing := [d for d in REQUIRED_DTYPES if DTYPES[d] not in rates]:
-        raise matmul.error("rates", f"needs {list(REQUIRED_DTYPES)} (the planner's dtypes), missing {missing}")
+        raise matmul.error("rates", f"needs {list(REQUIRED_DTYPES)} (the advisor's dtypes), missing {missing}")
     families = matmul.child("families", None)
     if families is not None and (unknown := sorted(set(families.data) - set(FAMILIES))):
         raise families.error("", f"unknown families {unknown}; known: {list(FAMILIES)}")

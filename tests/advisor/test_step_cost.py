@@ -1,4 +1,4 @@
-"""The cost model (muon_compile/planner/step_cost.py): a plan's predicted step, by hand on
+"""The cost model (muon_compile/advisor/step_cost.py): a plan's predicted step, by hand on
 one bucket, the overlap that prefetch buys, the all_gather strategy's compute, the fixed
 costs, host time on a device that queues its kernels."""
 
@@ -20,11 +20,11 @@ from muon_compile.ns.matmul_rates import (
     MatmulRates,
     family_product,
 )
-from muon_compile.planner.network_profiles import Link, NetworkProfile
+from muon_compile.advisor.network_profiles import Link, NetworkProfile
 from muon_compile.ns.cost import predicted_seconds
 from muon_compile.passes.distribute.plan import EVERY_RANK, DistBucket, DistMember, DistPlan
 from muon_compile.distributed.sharded_op import ShardLayout
-from muon_compile.planner.step_cost import (
+from muon_compile.advisor.step_cost import (
     FIXED_COSTS,
     TIE,
     UPDATE_ACCESSES,

@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from muon_compile.planner.network_profiles import Link, NetworkProfile, profile
+from muon_compile.advisor.network_profiles import Link, NetworkProfile, profile
 
 NET = NetworkProfile("test", "made up", intra=Link(1e-5, 100e9), inter=Link(2e-5, 10e9), ranks_per_node=4)
 
