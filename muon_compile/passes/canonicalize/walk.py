@@ -1,6 +1,6 @@
 """The evaluation behind ``canonicalize``: one in-order walk of a Dynamo graph in the
 abstract values of :mod:`.algebra`, returning every candidate Newton–Schulz loop as a
-frozen :class:`Chain` (plain data: its start, its input, its norm, its step polynomials,
+finished :class:`Chain` (plain data: its start, its input, its norm, its step polynomials,
 its members and escapes, or the reason it is not one).
 
 The walk is the storage bookkeeping and the loop's steps; what a node is comes from
