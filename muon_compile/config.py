@@ -29,6 +29,10 @@ MUON_COMPILE_NS_EPILOGUE   auto         the textbook iteration's scalars in the 
                                         epilogues (``baddbmm``) or in one pointwise
                                         kernel (:func:`muon_compile.ns.cost.choose_epilogue`):
                                         auto (the form measured faster) | on | off
+MUON_COMPILE_NS_ORIENTATION auto        a tall matrix's textbook iterates in its own
+                                        layout (on) or transposed (off), or auto: the
+                                        layout measured faster
+                                        (:func:`muon_compile.ns.cost.choose_orientation`)
 MUON_COMPILE_PAD_WASTE     0            largest fraction of a padded bucket's NS FLOPs
                                         that may be zero padding (0 disables merging)
 MUON_COMPILE_PASSES        (all)        comma list: ``a,b`` runs only those passes,
@@ -85,6 +89,7 @@ PLAN_FIELDS = (
     ("ns_algorithm", "MUON_COMPILE_NS_ALGORITHM"),
     ("sym_products", "MUON_COMPILE_SYM_PRODUCTS"),
     ("ns_epilogue", "MUON_COMPILE_NS_EPILOGUE"),
+    ("ns_orientation", "MUON_COMPILE_NS_ORIENTATION"),
     ("passes", "MUON_COMPILE_PASSES"),
 )
 
@@ -129,6 +134,7 @@ class Config:
     ns_algorithm: str = AUTO
     sym_products: str = AUTO
     ns_epilogue: str = AUTO
+    ns_orientation: str = AUTO
     passes: tuple[str, ...] | None = None  # None: every pass
     dump_dir: str | None = None
     trace_helpers: bool = True
@@ -150,6 +156,7 @@ class Config:
         check_algorithm(self.ns_algorithm, "MUON_COMPILE_NS_ALGORITHM")
         Policy.check(self.sym_products, "MUON_COMPILE_SYM_PRODUCTS")
         Policy.check(self.ns_epilogue, "MUON_COMPILE_NS_EPILOGUE")
+        Policy.check(self.ns_orientation, "MUON_COMPILE_NS_ORIENTATION")
         if self.cpu_heap_mb < 0:
             raise ValueError(f"MUON_COMPILE_CPU_HEAP_MB must be >= 0, got {self.cpu_heap_mb!r}")
         if not self.agree_timeout >= 0:
@@ -264,6 +271,7 @@ def from_env(env: Mapping[str, str] | None = None) -> Config:
         ns_algorithm=env.get("MUON_COMPILE_NS_ALGORITHM", "").strip() or Config.ns_algorithm,
         sym_products=env.get("MUON_COMPILE_SYM_PRODUCTS", "").strip() or Config.sym_products,
         ns_epilogue=env.get("MUON_COMPILE_NS_EPILOGUE", "").strip() or Config.ns_epilogue,
+        ns_orientation=env.get("MUON_COMPILE_NS_ORIENTATION", "").strip() or Config.ns_orientation,
         passes=parse_passes(spec) if (spec := env.get("MUON_COMPILE_PASSES", "")) else None,
         dump_dir=env.get("MUON_COMPILE_DUMP_DIR") or None,
         trace_helpers=_flag(env, "MUON_COMPILE_TRACE_HELPERS", Config.trace_helpers),

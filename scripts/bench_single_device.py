@@ -52,8 +52,11 @@ Arms (``--arms`` takes the keys, or the long names, comma-separated):
     muon-gram       ... (gram)                   the same with ns_algorithm="gram"
     muon-sym        ... (auto), symmetric        the muon arm with MUON_COMPILE_SYM_PRODUCTS=on:
                     products                     X Xᵀ and squares by muon_compile.kernels.sym
+    muon-transposed ... (auto), tall matrices    the muon arm with MUON_COMPILE_NS_ORIENTATION=off:
+                    transposed                   a tall matrix's iterates wide, as on CUDA
     muon-torch      muon torch.optim.Muon        torch.compile(opt.step, backend="muon"):
                                                  unmodified, its loops canonicalised
+    muon-torch-transposed                        the same with MUON_COMPILE_NS_ORIENTATION=off
     muon-offload    muon ..., offload_state      the muon arm with the state in host memory
                                                  between steps (copied in and out each step)
     hand-stacked    hand-stacked (nanochat)      same-shape params stacked by hand, one
@@ -439,7 +442,9 @@ ARMS = (
     Arm("muon-textbook", "muon muon_compile.Muon (textbook)", our_muon_textbook_step, "muon"),
     Arm("muon-gram", "muon muon_compile.Muon (gram)", our_muon_gram_step, "muon"),
     Arm("muon-sym", "muon muon_compile.Muon (auto), symmetric products", our_muon_step, "muon", settings={"sym_products": "on"}),
+    Arm("muon-transposed", "muon muon_compile.Muon (auto), tall matrices transposed", our_muon_step, "muon", settings={"ns_orientation": "off"}),
     Arm("muon-torch", "muon torch.optim.Muon", torch_muon_step, "muon"),
+    Arm("muon-torch-transposed", "muon torch.optim.Muon, tall matrices transposed", torch_muon_step, "muon", settings={"ns_orientation": "off"}),
     Arm("muon-offload", "muon muon_compile.Muon, offload_state", our_muon_offload_step, "muon"),
     Arm("hand-stacked", "hand-stacked (nanochat)", hand_stacked_step),
     Arm("roofline", "roofline", roofline_step),

@@ -317,7 +317,14 @@ def group_rank(group_name: str) -> int:
 
 
 def gather_orthogonalize_slice(
-    local: Tensor, layout: ShardLayout, rank: int, args: NSArgs, policy: str = AUTO, products: str = "bmm", epilogue: str = AUTO
+    local: Tensor,
+    layout: ShardLayout,
+    rank: int,
+    args: NSArgs,
+    policy: str = AUTO,
+    products: str = "bmm",
+    epilogue: str = AUTO,
+    orientation: str = AUTO,
 ) -> Tensor:
     """The reference algorithm, one collective per matrix (the passes batch it).
 
@@ -326,14 +333,15 @@ def gather_orthogonalize_slice(
        ``rows_per_shard x cols_per_shard``.
     2. All-gather the padded blocks and reassemble the whole matrix (:func:`assemble`).
     3. Orthogonalise it (``auto`` resolved under ``policy``, symmetric products as
-       ``products`` says, the textbook scalars where ``epilogue`` says:
+       ``products`` says, the textbook scalars where ``epilogue`` says, a tall matrix's
+       iterates laid out as ``orientation`` says:
        :func:`muon_compile.ns.evaluate.orthogonalize`); return this rank's block in the
        input's dtype.
     """
     padded = pad_block(local.to(args.compute_dtype), layout)
     gathered = torch.ops._c10d_functional.all_gather_into_tensor(padded, layout.group_size, layout.group_name)
     grid = torch.ops._c10d_functional.wait_tensor(gathered).view(layout.group_size, -1, *padded.shape[-2:])
-    ortho = orthogonalize(assemble(grid, layout), args, policy, products, epilogue)  # [n, rows, cols]
+    ortho = orthogonalize(assemble(grid, layout), args, policy, products, epilogue, orientation=orientation)  # [n, rows, cols]
     return own_block(ortho, layout, rank).reshape(local.shape).to(local.dtype)
 
 
@@ -380,7 +388,7 @@ def _sharded_impl(local: Tensor, *rest: object) -> Tensor:
     check_shard(local, layout, rank)
     check_input(local)
     cfg = config.current()
-    out = gather_orthogonalize_slice(local, layout, rank, args, cfg.ns_algorithm, epilogue=cfg.ns_epilogue)
+    out = gather_orthogonalize_slice(local, layout, rank, args, cfg.ns_algorithm, epilogue=cfg.ns_epilogue, orientation=cfg.ns_orientation)
     # a tensor of its own, as the fake implementation says: a rank's rows start inside the
     # whole result (where the dtype already matches) and Inductor, calling this op as a
     # fallback kernel, checks that its output is aligned

@@ -148,7 +148,8 @@ BMM, SYMMETRIC = "bmm", "sym"
 
 
 class Policy(Mode):
-    """A lowering choice's setting (``MUON_COMPILE_SYM_PRODUCTS``, ``MUON_COMPILE_NS_EPILOGUE``):
+    """A lowering choice's setting (``MUON_COMPILE_SYM_PRODUCTS``, ``MUON_COMPILE_NS_EPILOGUE``,
+    ``MUON_COMPILE_NS_ORIENTATION``):
     ``auto`` by the device's measured table, or forced ``on`` / ``off``."""
 
     AUTO = "auto"
@@ -175,6 +176,11 @@ class ProductChoice:
 # three product calls, no other kernel), or in one fused pointwise kernel on the m x m matrices
 # (B = c A A + b A + a I; X = B X: three plain products and that kernel).
 EPILOGUE, POLYNOMIAL = "epilogue", "polynomial"
+
+# How the textbook iteration lays out a tall matrix's iterates (ns.evaluate.orthogonalize): as
+# its transpose, wide (the input transposed in, the result transposed back), or in the input's
+# own tall layout (each new iterate P X written as (X^T P^T)^T: no transposition in memory).
+TRANSPOSED, NATIVE = "transposed", "native"
 
 
 def choose_products(rows: int, cols: int, algorithm: str, compute_dtype: torch.dtype, device_type: str, policy: str = AUTO) -> ProductChoice:
@@ -214,6 +220,26 @@ def choose_epilogue(rows: int, cols: int, compute_dtype: torch.dtype, device_typ
         return ProductChoice(EPILOGUE, f"no measured epilogue table on {device_type} for {compute_dtype}")
     kind = EPILOGUE if speedup > 1.0 else POLYNOMIAL
     return ProductChoice(kind, f"measured polynomial/epilogue time {speedup:.2f} at {m}")
+
+
+def choose_orientation(rows: int, cols: int, compute_dtype: torch.dtype, device_type: str, policy: str = AUTO) -> ProductChoice:
+    """How the textbook iteration on tall ``rows x cols`` matrices lays out its iterates
+    (:data:`NATIVE` or :data:`TRANSPOSED`): as ``policy`` (``MUON_COMPILE_NS_ORIENTATION``)
+    says when it is ``on`` (native) or ``off``; for ``auto``, the layout the device's measured
+    table (:meth:`MatmulRates.orientation_speedup`) has faster at the Gram matrix's size in
+    ``compute_dtype``, transposed where nothing was measured (the layout that device has run
+    until it is measured). A wide matrix has one layout: :data:`TRANSPOSED` names it too."""
+    Policy.check(policy, "MUON_COMPILE_NS_ORIENTATION")
+    if rows <= cols:
+        return ProductChoice(TRANSPOSED, "a wide matrix")
+    if policy != AUTO:
+        return ProductChoice(NATIVE if policy == Policy.ON else TRANSPOSED, f"MUON_COMPILE_NS_ORIENTATION={policy}")
+    m = cols
+    speedup = profile_for(device_type).orientation_speedup(compute_dtype, m)
+    if speedup is None:
+        return ProductChoice(TRANSPOSED, f"no measured orientation table on {device_type} for {compute_dtype}")
+    kind = NATIVE if speedup > 1.0 else TRANSPOSED
+    return ProductChoice(kind, f"measured transposed/native time {speedup:.2f} at {m}")
 
 
 def choose(

@@ -14,10 +14,12 @@ from .args import AUTO, GRAM, NSArgs
 from .cost import (
     BMM,
     EPILOGUE,
+    NATIVE,
     PRODUCT_POLICIES,
     SYMMETRIC,
     choose,
     choose_epilogue,
+    choose_orientation,
     iteration_dtype,
     segments,
 )
@@ -35,11 +37,25 @@ def algorithm_for(x: Tensor, args: NSArgs, policy: str = AUTO) -> str:
 
 
 def orthogonalize(
-    x: Tensor, args: NSArgs, policy: str = AUTO, products: str = BMM, epilogue: str = AUTO, *, eager: bool = False
+    x: Tensor,
+    args: NSArgs,
+    policy: str = AUTO,
+    products: str = BMM,
+    epilogue: str = AUTO,
+    *,
+    orientation: str = AUTO,
+    eager: bool = False,
 ) -> Tensor:
     """Approximate the orthogonal polar factor of each matrix in ``x`` (2-D, or 3-D batched).
 
-    1. A tall matrix (rows > cols) is transposed so the Gram matrix is the small one.
+    1. A tall matrix (rows > cols) is read as its transpose so the Gram matrix is the small
+       one. In the textbook iteration it is also kept in its own (tall) memory layout where
+       ``orientation`` (the plan's :func:`muon_compile.ns.cost.choose_orientation`, or a policy of
+       ``MUON_COMPILE_NS_ORIENTATION`` resolved for ``x``'s shape and device) is
+       :data:`~muon_compile.ns.cost.NATIVE`: every product that
+       forms a new iterate, ``P X``, is computed as ``(X^T P^T)^T``, written tall, so neither
+       the input nor the result is transposed in memory; else (``transposed``) the iterates
+       are written wide and the result transposed back.
     2. ``X = x.to(compute_dtype)`` (the reference code's first step; casting commutes
        with stacking, transposing and zero-padding, so a batch of compute-dtype copies
        gives exactly the per-matrix result; :func:`to_low_precision` keeps this rounding
@@ -93,18 +109,25 @@ def orthogonalize(
         if epilogue in PRODUCT_POLICIES:
             epilogue = choose_epilogue(X.size(-2), X.size(-1), compute_dtype, X.device.type, epilogue).kind
         polynomial_form = epilogue != EPILOGUE
+        if tall and orientation in PRODUCT_POLICIES:
+            orientation = choose_orientation(X.size(-1), X.size(-2), compute_dtype, X.device.type, orientation).kind
+        native = tall and orientation == NATIVE
         eye = identity(X.size(-2), X.device, acc) if polynomial_form and not eager else None
         if polynomial_form and eager and products == BMM:
-            return _finish(polynomial_in_buffers(X, args.coefficients, acc, compute_dtype), x, tall)
+            return _finish(polynomial_in_buffers(X, args.coefficients, acc, compute_dtype, native), x, tall)
         for a, b, c in args.coefficients:
             A = symmetric(X, X.mT)
             if polynomial_form:
-                X = torch.bmm(polynomial(A, symmetric(A, A), (a, b, c), acc, compute_dtype, eye), X)
-            elif products == SYMMETRIC:
-                X = torch.baddbmm(X, sym_bmm(A, A, A, beta=b, alpha=c), X, beta=a)
+                X = _times(polynomial(A, symmetric(A, A), (a, b, c), acc, compute_dtype, eye), X, native)
             else:
-                X = torch.baddbmm(X, torch.baddbmm(A, A, A, beta=b, alpha=c), X, beta=a)
+                B = sym_bmm(A, A, A, beta=b, alpha=c) if products == SYMMETRIC else torch.baddbmm(A, A, A, beta=b, alpha=c)
+                X = torch.baddbmm(X.mT, X.mT, B.mT, beta=a).mT if native else torch.baddbmm(X, B, X, beta=a)
     return _finish(X, x, tall)
+
+
+def _times(P: Tensor, X: Tensor, native: bool) -> Tensor:
+    """``P X``, written in ``X``'s tall memory layout (as ``(X^T P^T)^T``) where ``native``."""
+    return torch.bmm(X.mT, P.mT).mT if native else torch.bmm(P, X)
 
 
 def _finish(X: Tensor, x: Tensor, tall: bool) -> Tensor:
@@ -118,22 +141,25 @@ def _finish(X: Tensor, x: Tensor, tall: bool) -> Tensor:
 
 
 def polynomial_in_buffers(
-    X: Tensor, coefficients: Sequence[tuple[float, float, float]], acc: torch.dtype, dtype: torch.dtype
+    X: Tensor, coefficients: Sequence[tuple[float, float, float]], acc: torch.dtype, dtype: torch.dtype, native: bool = False
 ) -> Tensor:
     """The polynomial form's iterations on ``X`` (in ``dtype``) as the op's eager implementation runs
     them: the operations of :func:`orthogonalize`'s loop (``bmm``, :func:`polynomial` in place),
     each writing into buffers allocated once a call instead of a fresh tensor an operation:
     on the CPU a fresh buffer of this size costs its page faults (2026-12-07, this 2-core VM,
     ``[8, 2048, 2048]`` bf16: a product 103.5 ms into a fresh tensor against 69.7 ms into a
-    buffer, a cast to fp32 35.8 against 9.5 ms). ``X`` itself is not written."""
-    batch, m, _ = X.shape
+    buffer, a cast to fp32 35.8 against 9.5 ms). ``X`` itself is not written. ``native``: the
+    iterates written tall, as :func:`orthogonalize`'s ``orientation`` says."""
+    batch, m, n = X.shape
     A, AA, B = (X.new_empty(batch, m, m) for _ in range(3))
     work = (X.new_empty(batch, m, m, dtype=acc), X.new_empty(batch, m, m, dtype=acc), B)
-    iterates = (X.new_empty(X.shape), X.new_empty(X.shape))  # contiguous, as a product's result is
+    shape = (batch, n, m) if native else (batch, m, n)
+    iterates = (X.new_empty(shape), X.new_empty(shape))  # contiguous, as a product's result is
     for i, (a, b, c) in enumerate(coefficients):
         torch.bmm(X, X.mT, out=A)
         torch.bmm(A, A, out=AA)
-        X = torch.bmm(polynomial(A, AA, (a, b, c), acc, dtype, None, work), X, out=iterates[i % 2])
+        P = polynomial(A, AA, (a, b, c), acc, dtype, None, work)
+        X = torch.bmm(X.mT, P.mT, out=iterates[i % 2]).mT if native else torch.bmm(P, X, out=iterates[i % 2])
     return X
 
 

@@ -112,6 +112,10 @@ class MatmulRates:
     # a stack of m x 4m matrices (muon_compile.ns.cost.choose_epilogue; the table
     # scripts/bench_epilogue.py prints), where measured
     epilogue: Mapping[torch.dtype, Table] = dataclasses.field(default_factory=dict)
+    # per dtype: (m, the transposed orientation's time / the native one's) of the textbook iteration
+    # on a stack of 4m x m matrices, given and returned tall (muon_compile.ns.cost.choose_orientation;
+    # the table scripts/bench_epilogue.py --compare orientation prints), where measured
+    orientation: Mapping[torch.dtype, Table] = dataclasses.field(default_factory=dict)
 
     def rate(self, dtype: torch.dtype, m: int, k: int, n: int) -> float:
         """GFLOP/s of an ``(m x k) @ (k x n)`` product in ``dtype`` (see the module docstring)."""
@@ -139,6 +143,13 @@ class MatmulRates:
         ``dtype`` with the polynomial's scalars in the products' epilogues than in a pointwise
         kernel, interpolated in the measured table; None where nothing was measured."""
         table = self.epilogue.get(dtype)
+        return interpolate(table, m) if table else None
+
+    def orientation_speedup(self, dtype: torch.dtype, m: int) -> float | None:
+        """How many times faster the textbook iteration runs on tall matrices with an ``m x m``
+        Gram matrix in ``dtype`` kept in their own layout than transposed, interpolated in the
+        measured table; None where nothing was measured."""
+        table = self.orientation.get(dtype)
         return interpolate(table, m) if table else None
 
     def call_seconds(self, dtype: torch.dtype, m: int, k: int, n: int) -> float:
@@ -170,6 +181,17 @@ _CPU_EPILOGUE: dict[torch.dtype, Table] = {
     torch.float32: ((64, 0.892), (128, 0.945), (256, 0.914), (384, 0.988), (512, 0.929), (768, 1.038), (1024, 1.027), (2048, 0.919)),
 }
 
+# the textbook iteration on tall matrices transposed (wide iterates, the input and the result
+# transposed in memory) against kept in their own layout (time ratio by m; both compiled, 5
+# iterations on a stack of 4m x m matrices), measured on 2026-12-07 on the 2-core Intel Xeon VM:
+# python scripts/bench_epilogue.py --compare orientation --device cpu --sizes 64,128,256,384,512,768,1024 --reps 7
+# (a second run: 1.05 at 384, 1.04 at 768, 0.71 at 1024, 0.76 at 1536 in bf16: from m = 1024 the
+# tall product X^T X of the native layout is the slower)
+_CPU_ORIENTATION: dict[torch.dtype, Table] = {
+    torch.bfloat16: ((64, 1.090), (128, 1.171), (256, 1.043), (384, 1.096), (512, 1.032), (768, 1.079), (1024, 0.688)),
+    torch.float32: ((64, 0.993), (128, 1.025), (256, 1.046), (384, 1.032), (512, 1.028), (768, 0.967), (1024, 0.962)),
+}
+
 # measured on an H100 80GB HBM3, 2026-11-26 (see the module docstring)
 _CUDA_BF16: Table = ((32, 19450.0), (64, 62221.9), (128, 115134.2), (256, 214034.9), (512, 365549.9), (1024, 495268.4), (2048, 552525.8), (4096, 764093.1))
 _CUDA_FP16: Table = ((32, 19531.1), (64, 62628.3), (128, 115721.6), (256, 209961.2), (512, 364062.5), (1024, 487178.7), (2048, 534022.8), (4096, 736406.4))
@@ -187,6 +209,7 @@ PROFILES: dict[str, MatmulRates] = {
         "measured on the 2-core CI VM, torch 2.13.0+cpu",
         {torch.bfloat16: _CPU_BF16, torch.float16: _CPU_FP16, torch.float32: _CPU_FP32, torch.float64: _CPU_FP64},
         epilogue=_CPU_EPILOGUE,
+        orientation=_CPU_ORIENTATION,
     ),
     "cuda": MatmulRates(
         "cuda",

@@ -44,7 +44,7 @@ def _newton_schulz_impl(x: Tensor, *flat: object) -> Tensor:
     cfg = config.current()
     if x.device.type == "cpu":  # an eager CPU step's buffers too: the op's are most of them
         cpu_heap.keep(cfg.cpu_heap_mb)
-    return orthogonalize(x, args, cfg.ns_algorithm, epilogue=cfg.ns_epilogue, eager=True)
+    return orthogonalize(x, args, cfg.ns_algorithm, epilogue=cfg.ns_epilogue, orientation=cfg.ns_orientation, eager=True)
 
 
 @torch.library.register_fake(_QUALNAME)

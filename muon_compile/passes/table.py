@@ -137,7 +137,10 @@ def _apply_distribution(ctx: Context, plan: Any) -> None:
 
 def _plan_algorithms(ctx: Context) -> Any:
     cfg = ctx.cfg
-    return plan_algorithms(*find_ns_sites(ctx.graph), policy=cfg.ns_algorithm, products=cfg.sym_products, epilogue=cfg.ns_epilogue)
+    return plan_algorithms(
+        *find_ns_sites(ctx.graph), policy=cfg.ns_algorithm, products=cfg.sym_products, epilogue=cfg.ns_epilogue,
+        orientation=cfg.ns_orientation,
+    )
 
 
 def _report_writes(ctx: Context, writes: list) -> None:
@@ -158,7 +161,10 @@ PASSES: tuple[Pass, ...] = (
     ),
     Pass(
         "bucket", Level.POST_GRAD, "batch the single-device sites of one canonical shape into one op call",
-        plan=lambda ctx: plan_buckets(ctx.sites, bucket_mb=ctx.cfg.bucket_mb, pad_waste=ctx.cfg.pad_waste),
+        plan=lambda ctx: plan_buckets(
+            ctx.sites, bucket_mb=ctx.cfg.bucket_mb, pad_waste=ctx.cfg.pad_waste,
+            orientation=ctx.cfg.ns_orientation, algorithm=ctx.cfg.ns_algorithm,
+        ),
         report=_report_buckets(lambda ctx: f"bucket plan for {len(ctx.nodes)} NS ops"),
         apply=lambda ctx, plan: apply_buckets(ctx.graph, ctx.nodes, plan), runs=_has_buckets_or_skips,
     ),

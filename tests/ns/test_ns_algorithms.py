@@ -161,7 +161,10 @@ def _muon(algorithm):
 def test_compiled_step_equals_eager_with_each_algorithm(algorithm):
     counters.clear()
     compare_steps(_muon(algorithm), MIXED_SHAPES, rtol=NS_RTOL["cpu"][torch.bfloat16], dtype=torch.bfloat16)
-    assert counters[f"lower.{algorithm}"] == counters["bucket.buckets"] == 5, dict(counters)  # each bucket by it
+    # each bucket by it; the textbook iteration keeps a tall matrix's layout on this CPU
+    # (ns.cost.choose_orientation), so MIXED_SHAPES' tall 24x8 and 32x8 bucket apart from the wide 8x32
+    buckets = {"textbook": 6, "gram": 5}[algorithm]
+    assert counters[f"lower.{algorithm}"] == counters["bucket.buckets"] == buckets, dict(counters)
     assert counters["lower.gram" if algorithm == "textbook" else "lower.textbook"] == 0
 
 
@@ -278,17 +281,23 @@ def test_symmetric_products_only_where_measured_faster_or_asked(monkeypatch):
     assert config.from_env({"MUON_COMPILE_SYM_PRODUCTS": "on"}).cache_key() != config.from_env({}).cache_key()
 
 
-def _plan_form(rows, cols, device, dtype=torch.bfloat16):
-    """The form ``plan_algorithms`` gives a textbook NS node of 8 ``rows x cols`` matrices on ``device``."""
+def _plan_choice(rows, cols, device, dtype=torch.bfloat16, **policies):
+    """The plan ``plan_algorithms`` makes for a textbook NS node of 8 ``rows x cols`` matrices on ``device``."""
     from muon_compile.passes.find import NSSite
     from muon_compile.passes.lower.plan import plan_algorithms
 
     args = ns_args("keller", 5, compute_dtype=dtype, algorithm="textbook")
     site = NSSite(0, 8, rows, cols, 3, torch.float32, device, args)
     node = torch.fx.Graph().placeholder("ns")  # the plan reads a node's name only
-    (choice,) = plan_algorithms([node], [site], policy="auto").choices
+    plan = plan_algorithms([node], [site], policy="auto", **policies)
+    (choice,) = plan.choices
     assert choice.choice.algorithm == "textbook"
-    return choice.epilogue
+    return choice, plan
+
+
+def _plan_form(rows, cols, device, dtype=torch.bfloat16):
+    """The form ``plan_algorithms`` gives a textbook NS node of 8 ``rows x cols`` matrices on ``device``."""
+    return _plan_choice(rows, cols, device, dtype)[0].epilogue
 
 
 def test_the_plan_takes_the_form_each_devices_table_has_faster(monkeypatch):
@@ -338,3 +347,58 @@ def test_both_textbook_forms_are_the_iteration(dtype, device):
                 assert_rel_close(y, exact, NS_RTOL[device][dtype], form)
     chosen = ns_cost.choose_epilogue(24, 64, dtype, torch.device(device).type).kind
     assert torch.equal(orthogonalize(x, args), orthogonalize(x, args, epilogue=chosen))
+
+
+def test_the_plan_takes_the_tall_layout_each_devices_table_has_faster(monkeypatch):
+    """``MUON_COMPILE_NS_ORIENTATION=auto`` (issue 75): a tall matrix's textbook iterates keep its
+    layout where the device's measured table (``MatmulRates.orientation``) has that faster: on this
+    CPU at every size and dtype measured, the layout of the table's ratio there (the plan, its
+    report and the bucket plan alike); on CUDA, which has no table, transposed (the layout it ran
+    before the table), and native where a table says so; ``on`` / ``off`` force it, a wide matrix
+    has one layout, a bad value is refused by name, and the setting is in the cache key."""
+    from muon_compile.passes.bucket.plan import plan_buckets
+    from muon_compile.passes.find import NSSite
+
+    for dtype, table in matmul_rates.PROFILES["cpu"].orientation.items():
+        for m, ratio in table:
+            want = ns_cost.NATIVE if ratio > 1 else ns_cost.TRANSPOSED
+            choice, plan = _plan_choice(4 * m, m, "cpu", dtype)
+            assert choice.orientation == ns_cost.ProductChoice(want, f"measured transposed/native time {ratio:.2f} at {m}"), (m, dtype)
+            assert f"; {want} layout (measured transposed/native time {ratio:.2f} at {m})" in plan.describe()
+            site = NSSite(0, 1, 4 * m, m, 2, torch.float32, "cpu", ns_args("keller", 5, compute_dtype=dtype))
+            (bucket,) = plan_buckets([site], bucket_mb=64, pad_waste=0).buckets
+            assert bucket.members[0].transpose == (want == ns_cost.TRANSPOSED), (m, dtype)
+    assert _plan_choice(1536, 384, "cpu")[0].orientation.kind == ns_cost.NATIVE  # gpt-small's MLP matrices
+    assert _plan_choice(384, 1536, "cpu")[0].orientation == ns_cost.ProductChoice(ns_cost.TRANSPOSED, "a wide matrix")
+    assert "layout" not in _plan_choice(384, 1536, "cpu")[1].describe()
+    no_table = ns_cost.ProductChoice(ns_cost.TRANSPOSED, "no measured orientation table on cuda for torch.bfloat16")
+    assert _plan_choice(1536, 384, "cuda")[0].orientation == no_table
+    measured = dataclasses.replace(matmul_rates.PROFILES["cuda"], orientation={torch.bfloat16: ((256, 1.2), (1024, 0.9))})
+    monkeypatch.setitem(matmul_rates.PROFILES, "cuda", measured)
+    assert _plan_choice(1024, 256, "cuda")[0].orientation.kind == ns_cost.NATIVE
+    assert _plan_choice(4096, 1024, "cuda")[0].orientation == ns_cost.ProductChoice("transposed", "measured transposed/native time 0.90 at 1024")
+    for policy, kind in (("on", ns_cost.NATIVE), ("off", ns_cost.TRANSPOSED)):
+        assert _plan_choice(1536, 384, "cpu", orientation=policy)[0].orientation.kind == kind
+    with pytest.raises(ValueError, match="MUON_COMPILE_NS_ORIENTATION must be one of"):
+        config.from_env({"MUON_COMPILE_NS_ORIENTATION": "tall"})
+    assert config.from_env({"MUON_COMPILE_NS_ORIENTATION": "off"}).cache_key() != config.from_env({}).cache_key()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("form", [ns_cost.EPILOGUE, ns_cost.POLYNOMIAL])
+def test_both_tall_layouts_are_the_iteration(dtype, form, device):
+    """A tall matrix's textbook iterates kept in its layout or transposed (ns.evaluate.orthogonalize)
+    are the same iteration, rounded differently: each as accurate against the fp64 iteration as the
+    other (the rewrite rule of tests/support/numerics.py), in fp32 within fp32's NS bound of it;
+    ``auto`` is the device's layout."""
+    x = torch.randn(3, 64, 24, generator=torch.Generator().manual_seed(1), dtype=torch.float64).to(device)
+    args = ns_args("keller", 5, compute_dtype=dtype, algorithm="textbook")
+    exact = orthogonalize(x, dataclasses.replace(args, compute_dtype=torch.float64))
+    layouts = {o: orthogonalize(x, args, epilogue=form, orientation=o) for o in (ns_cost.NATIVE, ns_cost.TRANSPOSED)}
+    assert_rewrite_close(layouts[ns_cost.NATIVE], layouts[ns_cost.TRANSPOSED], exact, dtype, "native against transposed")
+    assert_rewrite_close(layouts[ns_cost.TRANSPOSED], layouts[ns_cost.NATIVE], exact, dtype, "transposed against native")
+    if dtype == torch.float32:
+        for layout, y in layouts.items():
+            assert_rel_close(y, exact, NS_RTOL[device][dtype], layout)
+    chosen = ns_cost.choose_orientation(64, 24, dtype, torch.device(device).type).kind
+    assert torch.equal(orthogonalize(x, args, epilogue=form), layouts[chosen])

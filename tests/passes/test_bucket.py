@@ -2,6 +2,8 @@
 (orientation, dtype and argument groups, the size cap, padding within its waste bound, batched
 and skipped sites), and the stacking it applies, against the members it stacks."""
 
+import dataclasses
+
 import torch
 
 from muon_compile.ns.args import NSArgs
@@ -19,10 +21,28 @@ def shapes_of(plan):
 
 
 def test_tall_and_wide_share_a_bucket_in_canonical_orientation():
-    plan = plan_buckets([site(0, 48, 16), site(1, 16, 16), site(2, 16, 48)], bucket_mb=64, pad_waste=0)
+    """Where the device keeps tall matrices transposed (CUDA: no measured table), a tall one
+    joins the wide ones as its transpose."""
+    sites = [site(0, 48, 16, device="cuda"), site(1, 16, 16, device="cuda"), site(2, 16, 48, device="cuda")]
+    plan = plan_buckets(sites, bucket_mb=64, pad_waste=0)
     assert shapes_of(plan) == [(16, 48, [0, 2]), (16, 16, [1])]
     assert [m.transpose for m in plan.buckets[0].members] == [True, False]
     assert not plan.buckets[0].padded and plan.buckets[0].rewrites and not plan.buckets[1].rewrites
+    assert shapes_of(plan_buckets(sites, bucket_mb=64, pad_waste=0, orientation="on")) == [(48, 16, [0]), (16, 16, [1]), (16, 48, [2])]
+
+
+def test_tall_matrices_keep_their_layout_where_the_device_measured_it_faster():
+    """On this CPU the textbook iteration of a tall matrix is faster in its own layout
+    (matmul_rates' ``orientation`` table, ns.cost.choose_orientation): tall sites bucket as
+    they are, apart from wide ones; the Gram iteration, and ``MUON_COMPILE_NS_ORIENTATION=off``,
+    transpose them."""
+    plan = plan_buckets([site(0, 48, 16), site(1, 16, 16), site(2, 16, 48), site(3, 48, 16)], bucket_mb=64, pad_waste=0)
+    assert shapes_of(plan) == [(48, 16, [0, 3]), (16, 16, [1]), (16, 48, [2])]
+    assert not any(m.transpose for b in plan.buckets for m in b.members)
+    gram = dataclasses.replace(ARGS, algorithm="gram")
+    assert shapes_of(plan_buckets([site(0, 48, 16, args=gram), site(1, 16, 48, args=gram)], bucket_mb=64, pad_waste=0)) == [(16, 48, [0, 1])]
+    off = plan_buckets([site(0, 48, 16), site(1, 16, 48)], bucket_mb=64, pad_waste=0, orientation="off")
+    assert shapes_of(off) == [(16, 48, [0, 1])]
 
 
 def test_different_dtype_arguments_or_level_never_share():
@@ -61,7 +81,7 @@ def test_padding_merges_near_shapes_within_the_waste_bound():
 
 def test_batched_sites_count_their_matrices_and_skipped_sites_are_reported():
     plan = plan_buckets(
-        [site(0, 8, 16, batch=4), site(1, 16, 8), site(2, 8, 16, skip="result is a graph output")],
+        [site(0, 8, 16, batch=4, device="cuda"), site(1, 16, 8, device="cuda"), site(2, 8, 16, skip="result is a graph output")],
         bucket_mb=64,
         pad_waste=0,
     )

@@ -19,7 +19,7 @@ from muon_compile.ns import cost as ns_cost
 from muon_compile.ns.op import newton_schulz_op
 from muon_compile.passes.graph_utils import GraphContractError, alias_pattern, check_contract
 
-from helpers import MIXED_SHAPES, compare_steps, compile_with_dump, count_ns_calls, keller_args, lowered_products, make_params, muon, set_grads
+from helpers import MIXED_SHAPES, bucket_count, compare_steps, compile_with_dump, count_ns_calls, keller_args, lowered_products, make_params, muon, set_grads
 from numerics import NS_RTOL, assert_rel_close
 from script_runs import ROOT
 
@@ -32,9 +32,9 @@ def test_ns_calls_after_bucketing_equal_planned_buckets(device, tmp_path):
     # before, on CUDA: one call per stack of equal shapes (muon_compile.optim.stacks) and per loose
     # matrix: 24x8 (x2), 8x8 (x2), 32x8 (x2), 8x32 (x2), 5x7, the 3-D 2x8x16; on the CPU,
     # whose compiled step steps the stacks' members alone, one per matrix; after: 8x24, 8x8,
-    # 8x32 (the wide stack and the tall one transposed), 5x7, 2x8x16
+    # 8x32 (the wide stack and the tall one, transposed where tall matrices do not keep their layout), 5x7, 2x8x16
     assert count_ns_calls(graphs["bucket_before"]) == (10 if device == "cpu" else 6)
-    assert count_ns_calls(graphs["bucket_after"]) == muon_compile.counters["bucket.buckets"] == 5
+    assert count_ns_calls(graphs["bucket_after"]) == muon_compile.counters["bucket.buckets"] == bucket_count(MIXED_SHAPES, device)
     assert muon_compile.counters["bucket.matrices"] == 11
     step.assert_close(NS_RTOL[device][torch.bfloat16])
 
@@ -64,8 +64,10 @@ LAUNCHES = {"textbook": (15, 7, 0), "gram": (18, 11, 0)}
 
 
 def _one_bucket_step(algorithm, **config_changes):
-    """One compiled step of the bucket of seven 8x24 matrices (one stored tall) under
-    ``config_changes``, checked against eager: Inductor's generated code."""
+    """One compiled step of the bucket of seven 8x24 matrices (one stored tall, joining as its
+    transpose: ``MUON_COMPILE_NS_ORIENTATION=off``) under ``config_changes``, checked against
+    eager: Inductor's generated code."""
+    config_changes.setdefault("ns_orientation", "off")
     shapes = [(8, 24)] * 6 + [(24, 8)]
     eager_params, params = make_params(shapes), make_params(shapes)
     eager = muon_compile.Muon(eager_params, ns_algorithm=algorithm)
@@ -106,11 +108,12 @@ def test_matmul_kernels_per_step_are_one_set_per_bucket(device):
         set_grads(params, seed)
         set_grads(eager_params, seed)
         eager.step()
-        if seed == 0:
-            step()
-            continue
-        with torch.profiler.profile() as prof:
-            step()
+        with config.override(ns_orientation="off"):  # the tall matrix joins the wide ones' bucket, as on CUDA
+            if seed == 0:
+                step()
+                continue
+            with torch.profiler.profile() as prof:
+                step()
     names = [e.name for e in prof.events()]
     matmuls = sum(names.count(k) for k in ("aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm"))
     assert matmuls == names.count("aten::bmm") + names.count("aten::baddbmm") == product_calls(8, 24, device)
@@ -153,12 +156,14 @@ def test_dump_dir_and_debug_log_show_each_pass(device, tmp_path, caplog):
     assert list(graphs) == ["bucket_before", "bucket_after", "lower_before", "lower_after"]
     assert graphs["bucket_after"] == graphs["lower_before"]
     assert count_ns_calls(graphs["lower_after"]) == 0
-    buckets = [(8, 24), (8, 8), (8, 32)]
+    # tall matrices bucket as they are where their iterates keep the tall layout (this CPU)
+    tall_apart = ns_cost.choose_orientation(32, 8, torch.bfloat16, torch.device(device).type).kind == ns_cost.NATIVE
+    buckets = [(24, 8), (8, 8), (32, 8), (8, 32)] if tall_apart else [(8, 24), (8, 8), (8, 32)]
     assert lowered_products(graphs["lower_after"]) == sum(product_calls(r, c, device) for r, c in buckets)
     text = caplog.text
     assert "algorithm plan:\nns " in text
     assert "bucket plan for 4 NS ops" in text
-    assert "bucket 2: 2 matrices 8x32 from sites [2, 3]" in text
+    assert ("bucket 3: 1 matrices 8x32 from sites [3]" if tall_apart else "bucket 2: 2 matrices 8x32 from sites [2, 3]") in text
     assert "lowering" in text and "5 steps (3.4445, -4.775, 2.0315) x5" in text
     step.assert_close(NS_RTOL[device][torch.bfloat16])
 

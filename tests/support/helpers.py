@@ -62,6 +62,21 @@ def ns_site(index, rows, cols, batch=1, dtype=torch.float32, args=None, level=0,
     return NSSite(index, batch, rows, cols, 3 if batch > 1 else 2, dtype, device, args or keller_args(), level, skip)
 
 
+def bucket_count(shapes, device, dtype=torch.bfloat16) -> int:
+    """How many buckets ``bucket`` makes of matrices of ``shapes`` (2-D, or 3-D batches; one
+    level, no padding, one argument set) on ``device`` with the textbook iteration in ``dtype``:
+    one per shape, a tall one sharing its transpose's unless its iterates keep the tall layout
+    there (``ns.cost.choose_orientation``'s measured table: this CPU in bf16)."""
+    from muon_compile.ns.cost import NATIVE, choose_orientation
+
+    kinds = set()
+    for shape in shapes:
+        rows, cols = shape[-2:]
+        kept = choose_orientation(rows, cols, dtype, torch.device(device).type).kind == NATIVE
+        kinds.add((rows, cols) if kept else (min(rows, cols), max(rows, cols)))
+    return len(kinds)
+
+
 def dynamo_frames() -> int:
     """Frames Dynamo has compiled in this process so far (each graph a compile made)."""
     from torch._dynamo.utils import counters

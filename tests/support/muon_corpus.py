@@ -52,6 +52,8 @@ class Entry:
     # graphs its compiled step makes over a few steps: 2 where the first step makes the state or
     # a step count in a Python int changes the second step's graph (then no more)
     graphs: int = 1
+    # the step transposes a tall matrix itself before its loop, so its loops see wide matrices only
+    transposes_tall: bool = False
 
     def step(self, params, dtype: torch.dtype | None = None) -> Step:
         """The step of ``params``, Newton–Schulz in ``dtype`` (the entry's own by default); in fp64

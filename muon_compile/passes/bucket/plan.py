@@ -5,7 +5,11 @@ Algorithm (:func:`plan_buckets`, one batched NS call per bucket):
   2. Key the rest by (dtype, device, NS arguments, level): only equal keys may share a
      bucket (a site fed by another site's result never joins that site's bucket).
   3. Canonical orientation: a tall ``r x c`` matrix (r > c) joins as its ``c x r`` transpose,
-     so every member is wide (rows <= cols).
+     so it shares a bucket with wide ones, unless the device's measured table has the
+     textbook iteration faster on tall matrices kept in their own layout
+     (:func:`muon_compile.ns.cost.choose_orientation`: ``native``, this project's CPU, for a
+     site whose algorithm resolves to the textbook one, as ``lower`` resolves it): it then
+     joins as it is, with tall matrices only.
   4. Shapes, largest NS FLOPs first, each join the existing bucket shape that covers them
      (both dims >=) with the least zero-padding waste, if that waste is at most
      ``pad_waste`` (a fraction of the padded matrix's NS FLOPs); otherwise they open a new
@@ -15,7 +19,8 @@ Algorithm (:func:`plan_buckets`, one batched NS call per bucket):
   6. Buckets are ordered by their first member's position in the graph.
 
 Before / after: sites ``[48x16, 16x16, 16x48, 16x16]`` (no padding) become buckets
-``[16x48: (0 transposed, 2), 16x16: (1, 3)]``.
+``[16x48: (0 transposed, 2), 16x16: (1, 3)]``, and where tall matrices keep their layout
+``[48x16: (0), 16x16: (1, 3), 16x48: (2)]``.
 """
 
 from __future__ import annotations
@@ -23,8 +28,10 @@ from __future__ import annotations
 import dataclasses
 from collections import defaultdict
 
-from muon_compile.ns.args import NSArgs
-from muon_compile.ns.cost import ns_flops
+import torch
+
+from muon_compile.ns.args import TEXTBOOK, NSArgs
+from muon_compile.ns.cost import TRANSPOSED, choose, choose_orientation, ns_flops
 
 from ..find import NSSite
 
@@ -89,8 +96,14 @@ class BucketPlan:
         return "\n".join(lines)
 
 
-def _canonical(site: NSSite) -> Member:
-    transpose = site.rows > site.cols
+def _canonical(site: NSSite, orientation: str, algorithm: str) -> Member:
+    """``site`` as a member: wide, or tall where its textbook iteration keeps the tall layout
+    (``orientation``, ``algorithm``: the settings ``lower`` resolves the same way)."""
+    args, device = site.args, torch.device(site.device).type
+    layout = TRANSPOSED  # the Gram iteration's
+    if choose(site.rows, site.cols, args.steps, args.compute_dtype, device, args.algorithm, algorithm).algorithm == TEXTBOOK:
+        layout = choose_orientation(site.rows, site.cols, args.compute_dtype, device, orientation).kind
+    transpose = site.rows > site.cols and layout == TRANSPOSED
     rows, cols = (site.cols, site.rows) if transpose else (site.rows, site.cols)
     return Member(site.index, site.batch, rows, cols, transpose)
 
@@ -133,8 +146,11 @@ def _chunks(members: list[Member], rows: int, cols: int, itemsize: int, cap_byte
     return runs
 
 
-def plan_buckets(sites: list[NSSite], *, bucket_mb: float, pad_waste: float) -> BucketPlan:
-    """Plan the buckets for ``sites`` (see the module docstring)."""
+def plan_buckets(
+    sites: list[NSSite], *, bucket_mb: float, pad_waste: float, orientation: str = "auto", algorithm: str = "auto"
+) -> BucketPlan:
+    """Plan the buckets for ``sites`` (see the module docstring; ``orientation``:
+    ``MUON_COMPILE_NS_ORIENTATION``, ``algorithm``: ``MUON_COMPILE_NS_ALGORITHM``)."""
     skipped = tuple((s.index, s.skip_reason) for s in sites if s.skip_reason is not None and s.sharding is None)
     by_key: dict[tuple, list[NSSite]] = defaultdict(list)
     for s in sites:
@@ -142,7 +158,7 @@ def plan_buckets(sites: list[NSSite], *, bucket_mb: float, pad_waste: float) -> 
             by_key[(s.dtype, s.device, s.args, s.level)].append(s)
     buckets = []
     for (_dtype, _device, args, _level), group in by_key.items():
-        members = [_canonical(s) for s in group]
+        members = [_canonical(s, orientation, algorithm) for s in group]
         shape_of = _assign_shapes([(m.rows, m.cols) for m in members], args.steps, pad_waste)
         by_target: dict[tuple[int, int], list[Member]] = defaultdict(list)
         for m in members:

@@ -47,7 +47,8 @@ def lower_ns_ops(graph: fx.Graph, plan: AlgorithmPlan) -> None:
         if node.name not in chosen:  # left as the op (plan.skipped)
             continue
         call = dataclasses.replace(ns_call(node), args=chosen[node.name].chosen_args)
-        products, epilogue = chosen[node.name].products.kind, chosen[node.name].epilogue.kind
+        choice = chosen[node.name]
+        products, epilogue, orientation = choice.products.kind, choice.epilogue.kind, choice.orientation.kind
         log.debug(
             "lowering %s on %s: %s, %s products, %s", node.name, tuple(call.input.meta["val"].shape), call.args.describe(), products, epilogue
         )
@@ -55,16 +56,16 @@ def lower_ns_ops(graph: fx.Graph, plan: AlgorithmPlan) -> None:
         counters[f"lower.products_{products}"] += 1
         if call.args.algorithm == TEXTBOOK:
             counters[f"lower.scalars_in_{epilogue}"] += 1
-        kernel = _kernel(call, products, epilogue)
+        kernel = _kernel(call, products, epilogue, orientation)
         (out,) = splice_trace(graph, kernel, [call.input], insert_before=node, meta=tagged(stage_of(node)))
         node.replace_all_uses_with(out)
         graph.erase_node(node)
         counters["lower.ns_ops"] += 1
 
 
-def _kernel(call: NSCall, products: str, epilogue: str) -> Callable[[torch.Tensor], list[torch.Tensor]]:
+def _kernel(call: NSCall, products: str, epilogue: str, orientation: str) -> Callable[[torch.Tensor], list[torch.Tensor]]:
     """The pure function an NS node computes, closed over its non-tensor arguments."""
     if call.shard is not None:
         shard, rank = call.shard, group_rank(call.shard.group_name)
-        return lambda t: [gather_orthogonalize_slice(t, shard, rank, call.args, products=products, epilogue=epilogue)]
-    return lambda t: [orthogonalize(t, call.args, products=products, epilogue=epilogue)]
+        return lambda t: [gather_orthogonalize_slice(t, shard, rank, call.args, products=products, epilogue=epilogue, orientation=orientation)]
+    return lambda t: [orthogonalize(t, call.args, products=products, epilogue=epilogue, orientation=orientation)]

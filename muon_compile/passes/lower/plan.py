@@ -14,7 +14,11 @@ bucketing and distribution every node is one bucket or one owner's batch):
      formed: ``bmm``, or the Triton kernel of :mod:`muon_compile.kernels.sym` where the
      device's measured table has it faster at that size (none is measured yet: never
      chosen by ``auto``, never on the CPU) or ``MUON_COMPILE_SYM_PRODUCTS=on``.
-  4. :func:`muon_compile.ns.cost.choose_epilogue` picks where a textbook iteration applies
+  4. :func:`muon_compile.ns.cost.choose_orientation` picks how a textbook iteration on tall
+     matrices lays out its iterates: transposed (wide), or in their own layout where the
+     device's measured table has that faster (this project's CPU); the traced kernel makes
+     the same choice from the same shape. Then
+     :func:`muon_compile.ns.cost.choose_epilogue` picks where a textbook iteration applies
      its polynomial's scalars: in the products' epilogues (``baddbmm``) or in one pointwise
      kernel between plain products, the form the device's measured table has faster at
      that size (the polynomial on this project's CPU, whose ``baddbmm`` copies its input
@@ -41,10 +45,12 @@ from muon_compile.ns.args import GRAM, TEXTBOOK, NSArgs
 from muon_compile.ns.cost import (
     BMM,
     EPILOGUE,
+    TRANSPOSED,
     Choice,
     ProductChoice,
     choose,
     choose_epilogue,
+    choose_orientation,
     choose_products,
 )
 
@@ -63,6 +69,7 @@ class NodeChoice:
     choice: Choice
     products: ProductChoice = ProductChoice(BMM, "not chosen")
     epilogue: ProductChoice = ProductChoice(EPILOGUE, "not chosen")
+    orientation: ProductChoice = ProductChoice(TRANSPOSED, "not chosen")
 
     @property
     def chosen_args(self) -> NSArgs:
@@ -95,6 +102,8 @@ class AlgorithmPlan:
             costs = ", ".join(f"{a} {c.flops(a) / 1e9:.3g} GFLOP {1e3 * c.batch * ch.seconds[a]:.3g} ms" for a in (TEXTBOOK, GRAM))
             products = "" if c.products.kind == BMM else f"; symmetric products ({c.products.reason})"
             form = f"; scalars in the {c.epilogue.kind} ({c.epilogue.reason})" if ch.algorithm == TEXTBOOK else ""
+            if ch.algorithm == TEXTBOOK and c.rows > c.cols:
+                form += f"; {c.orientation.kind} layout ({c.orientation.reason})"
             lines.append(
                 f"ns {c.node}: {c.batch} x {c.rows}x{c.cols} {c.args.compute_dtype}: {ch.algorithm} ({ch.reason}; {costs}){products}{form}"
             )
@@ -107,12 +116,19 @@ class AlgorithmPlan:
 
 
 def plan_algorithms(
-    nodes: list[fx.Node], sites: list[NSSite], *, policy: str, products: str = "auto", epilogue: str = "auto"
+    nodes: list[fx.Node],
+    sites: list[NSSite],
+    *,
+    policy: str,
+    products: str = "auto",
+    epilogue: str = "auto",
+    orientation: str = "auto",
 ) -> AlgorithmPlan:
     """Choose the algorithm and products of each NS op node in ``nodes``, described by
     ``sites`` (:func:`~.find.find_ns_sites` of the graph ``lower`` rewrites; see the module
     docstring), under ``MUON_COMPILE_NS_ALGORITHM`` (``policy``),
-    ``MUON_COMPILE_SYM_PRODUCTS`` (``products``) and ``MUON_COMPILE_NS_EPILOGUE`` (``epilogue``)."""
+    ``MUON_COMPILE_SYM_PRODUCTS`` (``products``), ``MUON_COMPILE_NS_EPILOGUE`` (``epilogue``) and
+    ``MUON_COMPILE_NS_ORIENTATION`` (``orientation``)."""
     choices, skipped = [], []
     for node, site in zip(nodes, sites, strict=True):
         if site.symbolic:
@@ -123,5 +139,6 @@ def plan_algorithms(
         choice = choose(site.rows, site.cols, args.steps, args.compute_dtype, device, args.algorithm, policy)
         kind = choose_products(site.rows, site.cols, choice.algorithm, args.compute_dtype, device, products)
         form = choose_epilogue(site.rows, site.cols, args.compute_dtype, device, epilogue)
-        choices.append(NodeChoice(node.name, site.batch, site.rows, site.cols, args, choice, kind, form))
+        layout = choose_orientation(site.rows, site.cols, args.compute_dtype, device, orientation)
+        choices.append(NodeChoice(node.name, site.batch, site.rows, site.cols, args, choice, kind, form, layout))
     return AlgorithmPlan(tuple(choices), tuple(skipped))

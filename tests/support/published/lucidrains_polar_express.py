@@ -164,4 +164,5 @@ def lucidrains_polar_express(params, dtype):
 
 ENTRY = Entry("lucidrains_polar_express", "lucidrains/adam-atan2-pytorch adam_atan2_pytorch/polar_adam_atan2.py",
               "optimizer library", lucidrains_polar_express, torch.bfloat16,
-              graphs=2)  # the state made at the first step, its step count a Python int
+              graphs=2,  # the state made at the first step, its step count a Python int
+              transposes_tall=True)
