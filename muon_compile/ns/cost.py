@@ -216,10 +216,16 @@ def choose_epilogue(rows: int, cols: int, compute_dtype: torch.dtype, device_typ
         return ProductChoice(EPILOGUE if policy == Policy.ON else POLYNOMIAL, f"MUON_COMPILE_NS_EPILOGUE={policy}")
     m = min(rows, cols)
     speedup = profile_for(device_type).epilogue_speedup(compute_dtype, m)
+    unmeasured = ProductChoice(EPILOGUE, f"no measured epilogue table on {device_type} for {compute_dtype}")
+    return _by_table(speedup, m, (EPILOGUE, POLYNOMIAL), "polynomial/epilogue", unmeasured)
+
+
+def _by_table(speedup: float | None, m: int, kinds: tuple[str, str], ratio: str, unmeasured: ProductChoice) -> ProductChoice:
+    """The first of ``kinds`` where a device's measured ``speedup`` (the second's time over the
+    first's, named ``ratio``) at ``m`` is above 1, else the second; ``unmeasured`` without a table."""
     if speedup is None:
-        return ProductChoice(EPILOGUE, f"no measured epilogue table on {device_type} for {compute_dtype}")
-    kind = EPILOGUE if speedup > 1.0 else POLYNOMIAL
-    return ProductChoice(kind, f"measured polynomial/epilogue time {speedup:.2f} at {m}")
+        return unmeasured
+    return ProductChoice(kinds[0] if speedup > 1.0 else kinds[1], f"measured {ratio} time {speedup:.2f} at {m}")
 
 
 def choose_orientation(rows: int, cols: int, compute_dtype: torch.dtype, device_type: str, policy: str = AUTO) -> ProductChoice:
@@ -236,10 +242,8 @@ def choose_orientation(rows: int, cols: int, compute_dtype: torch.dtype, device_
         return ProductChoice(NATIVE if policy == Policy.ON else TRANSPOSED, f"MUON_COMPILE_NS_ORIENTATION={policy}")
     m = cols
     speedup = profile_for(device_type).orientation_speedup(compute_dtype, m)
-    if speedup is None:
-        return ProductChoice(TRANSPOSED, f"no measured orientation table on {device_type} for {compute_dtype}")
-    kind = NATIVE if speedup > 1.0 else TRANSPOSED
-    return ProductChoice(kind, f"measured transposed/native time {speedup:.2f} at {m}")
+    unmeasured = ProductChoice(TRANSPOSED, f"no measured orientation table on {device_type} for {compute_dtype}")
+    return _by_table(speedup, m, (NATIVE, TRANSPOSED), "transposed/native", unmeasured)
 
 
 def choose(
