@@ -185,7 +185,7 @@ TRANSPOSED, NATIVE = "transposed", "native"
 
 def choose_products(rows: int, cols: int, algorithm: str, compute_dtype: torch.dtype, device_type: str, policy: str = AUTO) -> ProductChoice:
     """``sym`` where ``policy`` (``MUON_COMPILE_SYM_PRODUCTS``) is ``on``, or where it is
-    ``auto`` and the device's measured table (:meth:`MatmulRates.symmetric_speedup`) has the
+    ``auto`` and the device's measured table (``MatmulRates.symmetric``) has the
     symmetric kernel faster at the Gram matrix's size in the products' dtype; ``bmm``
     otherwise, and always for a dtype the kernel does not take."""
     Policy.check(policy, "MUON_COMPILE_SYM_PRODUCTS")
@@ -197,25 +197,23 @@ def choose_products(rows: int, cols: int, algorithm: str, compute_dtype: torch.d
     if policy == Policy.ON:
         return ProductChoice(SYMMETRIC, "MUON_COMPILE_SYM_PRODUCTS=on")
     m = min(rows, cols)
-    speedup = profile_for(device_type).symmetric_speedup(dtype, m)
-    if speedup is None:
-        return ProductChoice(BMM, f"no measured rate of symmetric products on {device_type}")
-    kind = SYMMETRIC if speedup > 1.0 else BMM
-    return ProductChoice(kind, f"measured bmm/symmetric time {speedup:.2f} at {m}")
+    speedup = profile_for(device_type).speedup("symmetric", dtype, m)
+    unmeasured = ProductChoice(BMM, f"no measured rate of symmetric products on {device_type}")
+    return _by_table(speedup, m, (SYMMETRIC, BMM), "bmm/symmetric", unmeasured)
 
 
 def choose_epilogue(rows: int, cols: int, compute_dtype: torch.dtype, device_type: str, policy: str = AUTO) -> ProductChoice:
     """Where the textbook iteration on ``rows x cols`` matrices applies its polynomial's
     scalars (:data:`EPILOGUE` or :data:`POLYNOMIAL`): as ``policy``
     (``MUON_COMPILE_NS_EPILOGUE``) says when it is ``on`` or ``off``; for ``auto``, the form
-    the device's measured table (:meth:`MatmulRates.epilogue_speedup`) has faster at the
+    the device's measured table (``MatmulRates.epilogue``) has faster at the
     Gram matrix's size in ``compute_dtype``, and the epilogue where nothing was measured
     (the form that device has run until it is measured)."""
     Policy.check(policy, "MUON_COMPILE_NS_EPILOGUE")
     if policy != AUTO:
         return ProductChoice(EPILOGUE if policy == Policy.ON else POLYNOMIAL, f"MUON_COMPILE_NS_EPILOGUE={policy}")
     m = min(rows, cols)
-    speedup = profile_for(device_type).epilogue_speedup(compute_dtype, m)
+    speedup = profile_for(device_type).speedup("epilogue", compute_dtype, m)
     unmeasured = ProductChoice(EPILOGUE, f"no measured epilogue table on {device_type} for {compute_dtype}")
     return _by_table(speedup, m, (EPILOGUE, POLYNOMIAL), "polynomial/epilogue", unmeasured)
 
@@ -232,7 +230,7 @@ def choose_orientation(rows: int, cols: int, compute_dtype: torch.dtype, device_
     """How the textbook iteration on tall ``rows x cols`` matrices lays out its iterates
     (:data:`NATIVE` or :data:`TRANSPOSED`): as ``policy`` (``MUON_COMPILE_NS_ORIENTATION``)
     says when it is ``on`` (native) or ``off``; for ``auto``, the layout the device's measured
-    table (:meth:`MatmulRates.orientation_speedup`) has faster at the Gram matrix's size in
+    table (``MatmulRates.orientation``) has faster at the Gram matrix's size in
     ``compute_dtype``, transposed where nothing was measured (the layout that device has run
     until it is measured). A wide matrix has one layout: :data:`TRANSPOSED` names it too."""
     Policy.check(policy, "MUON_COMPILE_NS_ORIENTATION")
@@ -241,7 +239,7 @@ def choose_orientation(rows: int, cols: int, compute_dtype: torch.dtype, device_
     if policy != AUTO:
         return ProductChoice(NATIVE if policy == Policy.ON else TRANSPOSED, f"MUON_COMPILE_NS_ORIENTATION={policy}")
     m = cols
-    speedup = profile_for(device_type).orientation_speedup(compute_dtype, m)
+    speedup = profile_for(device_type).speedup("orientation", compute_dtype, m)
     unmeasured = ProductChoice(TRANSPOSED, f"no measured orientation table on {device_type} for {compute_dtype}")
     return _by_table(speedup, m, (NATIVE, TRANSPOSED), "transposed/native", unmeasured)
 

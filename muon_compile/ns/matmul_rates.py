@@ -94,6 +94,10 @@ def interpolate(table: Table, size: float, log_log: bool = False) -> float:
     return table[-1][1]
 
 
+# the lowering choices a device measures, each a table of MatmulRates (MatmulRates.speedup)
+CHOICES = ("symmetric", "epilogue", "orientation")
+
+
 @dataclasses.dataclass(frozen=True)
 class MatmulRates:
     """Measured (or estimated, see ``source``) matmul rates of one device type."""
@@ -131,25 +135,14 @@ class MatmulRates:
         weight = min(1.0, math.log(aspect) / math.log(ASPECT))
         return square ** (1 - weight) * interpolate(long, size, log_log=True) ** weight
 
-    def symmetric_speedup(self, dtype: torch.dtype, m: int) -> float | None:
-        """How many times faster ``sym_bmm`` forms the symmetric products at an ``m x m`` Gram
-        matrix than ``bmm`` in ``dtype``, interpolated in the measured table; None where
-        nothing was measured."""
-        table = self.symmetric.get(dtype)
-        return interpolate(table, m) if table else None
-
-    def epilogue_speedup(self, dtype: torch.dtype, m: int) -> float | None:
-        """How many times faster the textbook iteration runs at an ``m x m`` Gram matrix in
-        ``dtype`` with the polynomial's scalars in the products' epilogues than in a pointwise
-        kernel, interpolated in the measured table; None where nothing was measured."""
-        table = self.epilogue.get(dtype)
-        return interpolate(table, m) if table else None
-
-    def orientation_speedup(self, dtype: torch.dtype, m: int) -> float | None:
-        """How many times faster the textbook iteration runs on tall matrices with an ``m x m``
-        Gram matrix in ``dtype`` kept in their own layout than transposed, interpolated in the
-        measured table; None where nothing was measured."""
-        table = self.orientation.get(dtype)
+    def speedup(self, choice: str, dtype: torch.dtype, m: int) -> float | None:
+        """How many times faster the first form of one lowering ``choice`` runs than the other
+        at an ``m x m`` Gram matrix in ``dtype``, interpolated in its measured table (the field
+        of that name: ``symmetric``, ``epilogue`` or ``orientation``, each described above);
+        None where nothing was measured."""
+        if choice not in CHOICES:
+            raise ValueError(f"no measured lowering choice {choice!r}; known: {', '.join(CHOICES)}")
+        table = getattr(self, choice).get(dtype)
         return interpolate(table, m) if table else None
 
     def call_seconds(self, dtype: torch.dtype, m: int, k: int, n: int) -> float:
