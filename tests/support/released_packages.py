@@ -7,6 +7,7 @@ scripts/env.sh installs it with ``--ignore-requires-python`` and :func:`_emergin
 ``typing`` the same decorator from ``typing_extensions`` before importing it, as the benchmarks'
 peer arm does (``scripts/bench_common.py``, ``python_312_typing``)."""
 
+import contextlib
 import sys
 from pathlib import Path
 from typing import NamedTuple
@@ -24,6 +25,22 @@ def _heavyball(params):
     import heavyball
 
     return heavyball.Muon(params, lr=0.02)
+
+
+@contextlib.contextmanager
+def _heavyball_uncompiled():
+    """HeavyBall's own code run as written: by default it compiles its fused functions itself
+    (``heavyball.utils.compile_mode``, ``"max-autotune-no-cudagraphs"``: on this CPU 20 s of
+    Inductor's autotuning for the eager step, 11 more for the exact one, 2026-12-07); ``None``
+    is its documented switch to run them eagerly."""
+    import heavyball.utils
+
+    before = heavyball.utils.compile_mode
+    heavyball.utils.compile_mode = None
+    try:
+        yield
+    finally:
+        heavyball.utils.compile_mode = before
 
 
 def _pytorch_optimizer(foreach):
@@ -59,6 +76,9 @@ class Released(NamedTuple):
     buckets: int
     exact_params: torch.dtype = torch.float64  # the exact evaluation's parameters
     stacks: bool = False  # one loop per stack of same-shape matrices (else one per matrix)
+    # the context of the eager and the exact references: the package's code run eagerly (the step
+    # compiled with this backend runs as released)
+    uncompiled: object = contextlib.nullcontext
 
 
 # HeavyBall's step is split: Dynamo observes the KeyError its ``state_`` raises
@@ -71,7 +91,7 @@ class Released(NamedTuple):
 # makes its bf16 cast fp64.
 RELEASED = {
     "muon-optimizer SingleDeviceMuon": Released(_keller, torch.bfloat16, 1, 4, 3),
-    "heavyball Muon": Released(_heavyball, torch.bfloat16, 2, 4, 3),
+    "heavyball Muon": Released(_heavyball, torch.bfloat16, 2, 4, 3, uncompiled=_heavyball_uncompiled),
     "pytorch-optimizer Muon foreach=False": Released(_pytorch_optimizer(False), torch.bfloat16, 1, 4, 3),
     "pytorch-optimizer Muon (foreach, its default)": Released(_pytorch_optimizer(None), torch.bfloat16, 1, 3, 3, stacks=True),
     "adam-atan2-pytorch MuonAdamAtan2": Released(_adam_atan2, torch.float32, 1, 4, 3),
