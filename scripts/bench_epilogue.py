@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(f"MatmulRates.{args.compare} of this device: {table}")
     if args.json:
-        args.json.write_text(json.dumps({"machine": machine, "rows": rows, "table": table}, indent=1))
+        args.json.write_text(json.dumps({"compare": args.compare, "machine": machine, "rows": rows, "table": table}, indent=1))
     return 0
 
 

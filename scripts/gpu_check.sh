@@ -24,6 +24,9 @@
 #   epilogue     scripts/bench_epilogue.py: the textbook iteration's scalars in the products'
 #                epilogues against one pointwise kernel, m 128-4096, bf16 and fp32 (the table
 #                of matmul_rates' epilogue field)                 -> bench_epilogue.txt/.json
+#   orientation  scripts/bench_epilogue.py --compare orientation: tall matrices iterated in
+#                their own layout against transposed, m 128-4096, bf16 and fp32 (the table
+#                of matmul_rates' orientation field)          -> bench_orientation.txt/.json
 #   write        scripts/bench_write.py: the stacks' one-pass write kernel against the
 #                foreach write it replaced, Llama 3.2 1B and 8B stacks -> bench_write.txt/.json
 #   tests        the CUDA instances of the device-parametrised tests (pytest -m cuda, 4
@@ -41,7 +44,7 @@
 # and arm), BENCH_DIST_ARGS adds to the distributed one's.
 # Exit status: non-zero when a step failed (the later steps still run).
 set -uo pipefail
-KNOWN=(bench sym epilogue write tests calibrate distributed)
+KNOWN=(bench sym epilogue orientation write tests calibrate distributed)
 DEVICE=cuda
 if [ "${1:-}" = "--device" ]; then
   DEVICE="${2:-}"
@@ -129,12 +132,19 @@ if wanted sym; then
     > "$REPORT/bench_sym.txt" 2> "$REPORT/bench_sym.log" || status=1
 fi
 
+# the textbook iteration's two lowering choices, each form against the other
+TEXTBOOK_ARGS=(--sizes 128,256,512,1024,2048,4096)
+[ "$DEVICE" = cpu ] && TEXTBOOK_ARGS=(--sizes 32 --batch 4 --reps 2 --warmup 1)  # the steps checked, not the figures: one size
 if wanted epilogue; then
   step "the textbook scalars: products' epilogues against a pointwise kernel on $DEVICE"
-  EPILOGUE_ARGS=(--sizes 128,256,512,1024,2048,4096)
-  [ "$DEVICE" = cpu ] && EPILOGUE_ARGS=(--sizes 32,64 --batch 4 --reps 2 --warmup 1)  # the steps checked, not the figures
-  bounded "$PY" scripts/bench_epilogue.py --device "$DEVICE" --json "$REPORT/bench_epilogue.json" "${EPILOGUE_ARGS[@]}" \
+  bounded "$PY" scripts/bench_epilogue.py --device "$DEVICE" --json "$REPORT/bench_epilogue.json" "${TEXTBOOK_ARGS[@]}" \
     > "$REPORT/bench_epilogue.txt" 2> "$REPORT/bench_epilogue.log" || status=1
+fi
+
+if wanted orientation; then
+  step "the tall matrices' layout: their own against transposed on $DEVICE"
+  bounded "$PY" scripts/bench_epilogue.py --compare orientation --device "$DEVICE" --json "$REPORT/bench_orientation.json" \
+    "${TEXTBOOK_ARGS[@]}" > "$REPORT/bench_orientation.txt" 2> "$REPORT/bench_orientation.log" || status=1
 fi
 
 if wanted write; then

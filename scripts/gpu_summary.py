@@ -12,6 +12,8 @@ Lines, in the order of gpu_check.sh's steps:
   over ``bmm``'s at each size, and what ran as the kernel;
 * the textbook scalars (bench_epilogue.json): per dtype, the polynomial form's time over the
   epilogue form's at each size, and the table for ``matmul_rates``;
+* the tall layout (bench_orientation.json): per dtype, the transposed form's time over the
+  native layout's at each size, and the table for ``matmul_rates``;
 * the stacks' write (bench_write.json): per stack, the write's time over the foreach
   write's it replaced and its rate in the write's least bytes, and what ran as the write;
 * the CUDA tests' counts (junit.xml);
@@ -82,16 +84,23 @@ def sym_lines(report: Path) -> list[str]:
     return lines
 
 
-def epilogue_lines(report: Path) -> list[str]:
-    path = report / "bench_epilogue.json"
+# scripts/bench_epilogue.py's two comparisons: the report's file, the summary's name, what each ratio is
+TEXTBOOK = (
+    ("bench_epilogue", "textbook scalars", "polynomial / epilogue"),
+    ("bench_orientation", "tall layout", "transposed / native"),
+)
+
+
+def textbook_lines(report: Path, stem: str, title: str, ratio: str) -> list[str]:
+    path = report / f"{stem}.json"
     if not path.exists():
-        return ["textbook scalars: missing (no bench_epilogue.json; see bench_epilogue.log)"]
+        return [f"{title}: missing (no {stem}.json; see {stem}.log)"]
     data = json.loads(path.read_text())
     lines = []
     for dtype in sorted({r["dtype"] for r in data["rows"]}):
         ratios = ", ".join(f"{r['m']}: {r['ratio']:.2f}" for r in data["rows"] if r["dtype"] == dtype)
-        lines.append(f"textbook scalars, {dtype}, polynomial / epilogue time by m: {ratios}")
-    lines.append(f"textbook scalars, the table for matmul_rates: {data['table']}")
+        lines.append(f"{title}, {dtype}, {ratio} time by m: {ratios}")
+    lines.append(f"{title}, the table for matmul_rates: {data['table']}")
     return lines
 
 
@@ -154,7 +163,9 @@ def main(argv: list[str]) -> int:
         return 2
     report = Path(argv[0])
     lines = ["=== gpu_check summary ===", *environment_lines(report), *bench_lines(report), *sym_lines(report)]
-    lines += [*epilogue_lines(report), *write_lines(report)]
+    for comparison in TEXTBOOK:
+        lines += textbook_lines(report, *comparison)
+    lines += write_lines(report)
     lines.append(tests_line(report))
     lines += [*calibrate_lines(report), distributed_line(report)]
     print("\n".join(lines))

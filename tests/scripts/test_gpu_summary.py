@@ -45,6 +45,9 @@ def write_report(folder: Path) -> None:
     (folder / "bench_epilogue.json").write_text(json.dumps({"table": "{torch.bfloat16: ((256, 1.100), (1024, 0.950),)}", "rows": [
         {"dtype": "bf16", "m": 256, "ratio": 1.1}, {"dtype": "bf16", "m": 1024, "ratio": 0.95},
     ]}))
+    (folder / "bench_orientation.json").write_text(json.dumps({"table": "{torch.bfloat16: ((2048, 0.900),)}", "rows": [
+        {"dtype": "bf16", "m": 2048, "ratio": 0.9},
+    ]}))
     (folder / "bench_write.json").write_text(json.dumps({"kernel": "the Triton kernel", "rows": [
         {"stack": "64x2048x2048", "ratio": 0.42, "write_gbps": 4012.3},
         {"stack": "32x8192x2048", "ratio": 0.45, "write_gbps": 3890.0},
@@ -81,6 +84,8 @@ def test_summary_reads_every_step_of_a_report(tmp_path, capsys):
         "symmetric products, square, bf16, sym / bmm time by m: 256: 1.50 (the Triton kernel)",
         "textbook scalars, bf16, polynomial / epilogue time by m: 256: 1.10, 1024: 0.95",
         "textbook scalars, the table for matmul_rates: {torch.bfloat16: ((256, 1.100), (1024, 0.950),)}",
+        "tall layout, bf16, transposed / native time by m: 2048: 0.90",
+        "tall layout, the table for matmul_rates: {torch.bfloat16: ((2048, 0.900),)}",
         "stacks' write, write / before time by stack: 64x2048x2048: 0.42 (4012 GB/s), 32x8192x2048: 0.45 (3890 GB/s)"
         " (the Triton kernel)",
         "CUDA tests: 36 passed, 1 failed, 0 errors, 3 skipped in 181 s",
@@ -96,6 +101,7 @@ def test_missing_files_are_reported_as_missing(tmp_path, capsys):
         "single-device benchmark: missing (no bench_single.json; see bench_single.log)",
         "symmetric products: missing (no bench_sym.json; see bench_sym.log)",
         "textbook scalars: missing (no bench_epilogue.json; see bench_epilogue.log)",
+        "tall layout: missing (no bench_orientation.json; see bench_orientation.log)",
         "stacks' write: missing (no bench_write.json; see bench_write.log)",
         "CUDA tests: missing (no junit.xml; see tests.log)",
         "calibrate: missing (no profile.json; see calibrate.txt)",
