@@ -81,7 +81,8 @@ def orthogonalize(
            products and one small (rows x rows) pointwise kernel forming ``B``, summed in
            at least fp32 and rounded once (:func:`polynomial`; ``eager``, the op's eager
            kernel: formed in place and, with plain products, every iteration written into
-           buffers allocated once, :func:`polynomial_in_buffers`, with the same roundings). In low precision the
+           buffers allocated once, :func:`polynomial_in_buffers`, with the same roundings; traced
+           on the CPU, ``a`` added on the diagonal alone, :func:`traced_identity`). In low precision the
            diagonal ``a + B_ii`` rounds relative to its own size, the size of the output
            it scales, so the rounding error matches ``a X + B X`` rounded once.
        * ``gram`` (:func:`gram_iteration`): the same polynomial on the Gram matrix, the
@@ -112,7 +113,7 @@ def orthogonalize(
         if tall and orientation in PRODUCT_POLICIES:
             orientation = choose_orientation(X.size(-1), X.size(-2), compute_dtype, X.device.type, orientation).kind
         native = tall and orientation == NATIVE
-        eye = identity(X.size(-2), X.device, acc) if polynomial_form and not eager else None
+        eye = traced_identity(X.size(-2), X.device, acc) if polynomial_form and not eager else None
         if polynomial_form and eager and products == BMM:
             return _finish(polynomial_in_buffers(X, args.coefficients, acc, compute_dtype, native), x, tall)
         for a, b, c in args.coefficients:
@@ -213,26 +214,47 @@ def polynomial(
     coefficients: tuple[float, float, float],
     acc: torch.dtype,
     dtype: torch.dtype,
-    eye: Tensor | None,
+    eye: Tensor | str | None,
     work: tuple[Tensor, Tensor, Tensor] | None = None,
 ) -> Tensor:
     """The textbook iteration's pointwise step ``B = c A A + b A + a I`` of its polynomial
     form, summed in ``acc`` (at least fp32) and rounded once to ``dtype``; ``AA`` is the
-    product ``A A``. With ``eye`` (the identity in ``acc``: traced, one fused kernel), as
-    written; without (the op's eager implementation), in place: ``c A A`` and ``b A`` each rounded
-    to ``acc``, summed, ``a`` added to the diagonal, as the expression rounds them (``a I``
-    adds ``a`` there and an exact 0 elsewhere), in four passes over ``B`` where the
-    expression's eight operations each allocate their result (2026-12-07, this 2-core CPU,
-    2048x2048 bf16: 22.4 ms against 69.6, every element the same). ``work``: two buffers in
-    ``acc`` and one in ``dtype`` of ``A``'s shape to write into (:func:`polynomial_in_buffers`)."""
+    product ``A A``. ``eye`` says how ``a I`` is added (:func:`traced_identity`):
+
+    * the identity in ``acc`` (traced): as written, one fused kernel;
+    * :data:`DIAGONAL` (traced): ``c A A + b A`` rounded once everywhere, then the diagonal
+      written again as ``c A A + b A + a`` rounded once (``diagonal_scatter``); every element
+      as the expression rounds it (``a I`` adds ``a`` on the diagonal and an exact 0 elsewhere);
+    * None (the op's eager implementation): in place, ``c A A`` and ``b A`` each rounded
+      to ``acc``, summed, ``a`` added to the diagonal, the same roundings, in four passes over ``B`` where the
+      expression's eight operations each allocate their result (2026-12-07, this 2-core CPU,
+      2048x2048 bf16: 22.4 ms against 69.6, every element the same). ``work``: two buffers in
+      ``acc`` and one in ``dtype`` of ``A``'s shape to write into (:func:`polynomial_in_buffers`)."""
     a, b, c = coefficients
-    if eye is not None:
+    if isinstance(eye, Tensor):
         return (c * AA.to(acc) + b * A.to(acc) + a * eye).to(dtype)
+    if eye == DIAGONAL:
+        diagonal = (c * AA.diagonal(dim1=-2, dim2=-1).to(acc) + b * A.diagonal(dim1=-2, dim2=-1).to(acc) + a).to(dtype)
+        return (c * AA.to(acc) + b * A.to(acc)).to(dtype).diagonal_scatter(diagonal, dim1=-2, dim2=-1)
     total, scaled, out = work if work is not None else (None, None, None)
     B = _scaled(AA, c, acc, total)
     B.add_(_scaled(A, b, acc, scaled))
     B.diagonal(dim1=-2, dim2=-1).add_(a)
     return B.to(dtype) if out is None or dtype == acc else out.copy_(B)
+
+
+# polynomial's traced form on the CPU: a I added on the diagonal alone
+DIAGONAL = "diagonal"
+
+
+def traced_identity(n: int, device: torch.device, acc: torch.dtype) -> Tensor | str:
+    """How the traced polynomial form adds ``a I`` on ``device`` (:func:`polynomial`'s ``eye``):
+    on the CPU :data:`DIAGONAL`, since Inductor's C++ kernel of the identity compares an int64
+    index vector per element (one kernel of ``[6, 384, 384]`` bf16: 0.37-0.42 ms with the
+    identity against 0.15 ms on the diagonal, equal to the bit; 2026-12-07, this 2-core Intel
+    Xeon VM, torch 2.13); elsewhere the ``n x n`` identity in ``acc``, which a GPU kernel
+    compares in registers (the diagonal form is not measured there)."""
+    return DIAGONAL if device.type == "cpu" else identity(n, device, acc)
 
 
 def _scaled(t: Tensor, s: float, acc: torch.dtype, out: Tensor | None) -> Tensor:

@@ -5,13 +5,12 @@ import math
 
 import pytest
 import torch
+from numerics import NS_RTOL, assert_rel_close, textbook_ns
 
 import muon_compile
 from muon_compile.ns import coefficients as coeffs
 from muon_compile.ns.args import NSArgs
 from muon_compile.ns.op import NEWTON_SCHULZ, newton_schulz_op
-
-from numerics import NS_RTOL, assert_rel_close, textbook_ns
 
 KELLER = coeffs.PRESETS["keller"]
 POLAR = coeffs.PRESETS["polar_express"]
@@ -207,11 +206,11 @@ def test_compiled_bf16_op_rounds_where_eager_rounds(device):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
 def test_eager_polynomial_in_place_rounds_as_the_traced_expression(device, dtype):
     """The op's eager implementation forms the polynomial ``c A A + b A + a I`` in place
-    (ns.evaluate.polynomial without ``eye``), the traced form as written: the same roundings
+    (ns.evaluate.polynomial without ``eye``), the traced forms as written: the same roundings
     by construction (each product with its scalar rounded to fp32, summed, ``a`` added to the
-    diagonal where the identity adds it and an exact 0 elsewhere), so every element is equal;
-    its operands are left as they were."""
-    from muon_compile.ns.evaluate import identity, polynomial
+    diagonal where the identity adds it and an exact 0 elsewhere; the CPU's traced form adds it
+    on the diagonal alone), so every element is equal; its operands are left as they were."""
+    from muon_compile.ns.evaluate import DIAGONAL, identity, polynomial
 
     g = torch.Generator().manual_seed(9)
     A, AA = (torch.randn(3, 24, 24, generator=g).to(device, dtype) for _ in range(2))
@@ -219,7 +218,8 @@ def test_eager_polynomial_in_place_rounds_as_the_traced_expression(device, dtype
     a, b, c = POLAR.coefficients[0]
     traced = polynomial(A, AA, (a, b, c), torch.float32, dtype, identity(24, A.device, torch.float32))
     in_place = polynomial(A, AA, (a, b, c), torch.float32, dtype, None)
-    assert in_place.dtype == dtype and torch.equal(in_place, traced)
+    on_diagonal = polynomial(A, AA, (a, b, c), torch.float32, dtype, DIAGONAL)
+    assert in_place.dtype == on_diagonal.dtype == dtype and torch.equal(in_place, traced) and torch.equal(on_diagonal, traced)
     assert torch.equal(A, operands[0]) and torch.equal(AA, operands[1])
 
 
