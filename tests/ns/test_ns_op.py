@@ -5,12 +5,13 @@ import math
 
 import pytest
 import torch
-from numerics import NS_RTOL, assert_rel_close, textbook_ns
 
 import muon_compile
 from muon_compile.ns import coefficients as coeffs
 from muon_compile.ns.args import NSArgs
 from muon_compile.ns.op import NEWTON_SCHULZ, newton_schulz_op
+
+from numerics import NS_RTOL, assert_rel_close, textbook_ns
 
 KELLER = coeffs.PRESETS["keller"]
 POLAR = coeffs.PRESETS["polar_express"]

@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import pytest
+
 from script_runs import ROOT
 
 # the arms gpu_check.sh runs; a peer without its package installed is reported as failed

@@ -18,12 +18,13 @@ import contextlib
 
 import pytest
 import torch
+
+import muon_compile
+from torch._dynamo.utils import counters as dynamo_counters
+
 from helpers import make_params, set_grads
 from numerics import assert_rewrite_close, exact_step
 from released_packages import RELEASED
-from torch._dynamo.utils import counters as dynamo_counters
-
-import muon_compile
 
 SHAPES = [(32, 16), (32, 16), (16, 48), (24, 24)]
 
