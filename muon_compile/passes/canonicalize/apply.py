@@ -62,6 +62,7 @@ from muon_compile.ns.op import NEWTON_SCHULZ, newton_schulz_routed
 from muon_compile.passes.fx_writes import storage_of
 
 from ..graph_utils import local_value
+from . import rules
 from .algebra import ONE, Odd, next_iterate, poly_trim
 from .nodes import example_value, node_kind
 from .values import Chain
@@ -226,7 +227,7 @@ def _erase(graph: fx.Graph, chain: Chain) -> None:
     for node in reversed(list(graph.nodes)):
         if node not in doomed or node is chain.source:
             continue
-        if node.users and _pure_helper(node) and node_kind(node)[0] not in _VIEWS:
+        if node.users and _pure_helper(node) and node_kind(node)[0] not in rules.TRANSPOSES:
             _erase_in_place_users(graph, node)  # only on a fresh tensor: a view's writes reach its base
         if node.users:
             continue
@@ -235,9 +236,8 @@ def _erase(graph: fx.Graph, chain: Chain) -> None:
             graph.erase_node(node)
 
 
-_VIEWS = ("getattr", "transpose", "t", "mT")
 _HELPERS = (
-    *_VIEWS, "norm", "linalg_norm", "vector_norm", "matrix_norm",
+    *rules.TRANSPOSES, *rules.NORMS,
     "clamp", "clamp_min", "add", "mul", "div", "square", "pow", "sum", "sqrt", "rsqrt", "reciprocal",
     "tensor", "getitem", "empty",  # a folded constant, the loop's ``out=`` buffers
 )

@@ -19,6 +19,9 @@ from .values import Const, NormOf, Raw, ReciprocalOf, SquaresOf, View, is_scalar
 
 _CONST_ARITHMETIC = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div, "neg": torch.neg}
 _FROBENIUS_ORDS = ("fro", 2, 2.0)
+# the node kinds (nodes.node_kind) that transpose() and norm() read
+TRANSPOSES = ("getattr", "transpose", "t", "mT")
+NORMS = ("norm", "linalg_norm", "vector_norm", "matrix_norm")
 
 
 def transpose(node: fx.Node, name: str) -> View | None:

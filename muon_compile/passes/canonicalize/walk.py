@@ -372,9 +372,9 @@ class _Walk:
     def evaluate(self, node: fx.Node, name: str, args: list, kwargs: dict) -> Any:
         """The node's abstract value, a :class:`View` for a transpose, or None."""
         x = args[0] if args else None
-        if name in ("getattr", "transpose", "t", "mT"):
+        if name in rules.TRANSPOSES:
             return rules.transpose(node, name)
-        if name in ("norm", "linalg_norm", "vector_norm", "matrix_norm"):
+        if name in rules.NORMS:
             return rules.norm(node, name, x)
         if name == "normalize":  # ``M / max(||M||, eps)``, a chain start
             norm = rules.normalize_norm(node, x)
