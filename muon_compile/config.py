@@ -33,6 +33,10 @@ MUON_COMPILE_NS_ORIENTATION auto        a tall matrix's textbook iterates in its
                                         layout (on) or transposed (off), or auto: the
                                         layout measured faster
                                         (:func:`muon_compile.ns.cost.choose_orientation`)
+MUON_COMPILE_CPU_RATES     auto         the CPU's matmul rates the choices above read
+                                        (:func:`muon_compile.ns.matmul_rates.cpu_profile`):
+                                        auto (this CPU's: ``cpu`` with AVX-512, else
+                                        ``cpu-avx2``) | cpu | cpu-avx2
 MUON_COMPILE_PAD_WASTE     0            largest fraction of a padded bucket's NS FLOPs
                                         that may be zero padding (0 disables merging)
 MUON_COMPILE_PASSES        (all)        comma list: ``a,b`` runs only those passes,
@@ -66,6 +70,7 @@ from collections.abc import Iterator, Mapping
 from .modes import Mode
 from .ns.args import AUTO, check_algorithm
 from .ns.cost import Policy
+from .ns.matmul_rates import cpu_profile
 
 
 def pass_names() -> tuple[str, ...]:
@@ -90,6 +95,7 @@ PLAN_FIELDS = (
     ("sym_products", "MUON_COMPILE_SYM_PRODUCTS"),
     ("ns_epilogue", "MUON_COMPILE_NS_EPILOGUE"),
     ("ns_orientation", "MUON_COMPILE_NS_ORIENTATION"),
+    ("cpu_rates", "MUON_COMPILE_CPU_RATES"),
     ("passes", "MUON_COMPILE_PASSES"),
 )
 
@@ -135,6 +141,7 @@ class Config:
     sym_products: str = AUTO
     ns_epilogue: str = AUTO
     ns_orientation: str = AUTO
+    cpu_rates: str = AUTO
     passes: tuple[str, ...] | None = None  # None: every pass
     dump_dir: str | None = None
     trace_helpers: bool = True
@@ -157,6 +164,7 @@ class Config:
         Policy.check(self.sym_products, "MUON_COMPILE_SYM_PRODUCTS")
         Policy.check(self.ns_epilogue, "MUON_COMPILE_NS_EPILOGUE")
         Policy.check(self.ns_orientation, "MUON_COMPILE_NS_ORIENTATION")
+        cpu_profile(self.cpu_rates)
         if self.cpu_heap_mb < 0:
             raise ValueError(f"MUON_COMPILE_CPU_HEAP_MB must be >= 0, got {self.cpu_heap_mb!r}")
         if not self.agree_timeout >= 0:
@@ -185,6 +193,8 @@ class Config:
     def _plan_value(self, field: str) -> object:
         if field == "passes" and self.passes is None:
             return pass_names()
+        if field == "cpu_rates":  # the profile itself: "auto" names a different one on another CPU
+            return cpu_profile(self.cpu_rates)
         return getattr(self, field)
 
 
@@ -272,6 +282,7 @@ def from_env(env: Mapping[str, str] | None = None) -> Config:
         sym_products=env.get("MUON_COMPILE_SYM_PRODUCTS", "").strip() or Config.sym_products,
         ns_epilogue=env.get("MUON_COMPILE_NS_EPILOGUE", "").strip() or Config.ns_epilogue,
         ns_orientation=env.get("MUON_COMPILE_NS_ORIENTATION", "").strip() or Config.ns_orientation,
+        cpu_rates=env.get("MUON_COMPILE_CPU_RATES", "").strip() or Config.cpu_rates,
         passes=parse_passes(spec) if (spec := env.get("MUON_COMPILE_PASSES", "")) else None,
         dump_dir=env.get("MUON_COMPILE_DUMP_DIR") or None,
         trace_helpers=_flag(env, "MUON_COMPILE_TRACE_HELPERS", Config.trace_helpers),

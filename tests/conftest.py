@@ -22,7 +22,8 @@ Devices: a test that compiles or runs the op takes the ``device`` fixture and ru
 per available device: ``"cpu"`` always, ``"cuda"`` when ``torch.cuda.is_available()``.
 
 Environment: every ``MUON_COMPILE_*`` variable and ``TRITON_INTERPRET`` are removed
-before anything is imported (a test sets what it needs), and every process runs two threads
+before anything is imported (a test sets what it needs), but ``MUON_COMPILE_CPU_RATES=cpu``
+(the reference CPU profile on every machine), and every process runs two threads
 (``OMP_NUM_THREADS``, ``torch.set_num_threads``), as on CI's 2-core machine; the header of the
 run says what was removed.
 
@@ -48,6 +49,11 @@ os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "1")
 CLEARED = {
     name: os.environ.pop(name) for name in list(os.environ) if name.startswith("MUON_COMPILE_") or name == "TRITON_INTERPRET"
 }
+# The CPU's matmul rates, which the plan's choices read, are the reference profile's on every
+# machine (the CI VMs differ: one without AVX-512 forms bf16 products 100x slower and has a profile
+# of its own), so a test plans alike everywhere; its processes inherit the setting. A test of
+# another profile names it (config.override(cpu_rates=...)).
+os.environ["MUON_COMPILE_CPU_RATES"] = "cpu"
 
 # Two threads a process, whatever the machine: Inductor's CPU code depends on the thread count
 # (how a loop or a reduction is split), so the programs compiled here are those compiled in CI

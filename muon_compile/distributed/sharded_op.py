@@ -322,7 +322,7 @@ def gather_orthogonalize_slice(
     rank: int,
     args: NSArgs,
     policy: str = AUTO,
-    products: str = "bmm",
+    products: str = AUTO,
     epilogue: str = AUTO,
     orientation: str = AUTO,
 ) -> Tensor:
@@ -333,7 +333,7 @@ def gather_orthogonalize_slice(
        ``rows_per_shard x cols_per_shard``.
     2. All-gather the padded blocks and reassemble the whole matrix (:func:`assemble`).
     3. Orthogonalise it (``auto`` resolved under ``policy``, symmetric products as
-       ``products`` says, the textbook scalars where ``epilogue`` says, a tall matrix's
+       ``products`` says (a policy: as the device's table says), the textbook scalars where ``epilogue`` says, a tall matrix's
        iterates laid out as ``orientation`` says:
        :func:`muon_compile.ns.evaluate.orthogonalize`); return this rank's block in the
        input's dtype.

@@ -40,7 +40,7 @@ import torch
 from ..kernels.sym import DTYPES as SYMMETRIC_DTYPES
 from ..modes import Mode
 from .args import AUTO, GRAM, TEXTBOOK, check_algorithm
-from .matmul_rates import MatmulRates, profile_for
+from .matmul_rates import MatmulRates, interpolate, profile_for
 
 # Compute dtypes and iteration counts for which "auto" may pick Gram (see the module docstring).
 GRAM_DTYPES = (torch.bfloat16, torch.float16)
@@ -144,7 +144,10 @@ class Choice:
     seconds: dict[str, float]
 
 
-BMM, SYMMETRIC = "bmm", "sym"
+# How an evaluation forms its products: torch.bmm / baddbmm in the iteration's dtype, the symmetric
+# ones by muon_compile.kernels.sym, or every product in fp32 on the iteration dtype's values, rounded
+# back (where the device forms low-precision products slowly: MatmulRates.product_dtype)
+BMM, SYMMETRIC, WIDE = "bmm", "sym", "fp32"
 
 
 class Policy(Mode):
@@ -184,20 +187,27 @@ TRANSPOSED, NATIVE = "transposed", "native"
 
 
 def choose_products(rows: int, cols: int, algorithm: str, compute_dtype: torch.dtype, device_type: str, policy: str = AUTO) -> ProductChoice:
-    """``sym`` where ``policy`` (``MUON_COMPILE_SYM_PRODUCTS``) is ``on``, or where it is
-    ``auto`` and the device's measured table (``MatmulRates.symmetric``) has the
-    symmetric kernel faster at the Gram matrix's size in the products' dtype; ``bmm``
+    """``sym`` where ``policy`` (``MUON_COMPILE_SYM_PRODUCTS``) is ``on``; else :data:`WIDE`
+    where the device's measured rates form the products' dtype (bf16, fp16) slower than fp32
+    at the Gram matrix's size (:meth:`~muon_compile.ns.matmul_rates.MatmulRates.product_dtype`:
+    fp16 on every CPU measured, bf16 on one without AVX-512); else ``sym`` where ``policy``
+    is ``auto`` and the device's measured table (``MatmulRates.symmetric``) has the
+    symmetric kernel faster at that size in the products' dtype; ``bmm``
     otherwise, and always for a dtype the kernel does not take."""
     Policy.check(policy, "MUON_COMPILE_SYM_PRODUCTS")
     dtype = iteration_dtype(algorithm, compute_dtype)
+    m = min(rows, cols)
+    rates = profile_for(device_type)
+    if policy != Policy.ON and rates.product_dtype(dtype, m) != dtype:
+        fast, slow = (interpolate(rates.tables[d], m, log_log=True) for d in (torch.float32, dtype))
+        return ProductChoice(WIDE, f"{rates.device} measured fp32 products {fast:.3g} GFLOP/s against {slow:.3g} in {dtype} at {m}")
     if policy == Policy.OFF:
         return ProductChoice(BMM, "MUON_COMPILE_SYM_PRODUCTS=off")
     if dtype not in SYMMETRIC_DTYPES:
         return ProductChoice(BMM, f"the symmetric kernel takes bf16 / fp16, not {dtype}")
     if policy == Policy.ON:
         return ProductChoice(SYMMETRIC, "MUON_COMPILE_SYM_PRODUCTS=on")
-    m = min(rows, cols)
-    speedup = profile_for(device_type).speedup("symmetric", dtype, m)
+    speedup = rates.speedup("symmetric", dtype, m)
     unmeasured = ProductChoice(BMM, f"no measured rate of symmetric products on {device_type}")
     return _by_table(speedup, m, (SYMMETRIC, BMM), "bmm/symmetric", unmeasured)
 

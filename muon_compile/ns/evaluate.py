@@ -17,13 +17,16 @@ from .cost import (
     NATIVE,
     PRODUCT_POLICIES,
     SYMMETRIC,
+    WIDE,
     choose,
     choose_epilogue,
     choose_orientation,
+    choose_products,
     iteration_dtype,
     segments,
 )
-from .rounding_cast import to_low_precision
+from ..compile.compat import CPU_FUSION_DROPS_ROUND_TRIP
+from .rounding_cast import opaque_cast, to_low_precision
 
 
 def algorithm_for(x: Tensor, args: NSArgs, policy: str = AUTO) -> str:
@@ -40,7 +43,7 @@ def orthogonalize(
     x: Tensor,
     args: NSArgs,
     policy: str = AUTO,
-    products: str = BMM,
+    products: str = AUTO,
     epilogue: str = AUTO,
     *,
     orientation: str = AUTO,
@@ -88,10 +91,13 @@ def orthogonalize(
        * ``gram`` (:func:`gram_iteration`): the same polynomial on the Gram matrix, the
          result rounded once to ``compute_dtype``.
 
-       ``products="sym"`` (the plan's choice, :func:`muon_compile.ns.cost.choose_products`)
-       forms the symmetric products (``X X^T``, ``A A``, ``R R``) with
+       ``products`` (the plan's choice, :func:`muon_compile.ns.cost.choose_products`; a
+       policy, ``auto`` by default, is resolved for ``x``'s shape and device as that does):
+       ``sym`` forms the symmetric products (``X X^T``, ``A A``, ``R R``) with
        :func:`muon_compile.kernels.sym.sym_bmm`, in the epilogue form the textbook ``B``
-       with the same epilogue (one rounding).
+       with the same epilogue (one rounding); :data:`~muon_compile.ns.cost.WIDE` forms every
+       product in fp32 on the iteration dtype's values and rounds it back (:func:`_widened`):
+       where the device's low-precision products are the slower.
 
     4. Transpose back; the result has ``x``'s shape, dtype and a contiguous layout.
     """
@@ -102,7 +108,10 @@ def orthogonalize(
     compute_dtype = args.compute_dtype
     acc = torch.promote_types(compute_dtype, torch.float32)
     X, norm, denom = normalized(batch, args, eager=eager)
-    if algorithm_for(X, args, policy) == GRAM:
+    algorithm = algorithm_for(X, args, policy)
+    if products in PRODUCT_POLICIES:
+        products = choose_products(X.size(-2), X.size(-1), algorithm, compute_dtype, X.device.type, products).kind
+    if algorithm == GRAM:
         X = gram_iteration(X, args, acc, norm / args.norm_scale / denom, products)
     else:
         X = X.to(compute_dtype)
@@ -119,16 +128,52 @@ def orthogonalize(
         for a, b, c in args.coefficients:
             A = symmetric(X, X.mT)
             if polynomial_form:
-                X = _times(polynomial(A, symmetric(A, A), (a, b, c), acc, compute_dtype, eye), X, native)
+                X = _times(polynomial(A, symmetric(A, A), (a, b, c), acc, compute_dtype, eye), X, native, products)
             else:
-                B = sym_bmm(A, A, A, beta=b, alpha=c) if products == SYMMETRIC else torch.baddbmm(A, A, A, beta=b, alpha=c)
-                X = torch.baddbmm(X.mT, X.mT, B.mT, beta=a).mT if native else torch.baddbmm(X, B, X, beta=a)
+                B = sym_bmm(A, A, A, beta=b, alpha=c) if products == SYMMETRIC else _baddbmm(products)(A, A, A, beta=b, alpha=c)
+                update = _baddbmm(products)
+                X = update(X.mT, X.mT, B.mT, beta=a).mT if native else update(X, B, X, beta=a)
     return _finish(X, x, tall)
 
 
-def _times(P: Tensor, X: Tensor, native: bool) -> Tensor:
+def _times(P: Tensor, X: Tensor, native: bool, products: str) -> Tensor:
     """``P X``, written in ``X``'s tall memory layout (as ``(X^T P^T)^T``) where ``native``."""
-    return torch.bmm(X.mT, P.mT).mT if native else torch.bmm(P, X)
+    bmm = _plain(products)
+    return bmm(X.mT, P.mT).mT if native else bmm(P, X)
+
+
+def _upcast(t: Tensor) -> Tensor:
+    """``t`` (bf16 or fp16) in fp32, every value exactly its stored one: where Inductor's CPU
+    fusion drops a round trip (:data:`~muon_compile.compile.compat.CPU_FUSION_DROPS_ROUND_TRIP`),
+    a kernel of its own reading ``t`` back, so a fused producer cannot hand over its unrounded value."""
+    if CPU_FUSION_DROPS_ROUND_TRIP and t.device.type == "cpu":
+        return opaque_cast(t, torch.float32)
+    return t.to(torch.float32)
+
+
+def _widened(product):  # noqa: ANN001, ANN202
+    """``product`` (``torch.bmm`` or ``torch.baddbmm``) formed in fp32 on its operands' values
+    and rounded back to their dtype: the products of two bf16 or fp16 numbers are exact in fp32
+    and a low-precision product accumulates in fp32, so this is that product up to the order
+    of its sums, at the device's fp32 rate (:data:`~muon_compile.ns.cost.WIDE`)."""
+
+    def formed(*operands: Tensor, **scalars: float) -> Tensor:
+        return to_low_precision(product(*map(_upcast, operands), **scalars), operands[0].dtype)
+
+    return formed
+
+
+_WIDENED = {torch.bmm: _widened(torch.bmm), torch.baddbmm: _widened(torch.baddbmm)}
+
+
+def _plain(products: str):  # noqa: ANN202
+    """The product of two operands under ``products``: ``torch.bmm``, or widened (:func:`_widened`)."""
+    return _WIDENED[torch.bmm] if products == WIDE else torch.bmm
+
+
+def _baddbmm(products: str):  # noqa: ANN202
+    """``torch.baddbmm`` under ``products``, or widened (:func:`_widened`)."""
+    return _WIDENED[torch.baddbmm] if products == WIDE else torch.baddbmm
 
 
 def _finish(X: Tensor, x: Tensor, tall: bool) -> Tensor:
@@ -272,9 +317,9 @@ def identity(n: int, device: torch.device, dtype: torch.dtype) -> Tensor:
 
 
 def _symmetric(products: str):  # noqa: ANN202
-    """The product of two operands whose result is symmetric: ``torch.bmm`` or, for
+    """The product of two operands whose result is symmetric: :func:`_plain` or, for
     ``products="sym"``, :func:`muon_compile.kernels.sym.sym_bmm`."""
-    return sym_bmm if products == SYMMETRIC else torch.bmm
+    return sym_bmm if products == SYMMETRIC else _plain(products)
 
 
 def gram_iteration(X: Tensor, args: NSArgs, acc: torch.dtype, frobenius: Tensor, products: str = BMM) -> Tensor:
@@ -321,7 +366,7 @@ def gram_iteration(X: Tensor, args: NSArgs, acc: torch.dtype, frobenius: Tensor,
     f = frobenius.clamp_min(torch.finfo(acc).tiny)
     X = (X / f).to(dtype)
     eye = identity(X.size(-2), X.device, acc)
-    symmetric = _symmetric(products)
+    symmetric, bmm = _symmetric(products), _plain(products)
     Q = None
     i = 0
     for length in segments(args.steps, args.restarts):
@@ -329,22 +374,22 @@ def gram_iteration(X: Tensor, args: NSArgs, acc: torch.dtype, frobenius: Tensor,
         if Q is None:  # X / f has a unit norm: R a unit trace
             R = symmetric(X, X.mT)
         else:
-            X = torch.bmm(Q, X)
+            X = bmm(Q, X)
             R, first = unit_norm(symmetric(X, X.mT), f, acc)
             f = f * first
         r = f * f
         for j in range(length):
             a, b, c = args.coefficients[i]
-            square = symmetric if j == 0 else torch.bmm  # R exactly symmetric: see above
+            square = symmetric if j == 0 else bmm  # R exactly symmetric: see above
             Z = (c * (r * r) * square(R, R).to(acc) + b * r * R.to(acc) + a * eye).to(dtype)
             if j == 0:
                 Q = Z if first is None else (Z / first).to(dtype)
             else:
-                Q = torch.bmm(Z, Q)
+                Q = bmm(Z, Q)
             if j + 1 < length:
-                R, r = unit_trace(torch.bmm(Z, torch.bmm(Z, R)), r, acc)
+                R, r = unit_trace(bmm(Z, bmm(Z, R)), r, acc)
             i += 1
-    return (torch.bmm(Q, X).to(acc) * f).to(args.compute_dtype)
+    return (bmm(Q, X).to(acc) * f).to(args.compute_dtype)
 
 
 def _power_below(x: Tensor) -> Tensor:

@@ -29,7 +29,12 @@ Tables (the compile path's ``auto`` choice reads these; the advisor can read a p
 of the user's own device instead, :mod:`muon_compile.advisor.calibrate`):
 
 * ``cpu``: measured on the project's 2-core VM (torch 2.13.0+cpu, oneDNN/MKL), medians
-  of 7 batched products per size.
+  of 7 batched products per size; its bf16 products run on AVX-512 BF16.
+* ``cpu-avx2``: a CPU without AVX-512 (2026-12-07, a 2-core AMD EPYC VM with AVX2 and FMA,
+  torch 2.13.0+cpu): oneDNN takes bf16 products only with AVX-512, so ATen's reference
+  kernels form them, at 1-3 GFLOP/s against fp32's 150-175. Its other tables are ``cpu``'s
+  (not measured there). :func:`cpu_profile` picks between the two by the CPU's flags
+  (``MUON_COMPILE_CPU_RATES`` names one instead).
 * ``cuda``: measured on one NVIDIA H100 80GB HBM3 (SXM; torch 2.11.0+cu130, CUDA 13.0) on
   2026-11-26 with the batches and CUDA-event timing that
   :mod:`muon_compile.advisor.calibrate` uses (median of 5 timings), bf16 also in the
@@ -47,6 +52,7 @@ from collections.abc import Mapping
 
 import torch
 
+AUTO_PROFILE = "auto"
 Table = tuple[tuple[float, float], ...]  # (size, GFLOP/s or seconds), sizes ascending
 
 # How many times longer than its other dimensions the long one of a non-square product a
@@ -145,6 +151,18 @@ class MatmulRates:
         table = getattr(self, choice).get(dtype)
         return interpolate(table, m) if table else None
 
+    def product_dtype(self, dtype: torch.dtype, m: int) -> torch.dtype:
+        """The dtype the products of an iteration in ``dtype`` at an ``m x m`` Gram matrix are
+        formed in: fp32, on ``dtype``'s values, where ``dtype`` is bf16 or fp16 and this device's
+        square fp32 rate at ``m`` is the higher (every product of two bf16 or fp16 numbers is
+        exact in fp32, and a low-precision product accumulates in fp32 too: the result, rounded
+        back to ``dtype``, differs from the low-precision product's only by the order of the sums);
+        ``dtype`` itself otherwise."""
+        if dtype not in WIDENED or torch.float32 not in self.tables or dtype not in self.tables:
+            return dtype
+        faster = interpolate(self.tables[torch.float32], m, log_log=True) > interpolate(self.tables[dtype], m, log_log=True)
+        return torch.float32 if faster else dtype
+
     def call_seconds(self, dtype: torch.dtype, m: int, k: int, n: int) -> float:
         """Seconds one batched ``(m x k) @ (k x n)`` product call costs beyond its
         arithmetic, whatever its batch (see the module docstring); 0 without a latency table."""
@@ -164,6 +182,13 @@ _CPU_BF16: Table = ((32, 109.7), (64, 420.2), (128, 499.6), (256, 664.3), (512, 
 _CPU_FP16: Table = ((32, 5.2), (64, 5.7), (128, 5.9), (256, 2.5), (512, 2.2), (1024, 1.0), (2048, 0.3))
 _CPU_FP32: Table = ((32, 83.9), (64, 123.2), (128, 169.9), (256, 179.7), (512, 190.3), (1024, 187.6), (2048, 195.0))
 _CPU_FP64: Table = ((32, 32.2), (64, 57.6), (128, 63.1), (256, 82.8), (512, 85.2), (1024, 92.0), (2048, 85.1))
+
+# measured on 2026-12-07 on a 2-core AMD EPYC VM with AVX2 and no AVX-512 (torch 2.13.0+cpu, batches
+# of 2**24 multiply-adds, 2**27 in fp32 and fp64, median of 5): the cpu-avx2 profile
+_CPU_AVX2_BF16: Table = ((32, 2.6), (64, 2.9), (128, 3.0), (256, 1.4), (512, 1.3))
+_CPU_AVX2_FP16: Table = ((32, 3.1), (64, 3.1), (128, 3.5), (256, 1.4), (512, 1.3))
+_CPU_AVX2_FP32: Table = ((32, 14.0), (64, 44.4), (128, 155.3), (256, 168.8), (512, 175.8), (1024, 88.5), (2048, 100.7))
+_CPU_AVX2_FP64: Table = ((32, 6.3), (64, 18.6), (128, 30.8), (256, 34.2), (512, 33.7), (1024, 40.7), (2048, 51.0))
 
 # the textbook iteration's polynomial form against its epilogue form (time ratio by m; both
 # compiled, 5 iterations on a stack of m x 4m matrices), measured on 2026-12-02 on the 2-core VM:
@@ -196,13 +221,20 @@ _CUDA_BF16_FAMILIES: dict[str, Table] = {
     LONG_OUTER: ((32, 41399.7), (64, 80850.0), (128, 144268.4), (256, 268301.3), (512, 415534.8), (1024, 509204.1), (2048, 691918.3)),
 }
 
+_CPU = MatmulRates(
+    "cpu",
+    "measured on the 2-core CI VM (AVX-512 BF16), torch 2.13.0+cpu",
+    {torch.bfloat16: _CPU_BF16, torch.float16: _CPU_FP16, torch.float32: _CPU_FP32, torch.float64: _CPU_FP64},
+    epilogue=_CPU_EPILOGUE,
+    orientation=_CPU_ORIENTATION,
+)
 PROFILES: dict[str, MatmulRates] = {
-    "cpu": MatmulRates(
-        "cpu",
-        "measured on the 2-core CI VM, torch 2.13.0+cpu",
-        {torch.bfloat16: _CPU_BF16, torch.float16: _CPU_FP16, torch.float32: _CPU_FP32, torch.float64: _CPU_FP64},
-        epilogue=_CPU_EPILOGUE,
-        orientation=_CPU_ORIENTATION,
+    "cpu": _CPU,
+    "cpu-avx2": dataclasses.replace(
+        _CPU,
+        device="cpu-avx2",
+        source="measured on a 2-core AMD EPYC VM with AVX2, no AVX-512, torch 2.13.0+cpu",
+        tables={torch.bfloat16: _CPU_AVX2_BF16, torch.float16: _CPU_AVX2_FP16, torch.float32: _CPU_AVX2_FP32, torch.float64: _CPU_AVX2_FP64},
     ),
     "cuda": MatmulRates(
         "cuda",
@@ -213,6 +245,33 @@ PROFILES: dict[str, MatmulRates] = {
 }
 
 
+# the CPU profiles, and the dtypes whose products may be formed in fp32 (MatmulRates.product_dtype)
+CPU_PROFILES = ("cpu", "cpu-avx2")
+WIDENED = (torch.bfloat16, torch.float16)
+
+
+def detected_cpu_profile() -> str:
+    """This machine's CPU profile: ``cpu`` where the CPU has AVX-512 (oneDNN forms bf16
+    products there), ``cpu-avx2`` otherwise."""
+    return "cpu" if torch.cpu._is_avx512_supported() else "cpu-avx2"
+
+
+def cpu_profile(setting: str = AUTO_PROFILE) -> str:
+    """The CPU profile ``setting`` (``MUON_COMPILE_CPU_RATES``) names: one of :data:`CPU_PROFILES`,
+    or for ``auto`` :func:`detected_cpu_profile`."""
+    if setting == AUTO_PROFILE:
+        return detected_cpu_profile()
+    if setting not in CPU_PROFILES:
+        raise ValueError(f"MUON_COMPILE_CPU_RATES must be auto or one of {', '.join(CPU_PROFILES)}, got {setting!r}")
+    return setting
+
+
 def profile_for(device_type: str) -> MatmulRates:
-    """The rates of ``device_type`` (``"cpu"``, ``"cuda"``); another accelerator is priced as ``cuda``."""
+    """The rates of ``device_type`` (``"cpu"``, ``"cuda"``); another accelerator is priced as
+    ``cuda``; the CPU's are those of the profile ``MUON_COMPILE_CPU_RATES`` names
+    (:func:`cpu_profile`, default: this CPU's)."""
+    if device_type == "cpu":
+        from .. import config  # config imports the cost model, which imports this module
+
+        return PROFILES[cpu_profile(config.current().cpu_rates)]
     return PROFILES.get(device_type, PROFILES["cuda"])

@@ -279,11 +279,13 @@ def test_a_dump_directory_that_cannot_be_one_fails_where_it_is_read(tmp_path):
 
 def test_the_suite_runs_without_the_machines_settings():
     """tests/conftest.py removed every MUON_COMPILE_* variable and Triton's interpreter
-    switch, so the suite compiles what it says whatever the machine sets."""
+    switch, so the suite compiles what it says whatever the machine sets, and pinned the
+    CPU's matmul rates to the reference profile, so it plans alike on every CPU."""
     import os
 
-    assert not [name for name in os.environ if name.startswith("MUON_COMPILE_") or name == "TRITON_INTERPRET"]
-    assert config.current() == config.Config() and torch.get_num_threads() == 2
+    settings = [name for name in os.environ if name.startswith("MUON_COMPILE_") or name == "TRITON_INTERPRET"]
+    assert settings == ["MUON_COMPILE_CPU_RATES"] and os.environ["MUON_COMPILE_CPU_RATES"] == "cpu"
+    assert config.current() == config.Config(cpu_rates="cpu") and torch.get_num_threads() == 2
 
 
 def test_tp_mode_is_parsed_and_validated_where_it_is_given():

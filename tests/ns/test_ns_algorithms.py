@@ -3,9 +3,11 @@ costs (muon_compile.ns.cost), the choice of ``auto`` and its policy variable, th
 passes make of it, and compiled == eager with each algorithm."""
 
 import dataclasses
+import re
 
 import pytest
 import torch
+from torch._inductor.utils import run_and_get_code
 from torch.utils.flop_counter import FlopCounterMode
 
 import muon_compile
@@ -15,6 +17,7 @@ from muon_compile.ns import matmul_rates, cost as ns_cost
 from muon_compile.ns.coefficients import ns_args
 from muon_compile.diagnostics.counters import counters
 from muon_compile.ns.evaluate import orthogonalize
+from muon_compile.ns.op import newton_schulz_op
 
 from helpers import MIXED_SHAPES, compare_steps, make_params, set_grads
 from numerics import NS_RTOL, assert_rel_close, assert_rewrite_close, rel_err
@@ -382,6 +385,90 @@ def test_the_plan_takes_the_tall_layout_each_devices_table_has_faster(monkeypatc
     with pytest.raises(ValueError, match="MUON_COMPILE_NS_ORIENTATION must be one of"):
         config.from_env({"MUON_COMPILE_NS_ORIENTATION": "tall"})
     assert config.from_env({"MUON_COMPILE_NS_ORIENTATION": "off"}).cache_key() != config.from_env({}).cache_key()
+
+
+def test_the_plan_forms_products_in_fp32_where_the_devices_rates_have_them_faster(monkeypatch):
+    """Products in fp32 (issue 75): where a CPU profile's measured rates have fp32 products faster
+    than the iteration dtype's at the Gram matrix's size, the plan forms them in fp32
+    (``ns.cost.WIDE``): at every size of each CPU profile, fp16 on both, bf16 on the one without
+    AVX-512 (1-3 GFLOP/s against fp32's 150-175) and not on the reference one; never on CUDA;
+    ``MUON_COMPILE_SYM_PRODUCTS=on`` still asks for the symmetric kernel; the report names the
+    choice; ``MUON_COMPILE_CPU_RATES`` picks the profile (``auto``: by the CPU's AVX-512), refuses
+    a bad name, and the profile itself is in the cache key."""
+    from muon_compile.ns.matmul_rates import interpolate
+
+    for name in matmul_rates.CPU_PROFILES:
+        rates = matmul_rates.PROFILES[name]
+        with config.override(cpu_rates=name):
+            for dtype in matmul_rates.WIDENED:
+                for m, _ in rates.tables[dtype]:
+                    wide = interpolate(rates.tables[torch.float32], m, log_log=True) > interpolate(rates.tables[dtype], m, log_log=True)
+                    choice, plan = _plan_choice(m, 4 * m, "cpu", dtype)
+                    assert (choice.products.kind == ns_cost.WIDE) == wide, (name, dtype, m)
+                    assert ("products in fp32" in plan.describe()) == wide
+            assert ns_cost.choose_products(64, 256, "gram", torch.bfloat16, "cpu").kind == ns_cost.WIDE  # fp16 products
+            assert ns_cost.choose_products(64, 256, "gram", torch.bfloat16, "cpu", "on").kind == ns_cost.SYMMETRIC
+            assert ns_cost.choose_products(64, 256, "textbook", torch.float32, "cpu").kind == ns_cost.BMM
+    with config.override(cpu_rates="cpu"):
+        assert _plan_choice(384, 1536, "cpu")[0].products.kind == ns_cost.BMM  # gpt-small, AVX-512 BF16
+    with config.override(cpu_rates="cpu-avx2"):
+        assert _plan_choice(384, 1536, "cpu")[0].products == ns_cost.ProductChoice(
+            ns_cost.WIDE, "cpu-avx2 measured fp32 products 173 GFLOP/s against 1.34 in torch.bfloat16 at 384"
+        )
+        assert _plan_choice(384, 1536, "cuda")[0].products.kind == ns_cost.BMM
+    for avx512, name in ((True, "cpu"), (False, "cpu-avx2")):
+        monkeypatch.setattr(torch.cpu, "_is_avx512_supported", lambda avx512=avx512: avx512)
+        assert matmul_rates.cpu_profile("auto") == name
+        assert config.Config().plan_settings()[-2] == ("MUON_COMPILE_CPU_RATES", name)
+    with pytest.raises(ValueError, match="MUON_COMPILE_CPU_RATES must be auto or one of cpu, cpu-avx2, got 'avx'"):
+        config.from_env({"MUON_COMPILE_CPU_RATES": "avx"})
+    avx2 = config.from_env({"MUON_COMPILE_CPU_RATES": "cpu-avx2"})
+    assert avx2.cache_key() != config.from_env({"MUON_COMPILE_CPU_RATES": "cpu"}).cache_key()
+    assert avx2.cache_key() == config.from_env({"MUON_COMPILE_CPU_RATES": "auto"}).cache_key()  # this CPU: no AVX-512 above
+
+
+@pytest.mark.parametrize("algorithm", ["textbook", "gram"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_products_in_fp32_are_the_iteration(algorithm, dtype):
+    """Products formed in fp32 on the iteration dtype's values and rounded back (``ns.cost.WIDE``)
+    are the low-precision products up to the order of their sums: wide and tall, in both textbook
+    forms and in Gram, as accurate against the fp64 iteration as with ``bmm`` (the rewrite rule of
+    tests/support/numerics.py); the op's eager implementation forms them as the plan does."""
+    g = torch.Generator().manual_seed(2)
+    args = ns_args("keller", 5, compute_dtype=dtype, algorithm=algorithm)
+    for x in (torch.randn(3, 24, 64, generator=g, dtype=torch.float64), torch.randn(2, 64, 24, generator=g, dtype=torch.float64)):
+        exact = orthogonalize(x, dataclasses.replace(args, compute_dtype=torch.float64, algorithm="textbook"))
+        forms = (ns_cost.EPILOGUE, ns_cost.POLYNOMIAL) if algorithm == "textbook" else ("auto",)
+        for form in forms:
+            bmm, wide = (orthogonalize(x, args, products=kind, epilogue=form) for kind in (ns_cost.BMM, ns_cost.WIDE))
+            assert wide.dtype == x.dtype
+            assert_rewrite_close(wide, bmm, exact, torch.bfloat16, f"fp32 products against {dtype} ({form})")
+            assert_rewrite_close(bmm, wide, exact, torch.bfloat16, f"{dtype} products against fp32 ({form})")
+    with config.override(cpu_rates="cpu-avx2"):
+        y = newton_schulz_op(x.float(), args)
+    assert torch.equal(y, orthogonalize(x.float(), args, products=ns_cost.WIDE, eager=True))
+
+
+def test_compiled_step_forms_products_in_fp32_on_a_cpu_without_avx512():
+    """On the profile of a CPU without AVX-512, a bf16 step's compiled products (Gram's, there) are fp32 ``bmm``
+    calls on bf16 values (no bf16 product is left), and the step matches eager, whose op forms
+    them alike."""
+    shapes = [(24, 64)] * 3 + [(64, 24)]
+    with config.override(cpu_rates="cpu-avx2"):
+        compare_steps(lambda ps: muon_compile.Muon(ps, ns_dtype=torch.bfloat16), shapes, rtol=NS_RTOL["cpu"][torch.bfloat16])
+        params = make_params(shapes)
+        set_grads(params, 0)
+        step = torch.compile(muon_compile.Muon(params).step, backend="muon")
+        _, code = run_and_get_code(step)
+    source = "\n".join(code)
+    dtypes = dict(re.findall(r"(buf\d+) = empty_strided_cpu\(.*(torch\.\w+)\)", source))
+    for new_name, old_name in re.findall(r"(buf\d+) = (buf\d+); del buf\d+  # reuse", source):
+        if old_name in dtypes:
+            dtypes[new_name] = dtypes[old_name]
+    calls = re.findall(r"extern_kernels\.(?:bmm|baddbmm)\((.*)\)", source)
+    operands = {name for call in calls for name in re.findall(r"buf\d+", call)}
+    allocated = {b: dtypes[b] for b in operands if b in dtypes}  # the rest: views of these, or the step's inputs
+    assert calls and len(allocated) > len(calls) and set(allocated.values()) == {"torch.float32"}, allocated
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

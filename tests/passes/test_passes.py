@@ -59,8 +59,10 @@ def product_calls(rows, cols, device, steps=5, algorithm=None):
 # its products (4T - 1 and 2 per restart), one kernel per iteration for Z = c R R + b R + a I
 # (its scalars scale with each matrix's norm, so they stay tensors), one per rescaled R (its
 # trace and the exact division fused: after the restart and after each R = Z Z R, four; see
-# ns.evaluate.gram_iteration); its fp16 cast fused with the normalisation.
-LAUNCHES = {"textbook": (15, 7, 0), "gram": (18, 11, 0)}
+# ns.evaluate.gram_iteration); its fp16 cast fused with the normalisation; and, its fp16 products
+# formed in fp32 on the CPU (ns.cost.WIDE: fp16 products run 30x slower there), seven roundings of a
+# product back to fp16 that join no other kernel.
+LAUNCHES = {"textbook": (15, 7, 0), "gram": (18, 18, 0)}
 
 
 def _one_bucket_step(algorithm, **config_changes):

@@ -10,10 +10,12 @@ bucketing and distribution every node is one bucket or one owner's batch):
      one is kept, ``auto`` follows ``MUON_COMPILE_NS_ALGORITHM`` and then the cost model
      of the node's device. The choice depends on the matrix shape, dtype and device only,
      so the eager op decides alike.
-  3. :func:`muon_compile.ns.cost.choose_products` picks how its symmetric products are
-     formed: ``bmm``, or the Triton kernel of :mod:`muon_compile.kernels.sym` where the
-     device's measured table has it faster at that size (none is measured yet: never
-     chosen by ``auto``, never on the CPU) or ``MUON_COMPILE_SYM_PRODUCTS=on``.
+  3. :func:`muon_compile.ns.cost.choose_products` picks how its products are formed:
+     in fp32 on the iteration dtype's values where the device's measured rates have fp32
+     products the faster (fp16 on every CPU measured, bf16 on one without AVX-512); else its
+     symmetric ones by ``bmm``, or by the Triton kernel of :mod:`muon_compile.kernels.sym`
+     where the device's measured table has it faster at that size (none is measured yet:
+     never chosen by ``auto``, never on the CPU) or ``MUON_COMPILE_SYM_PRODUCTS=on``.
   4. :func:`muon_compile.ns.cost.choose_orientation` picks how a textbook iteration on tall
      matrices lays out its iterates: transposed (wide), or in their own layout where the
      device's measured table has that faster (this project's CPU); the traced kernel makes
@@ -45,7 +47,9 @@ from muon_compile.ns.args import GRAM, TEXTBOOK, NSArgs
 from muon_compile.ns.cost import (
     BMM,
     EPILOGUE,
+    SYMMETRIC,
     TRANSPOSED,
+    WIDE,
     Choice,
     ProductChoice,
     choose,
@@ -55,6 +59,10 @@ from muon_compile.ns.cost import (
 )
 
 from ..find import NSSite
+
+
+# how describe() names a products choice other than plain bmm
+_PRODUCTS = {SYMMETRIC: "symmetric products", WIDE: "products in fp32"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,7 +108,7 @@ class AlgorithmPlan:
         for c in self.choices:
             ch = c.choice
             costs = ", ".join(f"{a} {c.flops(a) / 1e9:.3g} GFLOP {1e3 * c.batch * ch.seconds[a]:.3g} ms" for a in (TEXTBOOK, GRAM))
-            products = "" if c.products.kind == BMM else f"; symmetric products ({c.products.reason})"
+            products = "" if c.products.kind == BMM else f"; {_PRODUCTS[c.products.kind]} ({c.products.reason})"
             form = f"; scalars in the {c.epilogue.kind} ({c.epilogue.reason})" if ch.algorithm == TEXTBOOK else ""
             if ch.algorithm == TEXTBOOK and c.rows > c.cols:
                 form += f"; {c.orientation.kind} layout ({c.orientation.reason})"
