@@ -200,7 +200,7 @@ def choose_products(rows: int, cols: int, algorithm: str, compute_dtype: torch.d
     rates = profile_for(device_type)
     if policy != Policy.ON and rates.product_dtype(dtype, m) != dtype:
         fast, slow = (interpolate(rates.tables[d], m, log_log=True) for d in (torch.float32, dtype))
-        return ProductChoice(WIDE, f"{rates.device} measured fp32 products {fast:.3g} GFLOP/s against {slow:.3g} in {dtype} at {m}")
+        return ProductChoice(WIDE, f"measured fp32 products {fast:.3g} GFLOP/s against {slow:.3g} in {dtype} at {m}")
     if policy == Policy.OFF:
         return ProductChoice(BMM, "MUON_COMPILE_SYM_PRODUCTS=off")
     if dtype not in SYMMETRIC_DTYPES:

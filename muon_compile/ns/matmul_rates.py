@@ -232,7 +232,6 @@ PROFILES: dict[str, MatmulRates] = {
     "cpu": _CPU,
     "cpu-avx2": dataclasses.replace(
         _CPU,
-        device="cpu-avx2",
         source="measured on a 2-core AMD EPYC VM with AVX2, no AVX-512, torch 2.13.0+cpu",
         tables={torch.bfloat16: _CPU_AVX2_BF16, torch.float16: _CPU_AVX2_FP16, torch.float32: _CPU_AVX2_FP32, torch.float64: _CPU_AVX2_FP64},
     ),
