@@ -40,7 +40,7 @@ import torch
 from ..kernels.sym import DTYPES as SYMMETRIC_DTYPES
 from ..modes import Mode
 from .args import AUTO, GRAM, TEXTBOOK, check_algorithm
-from .matmul_rates import MatmulRates, interpolate, profile_for
+from .matmul_rates import MatmulRates, profile_for
 
 # Compute dtypes and iteration counts for which "auto" may pick Gram (see the module docstring).
 GRAM_DTYPES = (torch.bfloat16, torch.float16)
@@ -199,7 +199,7 @@ def choose_products(rows: int, cols: int, algorithm: str, compute_dtype: torch.d
     m = min(rows, cols)
     rates = profile_for(device_type)
     if policy != Policy.ON and rates.product_dtype(dtype, m) != dtype:
-        fast, slow = (interpolate(rates.tables[d], m, log_log=True) for d in (torch.float32, dtype))
+        fast, slow = (rates.rate(d, m, m, m) for d in (torch.float32, dtype))
         return ProductChoice(WIDE, f"measured fp32 products {fast:.3g} GFLOP/s against {slow:.3g} in {dtype} at {m}")
     if policy == Policy.OFF:
         return ProductChoice(BMM, "MUON_COMPILE_SYM_PRODUCTS=off")

@@ -130,15 +130,15 @@ def orthogonalize(
             if polynomial_form:
                 X = _times(polynomial(A, symmetric(A, A), (a, b, c), acc, compute_dtype, eye), X, native, products)
             else:
-                B = sym_bmm(A, A, A, beta=b, alpha=c) if products == SYMMETRIC else _baddbmm(products)(A, A, A, beta=b, alpha=c)
-                update = _baddbmm(products)
+                update = _formed(torch.baddbmm, products)
+                B = sym_bmm(A, A, A, beta=b, alpha=c) if products == SYMMETRIC else update(A, A, A, beta=b, alpha=c)
                 X = update(X.mT, X.mT, B.mT, beta=a).mT if native else update(X, B, X, beta=a)
     return _finish(X, x, tall)
 
 
 def _times(P: Tensor, X: Tensor, native: bool, products: str) -> Tensor:
     """``P X``, written in ``X``'s tall memory layout (as ``(X^T P^T)^T``) where ``native``."""
-    bmm = _plain(products)
+    bmm = _formed(torch.bmm, products)
     return bmm(X.mT, P.mT).mT if native else bmm(P, X)
 
 
@@ -166,14 +166,10 @@ def _widened(product):  # noqa: ANN001, ANN202
 _WIDENED = {torch.bmm: _widened(torch.bmm), torch.baddbmm: _widened(torch.baddbmm)}
 
 
-def _plain(products: str):  # noqa: ANN202
-    """The product of two operands under ``products``: ``torch.bmm``, or widened (:func:`_widened`)."""
-    return _WIDENED[torch.bmm] if products == WIDE else torch.bmm
-
-
-def _baddbmm(products: str):  # noqa: ANN202
-    """``torch.baddbmm`` under ``products``, or widened (:func:`_widened`)."""
-    return _WIDENED[torch.baddbmm] if products == WIDE else torch.baddbmm
+def _formed(product, products: str):  # noqa: ANN001, ANN202
+    """``product`` (``torch.bmm`` or ``torch.baddbmm``) as ``products`` forms it: itself, or
+    widened (:func:`_widened`)."""
+    return _WIDENED[product] if products == WIDE else product
 
 
 def _finish(X: Tensor, x: Tensor, tall: bool) -> Tensor:
@@ -317,9 +313,9 @@ def identity(n: int, device: torch.device, dtype: torch.dtype) -> Tensor:
 
 
 def _symmetric(products: str):  # noqa: ANN202
-    """The product of two operands whose result is symmetric: :func:`_plain` or, for
+    """The product of two operands whose result is symmetric: ``torch.bmm`` as :func:`_formed`, or, for
     ``products="sym"``, :func:`muon_compile.kernels.sym.sym_bmm`."""
-    return sym_bmm if products == SYMMETRIC else _plain(products)
+    return sym_bmm if products == SYMMETRIC else _formed(torch.bmm, products)
 
 
 def gram_iteration(X: Tensor, args: NSArgs, acc: torch.dtype, frobenius: Tensor, products: str = BMM) -> Tensor:
@@ -366,7 +362,7 @@ def gram_iteration(X: Tensor, args: NSArgs, acc: torch.dtype, frobenius: Tensor,
     f = frobenius.clamp_min(torch.finfo(acc).tiny)
     X = (X / f).to(dtype)
     eye = identity(X.size(-2), X.device, acc)
-    symmetric, bmm = _symmetric(products), _plain(products)
+    symmetric, bmm = _symmetric(products), _formed(torch.bmm, products)
     Q = None
     i = 0
     for length in segments(args.steps, args.restarts):

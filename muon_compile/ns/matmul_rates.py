@@ -160,8 +160,7 @@ class MatmulRates:
         ``dtype`` itself otherwise."""
         if dtype not in WIDENED or torch.float32 not in self.tables or dtype not in self.tables:
             return dtype
-        faster = interpolate(self.tables[torch.float32], m, log_log=True) > interpolate(self.tables[dtype], m, log_log=True)
-        return torch.float32 if faster else dtype
+        return torch.float32 if self.rate(torch.float32, m, m, m) > self.rate(dtype, m, m, m) else dtype
 
     def call_seconds(self, dtype: torch.dtype, m: int, k: int, n: int) -> float:
         """Seconds one batched ``(m x k) @ (k x n)`` product call costs beyond its
